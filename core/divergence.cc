@@ -1,0 +1,183 @@
+#include "core/divergence.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+#include "core/numeric.h"
+
+namespace decision {
+
+DivergenceMatrix DivergenceMatrix::Identity(int num_experts) {
+  DivergenceMatrix d;
+  d.num_experts = num_experts;
+  d.m.assign(static_cast<size_t>(num_experts) * num_experts, 1.0);
+  d.sigma.assign(static_cast<size_t>(num_experts) * num_experts, 1.0);
+  return d;
+}
+
+absl::Status ValidateDivergenceOptions(const DivergenceOptions& options) {
+  if (options.reservoir_capacity < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "divergence reservoir capacity must be >= 1, got ", options.reservoir_capacity));
+  }
+  if (options.num_groups < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("divergence median-of-means groups must be >= 1, got ",
+                     options.num_groups));
+  }
+  return absl::OkStatus();
+}
+
+ContextReservoir::ContextReservoir(int num_features, int capacity)
+    : num_features_(num_features), capacity_(capacity) {
+  rows_.reserve(static_cast<size_t>(std::min(capacity, 4096)) * num_features);
+}
+
+void ContextReservoir::Offer(absl::Span<const double> x, absl::BitGenRef gen) {
+  ++seen_;
+  if (size_ < static_cast<size_t>(capacity_)) {
+    rows_.insert(rows_.end(), x.begin(), x.end());
+    ++size_;
+    return;
+  }
+  const int64_t slot = absl::Uniform<int64_t>(gen, 0, seen_);
+  if (slot < capacity_) {
+    std::copy(x.begin(), x.end(), rows_.begin() + slot * num_features_);
+  }
+}
+
+void ContextReservoir::Reset(std::vector<double> rows, int64_t seen) {
+  rows_ = std::move(rows);
+  size_ = num_features_ == 0 ? 0 : rows_.size() / num_features_;
+  seen_ = seen;
+}
+
+double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
+  // log sum_v exp(log pi_i(v) + z_v - 1), z_v = pi_i(v) / pi_j(v).
+  double max_term = -HUGE_VAL;
+  const size_t k = pi_i.size();
+  double terms[64];
+  std::vector<double> heap_terms;
+  double* t = terms;
+  if (k > 64) {
+    heap_terms.resize(k);
+    t = heap_terms.data();
+  }
+  for (size_t v = 0; v < k; ++v) {
+    t[v] = pi_i[v] > 0.0 ? std::log(pi_i[v]) + pi_i[v] / pi_j[v] - 1.0 : -HUGE_VAL;
+    max_term = std::max(max_term, t[v]);
+  }
+  double s = 0.0;
+  for (size_t v = 0; v < k; ++v) s += std::exp(t[v] - max_term);
+  return max_term + std::log(s);
+}
+
+double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
+  double s = 0.0;
+  for (size_t v = 0; v < pi_i.size(); ++v) s += pi_i[v] * pi_i[v] / pi_j[v];
+  return s;
+}
+
+absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out) {
+  const int n = static_cast<int>(predictions.size());
+  if (num_arms < 1 || num_groups < 1) {
+    return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
+  }
+  if (n == 0) {
+    *out = DivergenceMatrix::Identity(0);
+    return absl::OkStatus();
+  }
+  const size_t rows = predictions[0].size() / num_arms;
+  if (rows == 0) {
+    return absl::InvalidArgumentError("divergences need at least one context");
+  }
+  for (int e = 0; e < n; ++e) {
+    if (predictions[e].size() != rows * num_arms) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert ", e, " has ", predictions[e].size(),
+                       " predicted probabilities, expected ", rows, " x ", num_arms));
+    }
+    for (double p : predictions[e]) {
+      if (!(p > 0.0 && p <= 1.0 + 1e-9)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expert ", e, " gives probability ", p,
+            "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
+      }
+    }
+  }
+  if (keep > 0 && (previous == nullptr || previous->num_experts < keep)) {
+    return absl::InvalidArgumentError("previous divergences do not cover the kept experts");
+  }
+  const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
+  const size_t group_size = rows / groups;
+
+  DivergenceMatrix d = DivergenceMatrix::Identity(n);
+  std::vector<double> log_means(groups), means(groups);
+  std::vector<double> log_terms(group_size);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const size_t ij = static_cast<size_t>(i) * n + j;
+      if (i < keep && j < keep) {
+        d.m[ij] = previous->M(i, j);
+        d.sigma[ij] = previous->Sigma(i, j);
+        continue;
+      }
+      if (i == j) continue;
+      for (int g = 0; g < groups; ++g) {
+        double f2_sum = 0.0;
+        for (size_t r = 0; r < group_size; ++r) {
+          const size_t row = g * group_size + r;
+          const auto pi_i = absl::MakeConstSpan(predictions[i]).subspan(row * num_arms, num_arms);
+          const auto pi_j = absl::MakeConstSpan(predictions[j]).subspan(row * num_arms, num_arms);
+          log_terms[r] = LogF1Term(pi_i, pi_j);
+          f2_sum += F2Term(pi_i, pi_j);
+        }
+        log_means[g] = LogSumExp(log_terms) - std::log(static_cast<double>(group_size));
+        means[g] = f2_sum / group_size;
+      }
+      // Median in log space. For an even count the median is the mean of the two middle
+      // values in linear space: log((e^a + e^b) / 2).
+      std::sort(log_means.begin(), log_means.end());
+      double log_median;
+      if (groups % 2 == 1) {
+        log_median = log_means[groups / 2];
+      } else {
+        const double pair[2] = {log_means[groups / 2 - 1], log_means[groups / 2]};
+        log_median = LogSumExp(pair) - std::log(2.0);
+      }
+      d.m[ij] = 1.0 + std::max(0.0, log_median);
+      d.sigma[ij] = std::sqrt(std::max(1.0, MedianInPlace(means)));
+    }
+  }
+  *out = std::move(d);
+  return absl::OkStatus();
+}
+
+absl::Status EstimateDivergences(absl::Span<const Expert* const> experts,
+                                 const ContextReservoir& reservoir, int num_groups,
+                                 DivergenceMatrix* out) {
+  if (experts.empty()) {
+    *out = DivergenceMatrix::Identity(0);
+    return absl::OkStatus();
+  }
+  const int k = experts[0]->num_arms();
+  std::vector<std::vector<double>> predictions(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    if (experts[e]->num_arms() != k) {
+      return absl::InvalidArgumentError(absl::StrCat("expert ", e, " has ",
+                                                     experts[e]->num_arms(),
+                                                     " arms, expert 0 has ", k));
+    }
+    predictions[e].resize(reservoir.size() * k);
+    absl::Status s =
+        experts[e]->PredictBatch(reservoir.contexts(), reservoir.size(), absl::MakeSpan(predictions[e]));
+    if (!s.ok()) return s;
+  }
+  return ComputeDivergences(predictions, k, num_groups, nullptr, 0, out);
+}
+
+}  // namespace decision

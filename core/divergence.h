@@ -1,0 +1,98 @@
+// Divergences between stochastic experts (DESIGN.md section 2), estimated from a bounded
+// reservoir of contexts with a median of means over the reservoir.
+//
+//   D_f(pi_i || pi_j) = E_x [ sum_v pi_j(v|x) f(pi_i(v|x) / pi_j(v|x)) ]
+//   f1(z) = z exp(z - 1) - 1:  M_ij = 1 + log(1 + D_f1(pi_i || pi_j))
+//                                   = 1 + log E_x [ sum_v pi_i(v|x) exp(pi_i/pi_j - 1) ]
+//   f2(z) = z^2 - 1:          sigma_ij^2 = 1 + D_f2(pi_i || pi_j)
+//                                   = E_x [ sum_v pi_i(v|x)^2 / pi_j(v|x) ]
+//
+// The expectation over x is a median of means: the reservoir's contexts, in reservoir order,
+// are split into G contiguous groups of floor(R/G) contexts (the last R mod G are unused);
+// the estimate is the median of the G group means. M is computed in log space throughout
+// (the per-context sum for f1 reaches exp(K/eta) for smoothed experts), so no intermediate
+// overflows: M_ij and sigma_ij are finite and >= 1 for any distributions with positive
+// entries. Results are clamped below at 1, the exact lower bound (both per-context sums are
+// >= 1 by Jensen and Cauchy-Schwarz), to absorb rounding.
+//
+// Thread safety: ContextReservoir is not thread-safe; the free functions are pure.
+#ifndef DECISION_CORE_DIVERGENCE_H_
+#define DECISION_CORE_DIVERGENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/random/bit_gen_ref.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "core/expert.h"
+
+namespace decision {
+
+// M_ij and sigma_ij for N experts, row-major N x N. Diagonals are 1.
+struct DivergenceMatrix {
+  int num_experts = 0;
+  std::vector<double> m;      // M_ij = 1 + log(1 + D_f1(pi_i || pi_j))
+  std::vector<double> sigma;  // sigma_ij = sqrt(1 + D_f2(pi_i || pi_j))
+
+  // All-ones matrices: no information about divergences yet (treats experts as identical
+  // for weighting; every estimator remains well defined).
+  static DivergenceMatrix Identity(int num_experts);
+  double M(int i, int j) const { return m[static_cast<size_t>(i) * num_experts + j]; }
+  double Sigma(int i, int j) const { return sigma[static_cast<size_t>(i) * num_experts + j]; }
+};
+
+struct DivergenceOptions {
+  int reservoir_capacity = 2048;  // contexts kept (uniform reservoir sample of all seen)
+  int num_groups = 16;            // median-of-means groups over the reservoir
+};
+absl::Status ValidateDivergenceOptions(const DivergenceOptions& options);
+
+// A uniform random sample of at most `capacity` contexts from all contexts offered
+// (Vitter's algorithm R). Randomness is passed in.
+class ContextReservoir {
+ public:
+  ContextReservoir(int num_features, int capacity);
+  void Offer(absl::Span<const double> x, absl::BitGenRef gen);
+  size_t size() const { return size_; }
+  int64_t seen() const { return seen_; }
+  int num_features() const { return num_features_; }
+  // Row-major size() x num_features().
+  absl::Span<const double> contexts() const {
+    return absl::MakeConstSpan(rows_.data(), size_ * num_features_);
+  }
+  // Restores a reservoir from stored rows and the count of contexts seen.
+  void Reset(std::vector<double> rows, int64_t seen);
+
+ private:
+  int num_features_;
+  int capacity_;
+  size_t size_ = 0;
+  int64_t seen_ = 0;
+  std::vector<double> rows_;
+};
+
+// Per-context quantities for the pair (i, j), given the two distributions over K arms:
+//   log_f1_term = log sum_v pi_i(v) exp(pi_i(v)/pi_j(v) - 1)
+//   f2_term     = sum_v pi_i(v)^2 / pi_j(v)
+// REQUIRES: equal sizes, pi_j(v) > 0 for all v.
+double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
+double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
+
+// Divergences from predictions on R contexts. `predictions[e]` is expert e's R x K
+// distributions, row-major. Pairs (i, j) with both i, j < keep are copied from `previous`
+// (which must cover them); all others are computed. keep = 0 computes everything.
+// Cost: O((N^2 - keep^2) * R * K).
+// Returns INVALID_ARGUMENT for mismatched sizes, no contexts, or non-positive probabilities.
+absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out);
+
+// Convenience: predicts every expert on the reservoir's contexts, then ComputeDivergences.
+absl::Status EstimateDivergences(absl::Span<const Expert* const> experts,
+                                 const ContextReservoir& reservoir, int num_groups,
+                                 DivergenceMatrix* out);
+
+}  // namespace decision
+
+#endif  // DECISION_CORE_DIVERGENCE_H_

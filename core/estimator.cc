@@ -1,0 +1,134 @@
+#include "core/estimator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/numeric.h"
+
+namespace decision {
+
+absl::Status ValidateEstimatorOptions(const EstimatorOptions& o) {
+  const EstimatorConstants& c = o.constants;
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"C", c.C}, {"c1", c.c1}, {"c2", c.c2}, {"c3", c.c3}}) {
+    if (!(std::isfinite(value) && value > 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("estimator constant ", name, " must be finite and > 0, got ", value));
+    }
+  }
+  if (o.kind != EstimatorKind::kClipped && o.kind != EstimatorKind::kMedianOfMeans) {
+    return absl::InvalidArgumentError("unknown estimator kind");
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeEstimatorOptions(const EstimatorOptions& o) {
+  const EstimatorConstants& c = o.constants;
+  if (o.kind == EstimatorKind::kMedianOfMeans) {
+    return absl::StrCat("median_of_means(c2=", c.c2, ", c3=", c.c3, ")");
+  }
+  return absl::StrCat(
+      "clipped(C=", c.C, ", c1=", c.c1,
+      ", eps=", o.epsilon_rule == EpsilonRule::kPaper ? "paper" : "2/t",
+      ", width=", o.width_rule == WidthRule::kPaper ? "paper" : "authors_code",
+      ", clip_test=", o.clip_test == ClipTest::kRatio ? "ratio" : "reward_times_ratio", ")");
+}
+
+double ClipLevel(const EstimatorOptions& o, int64_t t) {
+  const double tt = static_cast<double>(t);
+  double eps;
+  if (o.epsilon_rule == EpsilonRule::kTwoOverT) {
+    eps = 2.0 / tt;
+  } else {
+    eps = o.constants.C * InverseLogRatio(std::sqrt(o.constants.c1 * std::log(tt) / tt));
+  }
+  if (eps <= 0.0) return std::numeric_limits<double>::infinity();
+  return 2.0 * std::log(2.0 / eps);
+}
+
+double ClippedWidth(const EstimatorOptions& o, int64_t t, double z) {
+  const double tt = static_cast<double>(t);
+  if (o.width_rule == WidthRule::kAuthorsCode) {
+    return std::sqrt(o.constants.C * tt * std::log(tt)) / z;
+  }
+  return 1.5 * o.constants.C * InverseLogRatio(std::sqrt(o.constants.c1 * tt * std::log(tt)) / z);
+}
+
+int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
+  const double log_inv_delta = 2.0 * std::log(static_cast<double>(t));
+  const double l = std::floor(o.constants.c2 * log_inv_delta);
+  if (!(l >= 1.0)) return 1;
+  if (l >= static_cast<double>(t)) return t;
+  return static_cast<int64_t>(l);
+}
+
+absl::StatusOr<std::unique_ptr<Estimator>> MakeEstimator(const EstimatorOptions& options,
+                                                         int num_experts) {
+  if (absl::Status s = ValidateEstimatorOptions(options); !s.ok()) return s;
+  if (num_experts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("number of experts must be >= 0, got ", num_experts));
+  }
+  if (options.kind == EstimatorKind::kClipped) {
+    return internal::MakeClippedEstimator(options, num_experts);
+  }
+  return internal::MakeMedianOfMeansEstimator(options, num_experts);
+}
+
+namespace internal {
+
+absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts) {
+  if (d.num_experts != num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("divergences cover ", d.num_experts,
+                                                   " experts, the log has ", num_experts));
+  }
+  const size_t cells = static_cast<size_t>(num_experts) * num_experts;
+  if (d.m.size() != cells || d.sigma.size() != cells) {
+    return absl::InvalidArgumentError("divergence matrices are not N x N");
+  }
+  for (size_t i = 0; i < cells; ++i) {
+    if (!(std::isfinite(d.m[i]) && d.m[i] >= 1.0 && std::isfinite(d.sigma[i]) &&
+          d.sigma[i] >= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("divergence entry (", i / num_experts, ", ", i % num_experts,
+                       ") has M = ", d.m[i], ", sigma = ", d.sigma[i],
+                       "; both must be finite and >= 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+}  // namespace decision
+
+namespace decision::internal {
+
+absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_samples) {
+  if (log.num_experts() != num_experts) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the log has ", log.num_experts(), " experts, the estimator ",
+                     num_experts, "; call SetDivergences after adding experts"));
+  }
+  if (log.size() < num_samples) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the log has ", log.size(), " samples, fewer than the ", num_samples, " already seen"));
+  }
+  return absl::OkStatus();
+}
+
+bool SameBlock(const DivergenceMatrix& old_d, const DivergenceMatrix& new_d) {
+  const int n = old_d.num_experts;
+  if (new_d.num_experts < n) return false;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (old_d.M(i, j) != new_d.M(i, j) || old_d.Sigma(i, j) != new_d.Sigma(i, j)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace decision::internal

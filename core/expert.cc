@@ -1,0 +1,262 @@
+#include "core/expert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace decision {
+namespace {
+
+class UniformExpert final : public Expert {
+ public:
+  UniformExpert(int num_arms, int num_features) : Expert(num_arms, num_features, 0.0) {}
+  const char* kind() const override { return "uniform"; }
+
+ protected:
+  absl::Status PredictRaw(absl::Span<const double>, size_t,
+                          absl::Span<double> probs) const override {
+    std::fill(probs.begin(), probs.end(), 1.0 / num_arms());
+    return absl::OkStatus();
+  }
+};
+
+class TableExpert final : public Expert {
+ public:
+  TableExpert(int num_arms, int num_features, std::vector<double> table, int num_rows,
+              int key_feature, double smoothing)
+      : Expert(num_arms, num_features, smoothing),
+        table_(std::move(table)),
+        num_rows_(num_rows),
+        key_feature_(key_feature) {}
+  const char* kind() const override { return "table"; }
+
+ protected:
+  absl::Status PredictRaw(absl::Span<const double> rows, size_t n,
+                          absl::Span<double> probs) const override {
+    const int k = num_arms();
+    for (size_t i = 0; i < n; ++i) {
+      int row = 0;
+      if (num_rows_ > 1) {
+        const double key = rows[i * num_features() + key_feature_];
+        if (!(key >= 0.0 && key < num_rows_)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("table expert: key feature ", key_feature_, " = ", key,
+                           " is outside the table's rows [0, ", num_rows_, ")"));
+        }
+        row = static_cast<int>(key);
+      }
+      std::copy_n(table_.begin() + static_cast<size_t>(row) * k, k, probs.begin() + i * k);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<double> table_;  // num_rows_ x num_arms, row-major
+  const int num_rows_;
+  const int key_feature_;
+};
+
+class LinearSoftmaxExpert final : public Expert {
+ public:
+  LinearSoftmaxExpert(int num_arms, int num_features, std::vector<double> weights,
+                      std::vector<double> bias, double temperature, double smoothing)
+      : Expert(num_arms, num_features, smoothing),
+        weights_(std::move(weights)),
+        bias_(std::move(bias)),
+        inv_temperature_(1.0 / temperature) {}
+  const char* kind() const override { return "linear_softmax"; }
+
+ protected:
+  absl::Status PredictRaw(absl::Span<const double> rows, size_t n,
+                          absl::Span<double> probs) const override {
+    const int k = num_arms();
+    const int d = num_features();
+    for (size_t i = 0; i < n; ++i) {
+      const double* x = rows.data() + i * d;
+      double* out = probs.data() + i * k;
+      double max_logit = -HUGE_VAL;
+      for (int v = 0; v < k; ++v) {
+        const double* w = weights_.data() + static_cast<size_t>(v) * d;
+        double z = bias_[v];
+        for (int f = 0; f < d; ++f) z += w[f] * x[f];
+        z *= inv_temperature_;
+        out[v] = z;
+        max_logit = std::max(max_logit, z);
+      }
+      if (!std::isfinite(max_logit)) {
+        return absl::InvalidArgumentError(
+            "linear_softmax expert: logits overflow for this context");
+      }
+      double total = 0.0;
+      for (int v = 0; v < k; ++v) {
+        out[v] = std::exp(out[v] - max_logit);
+        total += out[v];
+      }
+      for (int v = 0; v < k; ++v) out[v] /= total;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<double> weights_;  // K x d, row-major
+  const std::vector<double> bias_;
+  const double inv_temperature_;
+};
+
+absl::Status CheckAllFinite(absl::Span<const double> v, const char* what) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i, "] = ", v[i], " is not a finite number"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateExpertShape(int num_arms, int num_features, double smoothing) {
+  if (num_arms < 1 || num_arms > kMaxArms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "number of arms must be in [1, ", kMaxArms, "], got ", num_arms));
+  }
+  if (num_features < 0 || num_features > kMaxFeatures) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "number of features must be in [0, ", kMaxFeatures, "], got ", num_features));
+  }
+  if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("smoothing eta must be in [0, 1], got ", smoothing));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateContext(absl::Span<const double> x, int num_features) {
+  if (x.size() != static_cast<size_t>(num_features)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context has ", x.size(), " features, expected ", num_features));
+  }
+  return CheckAllFinite(x, "feature");
+}
+
+absl::Status Expert::Predict(absl::Span<const double> x, absl::Span<double> probs) const {
+  return PredictBatch(x, 1, probs);
+}
+
+absl::Status Expert::PredictBatch(absl::Span<const double> rows, size_t n,
+                                  absl::Span<double> probs) const {
+  if (rows.size() != n * num_features_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context batch has ", rows.size(), " values, expected ", n, " rows x ",
+                     num_features_, " features"));
+  }
+  if (probs.size() != n * num_arms_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output has ", probs.size(), " slots, expected ", n, " x ", num_arms_, " arms"));
+  }
+  if (absl::Status s = CheckAllFinite(rows, "feature"); !s.ok()) return s;
+  if (absl::Status s = PredictRaw(rows, n, probs); !s.ok()) return s;
+  Smooth(probs);
+  return absl::OkStatus();
+}
+
+void Expert::Smooth(absl::Span<double> probs) const {
+  if (smoothing_ == 0.0) return;
+  const double floor = smoothing_ / num_arms_;
+  const double keep = 1.0 - smoothing_;
+  for (double& p : probs) p = keep * p + floor;
+}
+
+absl::StatusOr<std::unique_ptr<Expert>> MakeUniformExpert(int num_arms, int num_features) {
+  if (absl::Status s = ValidateExpertShape(num_arms, num_features, 0.0); !s.ok()) return s;
+  return std::unique_ptr<Expert>(new UniformExpert(num_arms, num_features));
+}
+
+absl::StatusOr<std::unique_ptr<Expert>> MakeTableExpert(int num_arms, int num_features,
+                                                        std::vector<std::vector<double>> rows,
+                                                        int key_feature, double smoothing) {
+  if (absl::Status s = ValidateExpertShape(num_arms, num_features, smoothing); !s.ok()) {
+    return s;
+  }
+  if (rows.empty()) {
+    return absl::InvalidArgumentError("table expert: the table has no rows");
+  }
+  if (rows.size() > 1 && (key_feature < 0 || key_feature >= num_features)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table expert: key feature ", key_feature, " is not a feature index in [0, ",
+                     num_features, ")"));
+  }
+  std::vector<double> table;
+  table.reserve(rows.size() * num_arms);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<double>& row = rows[r];
+    if (row.size() != static_cast<size_t>(num_arms)) {
+      return absl::InvalidArgumentError(absl::StrCat("table expert: row ", r, " has ",
+                                                     row.size(), " entries, expected ",
+                                                     num_arms, " (one per arm)"));
+    }
+    double total = 0.0;
+    for (int v = 0; v < num_arms; ++v) {
+      if (!std::isfinite(row[v]) || row[v] < 0.0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table expert: row ", r, " arm ", v, " has probability ", row[v],
+                         "; probabilities must be finite and non-negative"));
+      }
+      total += row[v];
+    }
+    if (std::abs(total - 1.0) > 1e-6) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table expert: row ", r, " sums to ", total, "; a distribution must sum to 1"));
+    }
+    for (double p : row) table.push_back(p / total);
+  }
+  const int num_rows = static_cast<int>(rows.size());
+  return std::unique_ptr<Expert>(
+      new TableExpert(num_arms, num_features, std::move(table), num_rows, key_feature,
+                      smoothing));
+}
+
+absl::StatusOr<std::unique_ptr<Expert>> MakeLinearSoftmaxExpert(
+    int num_arms, int num_features, std::vector<double> weights, std::vector<double> bias,
+    double temperature, double smoothing) {
+  if (absl::Status s = ValidateExpertShape(num_arms, num_features, smoothing); !s.ok()) {
+    return s;
+  }
+  const size_t want = static_cast<size_t>(num_arms) * num_features;
+  if (weights.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linear_softmax expert: ", weights.size(), " weights, expected ", num_arms,
+        " arms x ", num_features, " features = ", want));
+  }
+  if (bias.size() != static_cast<size_t>(num_arms)) {
+    return absl::InvalidArgumentError(absl::StrCat("linear_softmax expert: ", bias.size(),
+                                                   " biases, expected ", num_arms,
+                                                   " (one per arm)"));
+  }
+  if (absl::Status s = CheckAllFinite(weights, "linear_softmax expert: weight"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAllFinite(bias, "linear_softmax expert: bias"); !s.ok()) return s;
+  if (!(std::isfinite(temperature) && temperature > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "linear_softmax expert: temperature must be finite and > 0, got ", temperature));
+  }
+  return std::unique_ptr<Expert>(new LinearSoftmaxExpert(
+      num_arms, num_features, std::move(weights), std::move(bias), temperature, smoothing));
+}
+
+int SampleArm(absl::Span<const double> probs, double u) {
+  double cumulative = 0.0;
+  int last_positive = 0;
+  for (size_t v = 0; v < probs.size(); ++v) {
+    if (probs[v] <= 0.0) continue;
+    last_positive = static_cast<int>(v);
+    cumulative += probs[v];
+    if (u < cumulative) return last_positive;
+  }
+  return last_positive;
+}
+
+}  // namespace decision

@@ -1,0 +1,395 @@
+#include "core/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+#include "core/expert.h"
+
+namespace decision {
+
+// ---------------------------------------------------------------------------- DUcb
+
+absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_experts) {
+  absl::StatusOr<std::unique_ptr<Estimator>> estimator = MakeEstimator(options, num_experts);
+  if (!estimator.ok()) return estimator.status();
+  return DUcb(*std::move(estimator), num_experts);
+}
+
+int DUcb::SelectExpert(absl::BitGenRef gen) const {
+  const int n = num_experts();
+  const bool no_samples = log_.size() == 0;
+  double best = -std::numeric_limits<double>::infinity();
+  int chosen = -1;
+  int ties = 0;
+  for (int k = 0; k < n; ++k) {
+    if (!selectable_[k]) continue;
+    double ucb = 0.0;
+    if (!no_samples) {
+      const ExpertEstimate e = estimator_->Estimate(k);
+      ucb = e.mean + e.width;
+    }
+    if (ucb > best || chosen < 0) {
+      best = ucb;
+      chosen = k;
+      ties = 1;
+    } else if (ucb == best) {
+      // Reservoir choice among ties: each tied expert ends up chosen with probability 1/ties.
+      ++ties;
+      if (absl::Uniform<int>(gen, 0, ties) == 0) chosen = k;
+    }
+  }
+  return chosen;
+}
+
+absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> propensities) {
+  if (absl::Status s = log_.Append(chooser, reward, propensities); !s.ok()) return s;
+  return estimator_->Update(log_);
+}
+
+absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
+                              const DivergenceMatrix& divergences) {
+  const int new_n = num_experts() + static_cast<int>(backfill.size());
+  if (absl::Status s = internal::ValidateDivergenceMatrix(divergences, new_n); !s.ok()) {
+    return s;
+  }
+  // Validate every column before changing anything.
+  for (size_t e = 0; e < backfill.size(); ++e) {
+    if (static_cast<int64_t>(backfill[e].size()) != log_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("new expert ", e, " has ",
+                                                     backfill[e].size(),
+                                                     " backfilled propensities, the log has ",
+                                                     log_.size(), " samples"));
+    }
+    for (double p : backfill[e]) {
+      if (!(p > 0.0 && p <= 1.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "new expert ", e, " has backfilled propensity ", p, "; it must be in (0, 1]"));
+      }
+    }
+  }
+  for (const std::vector<double>& column : backfill) {
+    absl::Status s = log_.AddExpert(column);
+    if (!s.ok()) return s;  // unreachable: validated above
+    selectable_.push_back(true);
+  }
+  return estimator_->SetDivergences(log_, divergences);
+}
+
+absl::Status DUcb::SetDivergences(const DivergenceMatrix& divergences) {
+  return estimator_->SetDivergences(log_, divergences);
+}
+
+// -------------------------------------------------------------------- BatchSchedule
+
+absl::Status ValidateBatchOptions(const BatchOptions& options) {
+  if (options.warmup_rounds_per_arm < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "warm-up rounds per arm must be >= 0, got ", options.warmup_rounds_per_arm));
+  }
+  if (!(std::isfinite(options.batch_multiplier) && options.batch_multiplier > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch multiplier must be finite and > 0, got ", options.batch_multiplier));
+  }
+  return absl::OkStatus();
+}
+
+BatchSchedule::BatchSchedule(int num_arms, const BatchOptions& options)
+    : options_(options),
+      warmup_rounds_(static_cast<int64_t>(options.warmup_rounds_per_arm) * num_arms),
+      next_batch_start_(warmup_rounds_ + 1) {}
+
+BatchSchedule::Round BatchSchedule::Next() {
+  ++round_;
+  if (round_ <= warmup_rounds_) return Round::kWarmup;
+  if (round_ < next_batch_start_) return Round::kInBatch;
+  const double length =
+      std::floor(options_.batch_multiplier * std::sqrt(static_cast<double>(round_)));
+  next_batch_start_ = round_ + std::max<int64_t>(1, static_cast<int64_t>(length));
+  return Round::kBatchStart;
+}
+
+// ----------------------------------------------------------------------- DUcbPolicy
+
+absl::StatusOr<Decision> DUcbPolicy::Decide(int num_experts, int num_arms,
+                                            DistributionFn distribution,
+                                            absl::BitGenRef gen) {
+  const int k = ducb_.SelectExpert(gen);
+  if (k < 0) return absl::FailedPreconditionError("no expert is selectable");
+  scratch_.resize(num_arms);
+  if (absl::Status s = distribution(k, absl::MakeSpan(scratch_)); !s.ok()) return s;
+  Decision d;
+  d.expert = k;
+  d.arm = SampleArm(scratch_, absl::Uniform<double>(gen, 0.0, 1.0));
+  d.propensity = scratch_[d.arm];
+  return d;
+}
+
+absl::Status DUcbPolicy::Learn(const Decision& decision, double reward,
+                               absl::Span<const double> propensities) {
+  return ducb_.Learn(decision.expert, reward, propensities);
+}
+
+absl::Status DUcbPolicy::AddExperts(absl::Span<const std::vector<double>> backfill) {
+  const int old_n = ducb_.num_experts();
+  const int new_n = old_n + static_cast<int>(backfill.size());
+  const DivergenceMatrix& old_d = ducb_.estimator().divergences();
+  DivergenceMatrix d = DivergenceMatrix::Identity(new_n);
+  for (int i = 0; i < old_n; ++i) {
+    for (int j = 0; j < old_n; ++j) {
+      d.m[static_cast<size_t>(i) * new_n + j] = old_d.M(i, j);
+      d.sigma[static_cast<size_t>(i) * new_n + j] = old_d.Sigma(i, j);
+    }
+  }
+  return ducb_.AddExperts(backfill, d);
+}
+
+// ---------------------------------------------------------------------- baselines
+namespace {
+
+absl::Status CheckReward(double reward) {
+  if (!(reward >= 0.0 && reward <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("reward ", reward, " is outside [0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+// Follows one expert per decision and keeps per-expert on-policy reward means.
+class PerExpertMeans {
+ public:
+  explicit PerExpertMeans(int n) : pulls_(n, 0), sums_(n, 0.0) {}
+  absl::Status Learn(const Decision& d, double reward) {
+    if (d.expert < 0 || d.expert >= static_cast<int>(pulls_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("decision names expert ", d.expert,
+                                                     ", not one of ", pulls_.size()));
+    }
+    if (absl::Status s = CheckReward(reward); !s.ok()) return s;
+    ++pulls_[d.expert];
+    sums_[d.expert] += reward;
+    ++total_;
+    return absl::OkStatus();
+  }
+  void Grow(size_t count) {
+    pulls_.resize(pulls_.size() + count, 0);
+    sums_.resize(sums_.size() + count, 0.0);
+  }
+  // Random untried expert, or -1 if all were tried.
+  int Untried(absl::BitGenRef gen) const {
+    int chosen = -1, seen = 0;
+    for (size_t k = 0; k < pulls_.size(); ++k) {
+      if (pulls_[k] == 0 && absl::Uniform<int>(gen, 0, ++seen) == 0) chosen = static_cast<int>(k);
+    }
+    return chosen;
+  }
+  template <typename Score>
+  int Argmax(Score score, absl::BitGenRef gen) const {
+    double best = -std::numeric_limits<double>::infinity();
+    int chosen = -1, ties = 0;
+    for (size_t k = 0; k < pulls_.size(); ++k) {
+      const double v = score(k);
+      if (v > best) {
+        best = v;
+        chosen = static_cast<int>(k);
+        ties = 1;
+      } else if (v == best && absl::Uniform<int>(gen, 0, ++ties) == 0) {
+        chosen = static_cast<int>(k);
+      }
+    }
+    return chosen;
+  }
+  double mean(size_t k) const { return sums_[k] / pulls_[k]; }
+  int64_t pulls(size_t k) const { return pulls_[k]; }
+  int64_t total() const { return total_; }
+  size_t size() const { return pulls_.size(); }
+
+ private:
+  std::vector<int64_t> pulls_;
+  std::vector<double> sums_;
+  int64_t total_ = 0;
+};
+
+absl::StatusOr<Decision> FollowExpert(int k, int num_arms, DistributionFn distribution,
+                                      absl::BitGenRef gen, std::vector<double>& scratch) {
+  scratch.resize(num_arms);
+  if (absl::Status s = distribution(k, absl::MakeSpan(scratch)); !s.ok()) return s;
+  Decision d;
+  d.expert = k;
+  d.arm = SampleArm(scratch, absl::Uniform<double>(gen, 0.0, 1.0));
+  d.propensity = scratch[d.arm];
+  return d;
+}
+
+class Ucb1Policy final : public Policy {
+ public:
+  explicit Ucb1Policy(int n) : stats_(n) {}
+  std::string name() const override { return "ucb1-over-experts"; }
+  absl::StatusOr<Decision> Decide(int, int num_arms, DistributionFn distribution,
+                                  absl::BitGenRef gen) override {
+    int k = stats_.Untried(gen);
+    if (k < 0) {
+      const double log_t = std::log(static_cast<double>(stats_.total()));
+      k = stats_.Argmax(
+          [&](size_t e) { return stats_.mean(e) + std::sqrt(2.0 * log_t / stats_.pulls(e)); },
+          gen);
+    }
+    if (k < 0) return absl::FailedPreconditionError("no experts");
+    return FollowExpert(k, num_arms, distribution, gen, scratch_);
+  }
+  absl::Status Learn(const Decision& d, double reward, absl::Span<const double>) override {
+    return stats_.Learn(d, reward);
+  }
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
+    stats_.Grow(backfill.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  PerExpertMeans stats_;
+  std::vector<double> scratch_;
+};
+
+class EpsilonGreedyPolicy final : public Policy {
+ public:
+  EpsilonGreedyPolicy(int n, double epsilon) : stats_(n), epsilon_(epsilon) {}
+  std::string name() const override { return absl::StrCat("epsilon-greedy(", epsilon_, ")"); }
+  absl::StatusOr<Decision> Decide(int num_experts, int num_arms, DistributionFn distribution,
+                                  absl::BitGenRef gen) override {
+    if (num_experts < 1) return absl::FailedPreconditionError("no experts");
+    int k;
+    if (absl::Bernoulli(gen, epsilon_)) {
+      k = absl::Uniform<int>(gen, 0, num_experts);
+    } else {
+      k = stats_.Untried(gen);
+      if (k < 0) k = stats_.Argmax([&](size_t e) { return stats_.mean(e); }, gen);
+    }
+    return FollowExpert(k, num_arms, distribution, gen, scratch_);
+  }
+  absl::Status Learn(const Decision& d, double reward, absl::Span<const double>) override {
+    return stats_.Learn(d, reward);
+  }
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
+    stats_.Grow(backfill.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  PerExpertMeans stats_;
+  double epsilon_;
+  std::vector<double> scratch_;
+};
+
+class Exp4Policy final : public Policy {
+ public:
+  Exp4Policy(int n, const Exp4Options& options) : options_(options), log_weights_(n, 0.0) {}
+  std::string name() const override { return absl::StrCat("exp4(gamma=", options_.gamma, ")"); }
+  absl::StatusOr<Decision> Decide(int num_experts, int num_arms, DistributionFn distribution,
+                                  absl::BitGenRef gen) override {
+    if (num_experts != static_cast<int>(log_weights_.size()) || num_experts < 1) {
+      return absl::FailedPreconditionError("exp4: expert count does not match the pool");
+    }
+    const double max_log = *std::max_element(log_weights_.begin(), log_weights_.end());
+    mixture_.assign(num_arms, 0.0);
+    scratch_.resize(num_arms);
+    double total = 0.0;
+    for (int k = 0; k < num_experts; ++k) {
+      const double w = std::exp(log_weights_[k] - max_log);
+      total += w;
+      if (absl::Status s = distribution(k, absl::MakeSpan(scratch_)); !s.ok()) return s;
+      for (int v = 0; v < num_arms; ++v) mixture_[v] += w * scratch_[v];
+    }
+    for (int v = 0; v < num_arms; ++v) {
+      mixture_[v] = (1.0 - options_.gamma) * mixture_[v] / total + options_.gamma / num_arms;
+    }
+    Decision d;
+    d.arm = SampleArm(mixture_, absl::Uniform<double>(gen, 0.0, 1.0));
+    d.propensity = mixture_[d.arm];
+    return d;
+  }
+  absl::Status Learn(const Decision& d, double reward,
+                     absl::Span<const double> propensities) override {
+    if (absl::Status s = CheckReward(reward); !s.ok()) return s;
+    if (propensities.size() != log_weights_.size() || !(d.propensity > 0.0)) {
+      return absl::InvalidArgumentError("exp4: needs every expert's propensity and p(a) > 0");
+    }
+    ++t_;
+    const double eta = EffectiveEta();
+    for (size_t k = 0; k < log_weights_.size(); ++k) {
+      log_weights_[k] += eta * propensities[k] * reward / d.propensity;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
+    // New experts start at the current mean log-weight: neither favoured nor ignored.
+    double mean = 0.0;
+    for (double w : log_weights_) mean += w;
+    if (!log_weights_.empty()) mean /= log_weights_.size();
+    log_weights_.resize(log_weights_.size() + backfill.size(), mean);
+    return absl::OkStatus();
+  }
+
+ private:
+  double EffectiveEta() const {
+    if (options_.eta > 0.0) return options_.eta;
+    const double n = std::max<double>(2.0, log_weights_.size());
+    const double k = std::max<double>(1.0, mixture_.size());
+    return std::sqrt(2.0 * std::log(n) / (k * std::max<int64_t>(1, options_.horizon)));
+  }
+
+  Exp4Options options_;
+  std::vector<double> log_weights_;
+  std::vector<double> mixture_;
+  std::vector<double> scratch_;
+  int64_t t_ = 0;
+};
+
+class UniformPolicy final : public Policy {
+ public:
+  std::string name() const override { return "uniform"; }
+  absl::StatusOr<Decision> Decide(int, int num_arms, DistributionFn,
+                                  absl::BitGenRef gen) override {
+    Decision d;
+    d.arm = absl::Uniform<int>(gen, 0, num_arms);
+    d.propensity = 1.0 / num_arms;
+    return d;
+  }
+  absl::Status Learn(const Decision&, double reward, absl::Span<const double>) override {
+    return CheckReward(reward);
+  }
+  absl::Status AddExperts(absl::Span<const std::vector<double>>) override {
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> MakeUcb1Policy(int num_experts) {
+  return std::make_unique<Ucb1Policy>(num_experts);
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> MakeEpsilonGreedyPolicy(int num_experts,
+                                                                double epsilon) {
+  if (!(epsilon >= 0.0 && epsilon <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epsilon must be in [0, 1], got ", epsilon));
+  }
+  return std::unique_ptr<Policy>(new EpsilonGreedyPolicy(num_experts, epsilon));
+}
+
+absl::StatusOr<std::unique_ptr<Policy>> MakeExp4Policy(int num_experts,
+                                                       const Exp4Options& options) {
+  if (!(options.gamma > 0.0 && options.gamma <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("exp4 gamma must be in (0, 1], got ", options.gamma));
+  }
+  if (!std::isfinite(options.eta) || options.horizon < 1) {
+    return absl::InvalidArgumentError("exp4 eta must be finite and horizon >= 1");
+  }
+  return std::unique_ptr<Policy>(new Exp4Policy(num_experts, options));
+}
+
+std::unique_ptr<Policy> MakeUniformPolicy() { return std::make_unique<UniformPolicy>(); }
+
+}  // namespace decision

@@ -1,0 +1,168 @@
+// Decision policies over a pool of stochastic experts: D-UCB (Algorithm 1 of the paper),
+// the batch schedule of batched D-UCB (Algorithm 2), and the baselines the benchmarks
+// compare against (UCB1 over experts, epsilon-greedy over experts, EXP4, uniform).
+//
+// Every policy is deterministic given the random generator passed to Decide, so a run is
+// reproducible from a seed. Thread safety: none of these classes is thread-safe.
+#ifndef DECISION_CORE_POLICY_H_
+#define DECISION_CORE_POLICY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/random/bit_gen_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/estimator.h"
+#include "core/sample_log.h"
+
+namespace decision {
+
+// One decision: the expert followed (-1 for policies that mix experts, such as EXP4 and
+// uniform), the arm drawn, and the probability with which that arm was drawn.
+struct Decision {
+  int expert = -1;
+  int arm = 0;
+  double propensity = 0.0;
+};
+
+// D-UCB: keeps the sample log and an incremental estimator, and selects
+// k(t) = argmax_k mu[k](t-1) + s[k](t-1) among the selectable experts.
+class DUcb {
+ public:
+  // Returns INVALID_ARGUMENT for invalid options or num_experts < 0.
+  static absl::StatusOr<DUcb> Create(const EstimatorOptions& options, int num_experts);
+
+  // The expert to follow next: argmax of mean + width over selectable experts, ties broken
+  // uniformly at random; with no samples yet, a uniformly random selectable expert.
+  // Returns -1 if no expert is selectable. O(N).
+  int SelectExpert(absl::BitGenRef gen) const;
+
+  // Learns one joined sample: chooser, reward in [0, 1], and pi_k(arm|x) for every expert.
+  // Returns INVALID_ARGUMENT (nothing learnt) for out-of-range input. O(N) amortised.
+  absl::Status Learn(int chooser, double reward, absl::Span<const double> propensities);
+
+  // Appends experts. backfill[e][s] is new expert e's propensity of sample s's arm, for every
+  // sample learnt so far. `divergences` must cover old and new experts; if it keeps the old
+  // block unchanged only the new rows are computed. Returns INVALID_ARGUMENT (nothing
+  // changed) on size mismatches or invalid values.
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill,
+                          const DivergenceMatrix& divergences);
+
+  // Replaces the divergence estimates (same expert count). Rebuilds the estimator: O(N t).
+  absl::Status SetDivergences(const DivergenceMatrix& divergences);
+
+  // Retired or not-yet-backfilled experts keep being estimated but are never selected.
+  // REQUIRES: 0 <= k < num_experts().
+  void SetSelectable(int k, bool selectable) { selectable_[k] = selectable; }
+  bool selectable(int k) const { return selectable_[k]; }
+
+  ExpertEstimate Estimate(int k) const { return estimator_->Estimate(k); }
+  int num_experts() const { return log_.num_experts(); }
+  const SampleLog& log() const { return log_; }
+  const Estimator& estimator() const { return *estimator_; }
+
+ private:
+  DUcb(std::unique_ptr<Estimator> estimator, int num_experts)
+      : log_(num_experts), estimator_(std::move(estimator)), selectable_(num_experts, true) {}
+
+  SampleLog log_;
+  std::unique_ptr<Estimator> estimator_;
+  std::vector<bool> selectable_;
+};
+
+// The schedule of batched D-UCB: a uniform warm-up of warmup_rounds_per_arm * K rounds,
+// then batches; a batch that starts at round t lasts max(1, floor(batch_multiplier *
+// sqrt(t))) rounds. At every batch start the caller adds experts and refreshes divergences.
+struct BatchOptions {
+  int warmup_rounds_per_arm = 3;
+  double batch_multiplier = 7.0;  // the authors' code: 7 * floor(sqrt(t))
+};
+absl::Status ValidateBatchOptions(const BatchOptions& options);
+
+class BatchSchedule {
+ public:
+  enum class Round { kWarmup, kBatchStart, kInBatch };
+  BatchSchedule(int num_arms, const BatchOptions& options);
+  // Advances to the next round (rounds are numbered from 1) and says what it is.
+  Round Next();
+  int64_t round() const { return round_; }
+  int64_t next_batch_start() const { return next_batch_start_; }
+
+ private:
+  BatchOptions options_;
+  int64_t warmup_rounds_;
+  int64_t round_ = 0;
+  int64_t next_batch_start_;
+};
+
+// Expert k's distribution over arms for the current context: writes pi_k(.|x) to probs.
+using DistributionFn = absl::FunctionRef<absl::Status(int k, absl::Span<double> probs)>;
+
+// A policy that decides with a pool of experts, as the simulations and benchmarks drive it.
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  // Chooses an arm for the current context. `distribution` evaluates experts on it.
+  virtual absl::StatusOr<Decision> Decide(int num_experts, int num_arms,
+                                          DistributionFn distribution,
+                                          absl::BitGenRef gen) = 0;
+  // Learns the reward of `decision`. propensities[k] = pi_k(arm|x) for every expert k.
+  virtual absl::Status Learn(const Decision& decision, double reward,
+                             absl::Span<const double> propensities) = 0;
+  // Experts were appended to the pool; backfill as in DUcb::AddExperts (policies that do
+  // not learn from the log ignore it).
+  virtual absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) = 0;
+};
+
+// D-UCB as a Policy. New experts get identity divergences until SetDivergences.
+class DUcbPolicy final : public Policy {
+ public:
+  explicit DUcbPolicy(DUcb ducb, std::string name = "d-ucb")
+      : ducb_(std::move(ducb)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  absl::StatusOr<Decision> Decide(int num_experts, int num_arms, DistributionFn distribution,
+                                  absl::BitGenRef gen) override;
+  absl::Status Learn(const Decision& decision, double reward,
+                     absl::Span<const double> propensities) override;
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override;
+  absl::Status SetDivergences(const DivergenceMatrix& d) { return ducb_.SetDivergences(d); }
+  DUcb& ducb() { return ducb_; }
+
+ private:
+  DUcb ducb_;
+  std::string name_;
+  std::vector<double> scratch_;
+};
+
+// UCB1 treating each expert as an arm: every expert once, then
+// argmax mean_k + sqrt(2 ln t / n_k), using only the samples each expert chose.
+std::unique_ptr<Policy> MakeUcb1Policy(int num_experts);
+
+// With probability epsilon a uniformly random expert, otherwise the expert with the best
+// mean of its own samples (untried experts first).
+absl::StatusOr<std::unique_ptr<Policy>> MakeEpsilonGreedyPolicy(int num_experts,
+                                                                double epsilon);
+
+// EXP4 (Auer et al. 2002) with exploration gamma: plays the mixture
+// p(a) = (1 - gamma) sum_k w_k pi_k(a|x) / sum_k w_k + gamma / K and updates
+// log w_k += eta * pi_k(a|x) * y / p(a). eta = sqrt(2 ln N / (K horizon)) when eta <= 0.
+struct Exp4Options {
+  double gamma = 0.05;
+  double eta = 0.0;
+  int64_t horizon = 10000;
+};
+absl::StatusOr<std::unique_ptr<Policy>> MakeExp4Policy(int num_experts,
+                                                       const Exp4Options& options);
+
+// Draws every arm with probability 1/K (ignores the experts).
+std::unique_ptr<Policy> MakeUniformPolicy();
+
+}  // namespace decision
+
+#endif  // DECISION_CORE_POLICY_H_

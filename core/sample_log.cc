@@ -1,0 +1,63 @@
+#include "core/sample_log.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace decision {
+namespace {
+
+absl::Status CheckPropensity(double p, int expert, int64_t sample) {
+  if (!(p > 0.0 && p <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("propensity of expert ", expert,
+                                                   " for sample ", sample, " is ", p,
+                                                   "; it must be in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SampleLog::Append(int chooser, double reward,
+                               absl::Span<const double> propensities) {
+  if (chooser < 0 || chooser >= num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat("chooser ", chooser,
+                                                   " is not an expert index in [0, ",
+                                                   num_experts(), ")"));
+  }
+  if (!(reward >= 0.0 && reward <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reward ", reward, " is outside [0, 1]"));
+  }
+  if (propensities.size() != propensity_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sample has ", propensities.size(),
+                                                   " propensities, expected one per expert (",
+                                                   num_experts(), ")"));
+  }
+  for (int k = 0; k < num_experts(); ++k) {
+    if (absl::Status s = CheckPropensity(propensities[k], k, size()); !s.ok()) return s;
+  }
+  chooser_.push_back(chooser);
+  reward_.push_back(reward);
+  for (int k = 0; k < num_experts(); ++k) propensity_[k].push_back(propensities[k]);
+  ++count_[chooser];
+  return absl::OkStatus();
+}
+
+absl::Status SampleLog::AddExpert(absl::Span<const double> propensities) {
+  if (static_cast<int64_t>(propensities.size()) != size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new expert has ", propensities.size(), " propensities, the log has ", size(),
+        " samples"));
+  }
+  for (int64_t s = 0; s < size(); ++s) {
+    if (absl::Status st = CheckPropensity(propensities[s], num_experts(), s); !st.ok()) {
+      return st;
+    }
+  }
+  propensity_.emplace_back(propensities.begin(), propensities.end());
+  count_.push_back(0);
+  return absl::OkStatus();
+}
+
+}  // namespace decision

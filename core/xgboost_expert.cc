@@ -1,0 +1,139 @@
+#include "core/xgboost_expert.h"
+
+#include <xgboost/c_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace decision {
+namespace {
+
+// Reads the string value of the first `"key":"value"` after `from` in a JSON text. The
+// booster's saved config is machine-written JSON with string-valued parameters, so a
+// substring scan is enough; a missing key gives "".
+std::string ConfigValue(const std::string& json, absl::string_view key, size_t from = 0) {
+  const std::string needle = absl::StrCat("\"", key, "\":\"");
+  const size_t at = json.find(needle, from);
+  if (at == std::string::npos) return "";
+  const size_t start = at + needle.size();
+  const size_t end = json.find('"', start);
+  if (end == std::string::npos) return "";
+  return json.substr(start, end - start);
+}
+
+class XgboostExpert final : public Expert {
+ public:
+  XgboostExpert(int num_arms, int num_features, BoosterHandle booster, double smoothing)
+      : Expert(num_arms, num_features, smoothing), booster_(booster) {}
+  ~XgboostExpert() override { XGBoosterFree(booster_); }
+  const char* kind() const override { return "xgboost"; }
+
+ protected:
+  absl::Status PredictRaw(absl::Span<const double> rows, size_t n,
+                          absl::Span<double> probs) const override {
+    absl::MutexLock lock(&mu_);
+    buffer_.assign(rows.begin(), rows.end());
+    char array_interface[256];
+    std::snprintf(array_interface, sizeof(array_interface),
+                  "{\"data\": [%llu, true], \"shape\": [%zu, %d], \"typestr\": \"<f4\", "
+                  "\"version\": 3}",
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buffer_.data())),
+                  n, num_features());
+    static constexpr char kConfig[] =
+        "{\"type\": 0, \"training\": false, \"iteration_begin\": 0, \"iteration_end\": 0, "
+        "\"strict_shape\": true, \"missing\": NaN}";
+    const bst_ulong* shape = nullptr;
+    bst_ulong dims = 0;
+    const float* result = nullptr;
+    if (XGBoosterPredictFromDense(booster_, array_interface, kConfig, nullptr, &shape, &dims,
+                                  &result) != 0) {
+      return absl::InternalError(absl::StrCat("xgboost prediction failed: ", XGBGetLastError()));
+    }
+    const size_t k = num_arms();
+    for (size_t i = 0; i < n; ++i) {
+      double total = 0.0;
+      for (size_t v = 0; v < k; ++v) {
+        const double p = result[i * k + v];
+        probs[i * k + v] = std::isfinite(p) && p > 0.0 ? p : 0.0;
+        total += probs[i * k + v];
+      }
+      if (!(total > 0.0)) {
+        return absl::InternalError("xgboost prediction is not a distribution");
+      }
+      for (size_t v = 0; v < k; ++v) probs[i * k + v] /= total;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  BoosterHandle booster_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<float> buffer_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_features,
+                                                          absl::string_view model_bytes,
+                                                          double smoothing) {
+  if (absl::Status s = ValidateExpertShape(num_arms, num_features, smoothing); !s.ok()) {
+    return s;
+  }
+  if (model_bytes.empty()) {
+    return absl::InvalidArgumentError("xgboost expert: the model bytes are empty");
+  }
+  BoosterHandle booster = nullptr;
+  if (XGBoosterCreate(nullptr, 0, &booster) != 0) {
+    return absl::InternalError(absl::StrCat("xgboost: cannot create a booster: ",
+                                            XGBGetLastError()));
+  }
+  auto fail = [&](absl::Status status) {
+    XGBoosterFree(booster);
+    return status;
+  };
+  if (XGBoosterLoadModelFromBuffer(booster, model_bytes.data(), model_bytes.size()) != 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "xgboost expert: the model bytes are not a loadable XGBoost model: ",
+        XGBGetLastError())));
+  }
+  bst_ulong config_len = 0;
+  const char* config_str = nullptr;
+  if (XGBoosterSaveJsonConfig(booster, &config_len, &config_str) != 0) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("xgboost expert: cannot read the model's config: ", XGBGetLastError())));
+  }
+  const std::string config(config_str, config_len);
+  const size_t objective_at = config.find("\"objective\":");
+  const std::string objective =
+      objective_at == std::string::npos ? "" : ConfigValue(config, "name", objective_at);
+  if (objective != "multi:softprob") {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "xgboost expert: the model's objective is '", objective,
+        "'; a stochastic expert needs multi:softprob (per-arm probabilities)")));
+  }
+  const std::string num_class = ConfigValue(config, "num_class");
+  if (num_class != std::to_string(num_arms)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("xgboost expert: the model has ",
+                                                        num_class, " classes, the problem has ",
+                                                        num_arms, " arms")));
+  }
+  bst_ulong model_features = 0;
+  if (XGBoosterGetNumFeature(booster, &model_features) != 0 ||
+      model_features != static_cast<bst_ulong>(num_features)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("xgboost expert: the model has ",
+                                                        model_features,
+                                                        " features, the problem has ",
+                                                        num_features)));
+  }
+  // One thread per prediction: a single context is far too small to share across threads.
+  XGBoosterSetParam(booster, "nthread", "1");
+  return std::unique_ptr<Expert>(new XgboostExpert(num_arms, num_features, booster, smoothing));
+}
+
+}  // namespace decision

@@ -1,0 +1,190 @@
+#include "core/divergence.h"
+
+#include <cmath>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/random/random.h"
+#include "core/expert.h"
+
+namespace decision {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The definitions, term by term in linear space, for one context.
+double DF1(const std::vector<double>& pi_i, const std::vector<double>& pi_j) {
+  double d = 0.0;
+  for (size_t v = 0; v < pi_i.size(); ++v) {
+    const double z = pi_i[v] / pi_j[v];
+    d += pi_j[v] * (z * std::exp(z - 1.0) - 1.0);
+  }
+  return d;
+}
+double DF2(const std::vector<double>& pi_i, const std::vector<double>& pi_j) {
+  double d = 0.0;
+  for (size_t v = 0; v < pi_i.size(); ++v) {
+    const double z = pi_i[v] / pi_j[v];
+    d += pi_j[v] * (z * z - 1.0);
+  }
+  return d;
+}
+
+// Two experts over K = 2 arms on three contexts, written out by hand.
+const std::vector<std::vector<double>> kExpert0 = {{0.5, 0.5}, {0.3, 0.7}, {0.9, 0.1}};
+const std::vector<std::vector<double>> kExpert1 = {{0.8, 0.2}, {0.6, 0.4}, {0.5, 0.5}};
+
+std::vector<std::vector<double>> Flatten() {
+  std::vector<std::vector<double>> p(2);
+  for (int x = 0; x < 3; ++x) {
+    p[0].insert(p[0].end(), kExpert0[x].begin(), kExpert0[x].end());
+    p[1].insert(p[1].end(), kExpert1[x].begin(), kExpert1[x].end());
+  }
+  return p;
+}
+
+TEST(Divergence, OneGroupIsThePlainMeanOverContexts) {
+  DivergenceMatrix d;
+  ASSERT_TRUE(ComputeDivergences(Flatten(), 2, 1, nullptr, 0, &d).ok());
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const auto& a = i == 0 ? kExpert0 : kExpert1;
+      const auto& b = j == 0 ? kExpert0 : kExpert1;
+      double f1 = 0.0, f2 = 0.0;
+      for (int x = 0; x < 3; ++x) {
+        f1 += DF1(a[x], b[x]) / 3.0;
+        f2 += DF2(a[x], b[x]) / 3.0;
+      }
+      EXPECT_NEAR(d.M(i, j), 1.0 + std::log(1.0 + f1), 1e-12) << i << j;
+      EXPECT_NEAR(d.Sigma(i, j), std::sqrt(1.0 + f2), 1e-12) << i << j;
+    }
+  }
+  EXPECT_EQ(d.M(0, 0), 1.0);
+  EXPECT_EQ(d.Sigma(1, 1), 1.0);
+  EXPECT_GT(d.M(0, 1), 1.0);
+  EXPECT_NE(d.M(0, 1), d.M(1, 0));  // not symmetric
+}
+
+TEST(Divergence, ThreeGroupsTakeTheMedianContext) {
+  DivergenceMatrix d;
+  ASSERT_TRUE(ComputeDivergences(Flatten(), 2, 3, nullptr, 0, &d).ok());
+  std::vector<double> f1, f2;
+  for (int x = 0; x < 3; ++x) {
+    f1.push_back(DF1(kExpert0[x], kExpert1[x]));
+    f2.push_back(DF2(kExpert0[x], kExpert1[x]));
+  }
+  std::sort(f1.begin(), f1.end());
+  std::sort(f2.begin(), f2.end());
+  EXPECT_NEAR(d.M(0, 1), 1.0 + std::log(1.0 + f1[1]), 1e-12);
+  EXPECT_NEAR(d.Sigma(0, 1), std::sqrt(1.0 + f2[1]), 1e-12);
+}
+
+TEST(Divergence, TwoGroupsAverageTheMiddleValues) {
+  DivergenceMatrix d;
+  auto p = Flatten();
+  for (auto& e : p) e.resize(4);  // two contexts
+  ASSERT_TRUE(ComputeDivergences(p, 2, 2, nullptr, 0, &d).ok());
+  const double f1 = 0.5 * (DF1(kExpert0[0], kExpert1[0]) + DF1(kExpert0[1], kExpert1[1]));
+  EXPECT_NEAR(d.M(0, 1), 1.0 + std::log(1.0 + f1), 1e-12);
+}
+
+TEST(Divergence, NoOverflowForNearlyDisjointExperts) {
+  // One-hot experts with eta = 1e-3 over K = 26 arms: ratios reach ~2.6e4 and
+  // exp(ratio - 1) overflows a double. The log-space computation stays finite.
+  const int k = 26;
+  const double eta = 1e-3;
+  std::vector<std::vector<double>> p(2, std::vector<double>(k, eta / k));
+  p[0][0] += 1.0 - eta;
+  p[1][1] += 1.0 - eta;
+  DivergenceMatrix d;
+  ASSERT_TRUE(ComputeDivergences(p, k, 1, nullptr, 0, &d).ok());
+  const double z = p[0][0] / p[1][0];
+  EXPECT_TRUE(std::isfinite(d.M(0, 1)));
+  // log sum_v pi_0 e^{z_v - 1} is dominated by arm 0: log(pi_0(0)) + z - 1.
+  EXPECT_NEAR(d.M(0, 1), 1.0 + std::log(p[0][0]) + z - 1.0, 1e-6 * z);
+  EXPECT_TRUE(std::isfinite(d.Sigma(0, 1)));
+  EXPECT_NEAR(d.Sigma(0, 1) * d.Sigma(0, 1), p[0][0] * p[0][0] / p[1][0] + 1.0, 1.0);
+}
+
+TEST(Divergence, KeepsTheOldBlockAndComputesNewRows) {
+  DivergenceMatrix full, two, extended;
+  auto p = Flatten();
+  p.push_back(p[0]);  // a third expert identical to expert 0
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, nullptr, 0, &full).ok());
+  DivergenceMatrix fake = DivergenceMatrix::Identity(2);
+  fake.m[1] = 7.0;  // old block entry that must be copied, not recomputed
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &fake, 2, &extended).ok());
+  EXPECT_EQ(extended.M(0, 1), 7.0);
+  EXPECT_EQ(extended.M(2, 1), full.M(2, 1));
+  EXPECT_NEAR(extended.M(2, 0), 1.0, 1e-15);  // identical experts
+  EXPECT_EQ(extended.M(1, 2), full.M(1, 2));
+}
+
+TEST(Divergence, RejectsBadInput) {
+  DivergenceMatrix d;
+  auto p = Flatten();
+  p[1][3] = 0.0;
+  absl::Status s = ComputeDivergences(p, 2, 1, nullptr, 0, &d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("smooth"));
+  p = Flatten();
+  p[1].pop_back();
+  EXPECT_EQ(ComputeDivergences(p, 2, 1, nullptr, 0, &d).code(),
+            absl::StatusCode::kInvalidArgument);
+  p = Flatten();
+  p[0][0] = std::nan("");
+  EXPECT_EQ(ComputeDivergences(p, 2, 1, nullptr, 0, &d).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeDivergences(Flatten(), 2, 0, nullptr, 0, &d).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeDivergences(Flatten(), 2, 1, nullptr, 1, &d).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<std::vector<double>> empty(2);
+  EXPECT_EQ(ComputeDivergences(empty, 2, 1, nullptr, 0, &d).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDivergenceOptions({0, 4}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDivergenceOptions({10, 0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Divergence, EstimateFromExpertsOnReservoir) {
+  auto e0 = MakeTableExpert(2, 1, kExpert0, 0, 0.0);
+  auto e1 = MakeTableExpert(2, 1, kExpert1, 0, 0.0);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  ContextReservoir reservoir(1, 16);
+  absl::BitGen gen;
+  for (double x : {0.0, 1.0, 2.0}) reservoir.Offer(std::vector<double>{x}, gen);
+  const Expert* experts[] = {e0->get(), e1->get()};
+  DivergenceMatrix from_experts, direct;
+  ASSERT_TRUE(EstimateDivergences(experts, reservoir, 1, &from_experts).ok());
+  ASSERT_TRUE(ComputeDivergences(Flatten(), 2, 1, nullptr, 0, &direct).ok());
+  EXPECT_EQ(from_experts.m, direct.m);
+  EXPECT_EQ(from_experts.sigma, direct.sigma);
+}
+
+TEST(ContextReservoir, BoundedAndUniform) {
+  // Offer 0..999 to a reservoir of 100, many times: every value is kept ~10% of the time.
+  std::vector<int> kept(1000, 0);
+  absl::BitGen gen(std::seed_seq{7});
+  const int trials = 400;
+  for (int trial = 0; trial < trials; ++trial) {
+    ContextReservoir r(1, 100);
+    for (int v = 0; v < 1000; ++v) r.Offer(std::vector<double>{double(v)}, gen);
+    ASSERT_EQ(r.size(), 100u);
+    ASSERT_EQ(r.seen(), 1000);
+    for (double x : r.contexts()) ++kept[static_cast<int>(x)];
+  }
+  // Mean kept share of the first and last hundred values: each 0.1 in expectation, with
+  // standard error sqrt(0.1*0.9/40000) = 0.0015; 0.015 is 10 standard errors.
+  double first = 0, last = 0;
+  for (int v = 0; v < 100; ++v) {
+    first += kept[v];
+    last += kept[900 + v];
+  }
+  EXPECT_NEAR(first / (100.0 * trials), 0.1, 0.015);
+  EXPECT_NEAR(last / (100.0 * trials), 0.1, 0.015);
+}
+
+}  // namespace
+}  // namespace decision

@@ -1,0 +1,328 @@
+// The incremental estimators against the literal reference (tests/reference_estimators.h)
+// on randomized streams: several experts, rewards anywhere in [0, 1] (and many zeros),
+// experts added mid-stream with backfilled propensities, and divergence refreshes.
+// Every variant of both estimators must agree to a relative difference of 1e-9.
+#include "core/estimator.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/random/random.h"
+#include "core/sample_log.h"
+#include "tests/reference_estimators.h"
+
+namespace decision {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kRelTol = 1e-9;
+
+void ExpectClose(double incremental, double reference, const std::string& what) {
+  if (std::isinf(reference)) {
+    EXPECT_EQ(incremental, reference) << what;
+    return;
+  }
+  const double scale = std::max({std::abs(incremental), std::abs(reference), 1e-12});
+  EXPECT_LE(std::abs(incremental - reference), kRelTol * scale)
+      << what << ": incremental " << incremental << " reference " << reference;
+}
+
+// A stream of samples from N synthetic experts over K arms: each sample has a random
+// context-specific distribution per expert (a shared base plus per-expert noise, smoothed),
+// the chooser's arm is drawn from its distribution, and the reward is 0 half the time and
+// uniform in [0, 1] otherwise (so both the Y = 0 shortcut and fractional rewards are hit).
+class Stream {
+ public:
+  Stream(int num_arms, uint64_t seed) : num_arms_(num_arms), gen_(std::seed_seq{seed}) {}
+
+  // Fills one sample's propensities for `num_experts` experts; returns chooser and reward.
+  void Next(int num_experts, int chooser, std::vector<double>* propensities, double* reward,
+            std::vector<std::vector<double>>* distributions) {
+    distributions->assign(num_experts, std::vector<double>(num_arms_));
+    std::vector<double> base(num_arms_);
+    for (double& b : base) b = absl::Exponential<double>(gen_);
+    for (int k = 0; k < num_experts; ++k) {
+      double total = 0.0;
+      auto& p = (*distributions)[k];
+      for (int v = 0; v < num_arms_; ++v) {
+        // Experts differ a lot (so ratios exceed clip thresholds) but share the base.
+        p[v] = base[v] * std::exp(3.0 * absl::Gaussian<double>(gen_));
+        total += p[v];
+      }
+      for (double& x : p) x = 0.95 * x / total + 0.05 / num_arms_;
+    }
+    const auto& pj = (*distributions)[chooser];
+    double u = absl::Uniform<double>(gen_, 0.0, 1.0), c = 0.0;
+    int arm = num_arms_ - 1;
+    for (int v = 0; v < num_arms_; ++v) {
+      c += pj[v];
+      if (u < c) {
+        arm = v;
+        break;
+      }
+    }
+    propensities->resize(num_experts);
+    for (int k = 0; k < num_experts; ++k) (*propensities)[k] = (*distributions)[k][arm];
+    *reward = absl::Bernoulli(gen_, 0.5) ? 0.0 : absl::Uniform<double>(gen_, 0.0, 1.0);
+    if (absl::Bernoulli(gen_, 0.1)) *reward = 1.0;
+  }
+  absl::BitGen& gen() { return gen_; }
+
+ private:
+  int num_arms_;
+  absl::BitGen gen_;
+};
+
+DivergenceMatrix RandomDivergences(int n, absl::BitGen& gen) {
+  DivergenceMatrix d = DivergenceMatrix::Identity(n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      d.m[i * n + j] = 1.0 + absl::Uniform<double>(gen, 0.0, 2.0);
+      d.sigma[i * n + j] = 1.0 + absl::Uniform<double>(gen, 0.0, 3.0);
+    }
+  }
+  return d;
+}
+
+DivergenceMatrix Extend(const DivergenceMatrix& old_d, int n, absl::BitGen& gen) {
+  DivergenceMatrix d = RandomDivergences(n, gen);
+  for (int i = 0; i < old_d.num_experts; ++i) {
+    for (int j = 0; j < old_d.num_experts; ++j) {
+      d.m[i * n + j] = old_d.M(i, j);
+      d.sigma[i * n + j] = old_d.Sigma(i, j);
+    }
+  }
+  return d;
+}
+
+struct Variant {
+  std::string name;
+  EstimatorOptions options;
+};
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
+std::vector<Variant> AllVariants() {
+  std::vector<Variant> v;
+  for (auto eps : {EpsilonRule::kPaper, EpsilonRule::kTwoOverT}) {
+    for (auto width : {WidthRule::kPaper, WidthRule::kAuthorsCode}) {
+      for (auto test : {ClipTest::kRatio, ClipTest::kRewardTimesRatio}) {
+        EstimatorOptions o;
+        o.kind = EstimatorKind::kClipped;
+        o.epsilon_rule = eps;
+        o.width_rule = width;
+        o.clip_test = test;
+        v.push_back({std::string("clipped_") + (eps == EpsilonRule::kPaper ? "epsPaper" : "eps2overT") +
+                         (width == WidthRule::kPaper ? "_widthPaper" : "_widthAuthors") +
+                         (test == ClipTest::kRatio ? "_testR" : "_testYR"),
+                     o});
+      }
+    }
+  }
+  EstimatorOptions analysis_clipped;
+  analysis_clipped.kind = EstimatorKind::kClipped;
+  analysis_clipped.constants = EstimatorConstants::Analysis(2.0, 0.1, 2.0);
+  v.push_back({"clipped_analysisConstants", analysis_clipped});
+  EstimatorOptions small_c_clipped = analysis_clipped;
+  small_c_clipped.constants.C = 0.05;  // eps well below 2: clipping is active but partial
+  v.push_back({"clipped_smallC", small_c_clipped});
+  EstimatorOptions mom;
+  mom.kind = EstimatorKind::kMedianOfMeans;
+  v.push_back({"mom_practical", mom});
+  EstimatorOptions mom_analysis = mom;
+  mom_analysis.constants = EstimatorConstants::Analysis(2.0, 0.1, 2.0);
+  v.push_back({"mom_analysisConstants", mom_analysis});
+  EstimatorOptions mom_c2 = mom;
+  mom_c2.constants.c2 = 0.5;  // few groups: even and odd group counts both occur
+  v.push_back({"mom_fewGroups", mom_c2});
+  return v;
+}
+
+class EstimatorEquivalence : public ::testing::TestWithParam<Variant> {};
+
+void CompareAll(const Estimator& e, const SampleLog& log, const DivergenceMatrix& d,
+                const EstimatorOptions& o, const std::string& where) {
+  ASSERT_EQ(e.num_samples(), log.size());
+  for (int k = 0; k < log.num_experts(); ++k) {
+    const ExpertEstimate inc = e.Estimate(k);
+    const ExpertEstimate ref = reference::Estimate(log, log.size(), d, o, k);
+    ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
+    ExpectClose(inc.width, ref.width, where + " width of expert " + std::to_string(k));
+  }
+}
+
+TEST_P(EstimatorEquivalence, IncrementalEqualsLiteralReference) {
+  const EstimatorOptions& o = GetParam().options;
+  const int num_arms = 6;
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    Stream stream(num_arms, seed);
+    int n = 4;
+    SampleLog log(n);
+    auto made = MakeEstimator(o, n);
+    ASSERT_TRUE(made.ok()) << made.status();
+    Estimator& e = **made;
+    DivergenceMatrix d = RandomDivergences(n, stream.gen());
+    ASSERT_TRUE(e.SetDivergences(log, d).ok());
+    std::vector<double> propensities;
+    std::vector<std::vector<double>> dists;
+    std::vector<std::vector<std::vector<double>>> history;  // per sample, per expert dist
+    std::vector<int> arms;
+    double reward;
+    const int total = 700;
+    for (int t = 1; t <= total; ++t) {
+      const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
+      stream.Next(n, chooser, &propensities, &reward, &dists);
+      ASSERT_TRUE(log.Append(chooser, reward, propensities).ok());
+      // Updates arrive one at a time, and sometimes in bursts of several samples.
+      if (t % 5 != 0 || t < 20) {
+        ASSERT_TRUE(e.Update(log).ok());
+      }
+      if (t == 250 || t == 480) {
+        // A new expert mid-stream, with the old divergence block kept: the estimator
+        // computes only the new row. Its propensities are backfilled from a fresh random
+        // distribution per sample (any values in (0, 1] are a valid backfill).
+        ASSERT_TRUE(e.Update(log).ok());
+        std::vector<double> backfill(log.size());
+        for (double& p : backfill) p = absl::Uniform<double>(stream.gen(), 0.01, 1.0);
+        ASSERT_TRUE(log.AddExpert(backfill).ok());
+        ++n;
+        d = Extend(d, n, stream.gen());
+        ASSERT_TRUE(e.SetDivergences(log, d).ok());
+        CompareAll(e, log, d, o, "after adding expert at t=" + std::to_string(t));
+      }
+      if (t == 400) {
+        // A divergence refresh: every entry changes, the state is rebuilt from the log.
+        ASSERT_TRUE(e.Update(log).ok());
+        d = RandomDivergences(n, stream.gen());
+        ASSERT_TRUE(e.SetDivergences(log, d).ok());
+        CompareAll(e, log, d, o, "after refresh");
+      }
+      if (t % 5 != 0 && (t < 60 || t % 23 == 0 || t == total - 1)) {
+        CompareAll(e, log, d, o, GetParam().name + " t=" + std::to_string(t));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, EstimatorEquivalence, ::testing::ValuesIn(AllVariants()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Estimator, NoSamplesMeansInfiniteWidth) {
+  for (auto kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
+    EstimatorOptions o;
+    o.kind = kind;
+    auto e = MakeEstimator(o, 3);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ((*e)->Estimate(1).mean, 0.0);
+    EXPECT_TRUE(std::isinf((*e)->Estimate(1).width));
+  }
+}
+
+TEST(Estimator, ClippingIsActiveInTheRandomizedStreams) {
+  // Guards the equivalence test against passing vacuously: with the paper's clip level some
+  // samples are clipped, so the clipped mean differs from the unclipped weighted mean.
+  Stream stream(6, 9);
+  SampleLog log(3);
+  std::vector<double> p;
+  std::vector<std::vector<double>> dists;
+  double y;
+  for (int t = 0; t < 300; ++t) {
+    const int j = t % 3;
+    stream.Next(3, j, &p, &y, &dists);
+    ASSERT_TRUE(log.Append(j, y, p).ok());
+  }
+  EstimatorOptions o;
+  o.kind = EstimatorKind::kClipped;
+  const DivergenceMatrix d = DivergenceMatrix::Identity(3);
+  double unclipped = 0.0;
+  for (int64_t s = 0; s < log.size(); ++s) {
+    unclipped += log.reward(s) * log.propensity(0, s) / log.propensity(log.chooser(s), s);
+  }
+  unclipped /= log.size();
+  const double clipped = reference::Clipped(log, log.size(), d, o, 0).mean;
+  EXPECT_LT(clipped, unclipped - 1e-3);
+  EXPECT_GT(clipped, 0.0);
+}
+
+TEST(Estimator, RejectsBadOptionsAndDivergences) {
+  EstimatorOptions o;
+  o.constants.c2 = 0.0;
+  EXPECT_EQ(MakeEstimator(o, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  o.constants.c2 = std::nan("");
+  EXPECT_EQ(MakeEstimator(o, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  o = EstimatorOptions();
+  EXPECT_EQ(MakeEstimator(o, -1).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto e = MakeEstimator(EstimatorOptions(), 2);
+  ASSERT_TRUE(e.ok());
+  SampleLog log(2);
+  ASSERT_TRUE(log.Append(0, 1.0, std::vector<double>{0.5, 0.25}).ok());
+  ASSERT_TRUE((*e)->Update(log).ok());
+  const ExpertEstimate before = (*e)->Estimate(1);
+  DivergenceMatrix d = DivergenceMatrix::Identity(2);
+  d.m[1] = 0.5;  // M < 1 is impossible
+  absl::Status s = (*e)->SetDivergences(log, d);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(">= 1"));
+  d = DivergenceMatrix::Identity(2);
+  d.sigma[2] = std::numeric_limits<double>::infinity();
+  EXPECT_EQ((*e)->SetDivergences(log, d).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*e)->SetDivergences(log, DivergenceMatrix::Identity(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*e)->Estimate(1).mean, before.mean);  // unchanged
+
+  SampleLog other(3);
+  EXPECT_EQ((*e)->Update(other).code(), absl::StatusCode::kFailedPrecondition);
+  SampleLog shorter(2);
+  EXPECT_EQ((*e)->Update(shorter).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SampleLog, RejectsBadSamplesAndChangesNothing) {
+  SampleLog log(2);
+  const std::vector<double> good = {0.5, 0.5};
+  EXPECT_EQ(log.Append(2, 0.5, good).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(-1, 0.5, good).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, 1.5, good).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, -0.1, good).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, std::nan(""), good).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, 0.5, std::vector<double>{0.5}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, 0.5, std::vector<double>{0.5, 0.0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, 0.5, std::vector<double>{1.5, 0.5}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.Append(0, 0.5, std::vector<double>{std::nan(""), 0.5}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.size(), 0);
+  ASSERT_TRUE(log.Append(1, 1.0, good).ok());
+  EXPECT_EQ(log.AddExpert(std::vector<double>{}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.AddExpert(std::vector<double>{-0.2}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(log.num_experts(), 2);
+  EXPECT_EQ(log.count(1), 1);
+}
+
+TEST(EstimatorFunctions, ClipLevelAndGroups) {
+  EstimatorOptions o;
+  o.epsilon_rule = EpsilonRule::kTwoOverT;
+  EXPECT_NEAR(ClipLevel(o, 100), 2.0 * std::log(100.0), 1e-12);
+  o.epsilon_rule = EpsilonRule::kPaper;
+  EXPECT_TRUE(std::isinf(ClipLevel(o, 1)));  // eps(1) = C w(0) = 0
+  EXPECT_GT(ClipLevel(o, 2), ClipLevel(o, 3));  // the paper's level dips once at t = 3
+  for (int64_t t = 3; t < 100000; t = t * 3 / 2 + 1) {
+    EXPECT_LE(ClipLevel(o, t), ClipLevel(o, t + 1)) << t;
+  }
+  // l(t) = floor(c2 * 2 log t), clamped to [1, t].
+  EXPECT_EQ(MedianOfMeansGroups(o, 1), 1);
+  EXPECT_EQ(MedianOfMeansGroups(o, 2), 2);
+  EXPECT_EQ(MedianOfMeansGroups(o, 20000), static_cast<int64_t>(std::floor(8 * std::log(20000.0))));
+}
+
+}  // namespace
+}  // namespace decision

@@ -1,0 +1,106 @@
+#include "tests/reference_estimators.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/numeric.h"
+
+namespace decision::reference {
+namespace {
+
+// w(x): the y with y / log(2/y) = x. Solved here by bisection on the defining equation,
+// independently of core's closed form through Lambert W.
+double W(double x) {
+  if (x == 0.0) return 0.0;
+  double lo = 0.0, hi = 2.0;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (mid / std::log(2.0 / mid) < x) lo = mid; else hi = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+double Ratio(const SampleLog& log, int k, int64_t s) {
+  const int j = log.chooser(s);
+  return log.propensity(k, s) / log.propensity(j, s);
+}
+
+}  // namespace
+
+ExpertEstimate Clipped(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
+                       const EstimatorOptions& o, int k) {
+  if (t == 0) return {0.0, std::numeric_limits<double>::infinity()};
+  const double tt = static_cast<double>(t);
+  const double C = o.constants.C, c1 = o.constants.c1;
+  // eps(t): the paper's appendix sets eps(t) = beta'(t) = C w(sqrt(c1 log t / t)).
+  const double eps = o.epsilon_rule == EpsilonRule::kTwoOverT
+                         ? 2.0 / tt
+                         : C * W(std::sqrt(c1 * std::log(tt) / tt));
+  // n_j(t) and Z_k(t) = sum_j n_j(t) / M_kj.
+  std::vector<int64_t> n(log.num_experts(), 0);
+  for (int64_t s = 0; s < t; ++s) ++n[log.chooser(s)];
+  double z = 0.0;
+  for (int j = 0; j < log.num_experts(); ++j) z += n[j] / d.M(k, j);
+  // sum_j sum_{s in T_j} (1/M_kj) Y_s r_kj(s) 1{ r_kj(s) <= 2 log(2/eps) M_kj }.
+  double numerator = 0.0;
+  for (int64_t s = 0; s < t; ++s) {
+    const int j = log.chooser(s);
+    const double m = d.M(k, j);
+    const double y = log.reward(s);
+    const double r = Ratio(log, k, s);
+    const double tested = o.clip_test == ClipTest::kRatio ? r : y * r;
+    const double threshold = eps > 0.0 ? 2.0 * std::log(2.0 / eps) * m
+                                       : std::numeric_limits<double>::infinity();
+    if (tested <= threshold) numerator += (1.0 / m) * y * r;
+  }
+  double width;
+  if (o.width_rule == WidthRule::kAuthorsCode) {
+    width = std::sqrt(C * tt * std::log(tt)) / z;
+  } else {
+    const double beta = C * W(std::sqrt(c1 * tt * std::log(tt)) / z);
+    width = 1.5 * beta;
+  }
+  return {numerator / z, width};
+}
+
+ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
+                             const EstimatorOptions& o, int k) {
+  if (t == 0) return {0.0, std::numeric_limits<double>::infinity()};
+  const double tt = static_cast<double>(t);
+  const double delta = 1.0 / (tt * tt);
+  // l(t) = floor(c2 log(1/delta(t))), kept within [1, t].
+  int64_t l = static_cast<int64_t>(std::floor(o.constants.c2 * std::log(1.0 / delta)));
+  l = std::max<int64_t>(1, std::min<int64_t>(l, t));
+  const int64_t m = t / l;
+  std::vector<double> group_means;
+  double min_weight = std::numeric_limits<double>::infinity();
+  for (int64_t r = 0; r < l; ++r) {
+    // Group r: samples r*m .. r*m + m - 1.
+    std::vector<int64_t> n_r(log.num_experts(), 0);
+    double numerator = 0.0;
+    for (int64_t s = r * m; s < (r + 1) * m; ++s) {
+      const int j = log.chooser(s);
+      ++n_r[j];
+      numerator += (1.0 / d.Sigma(k, j)) * log.reward(s) * Ratio(log, k, s);
+    }
+    double w = 0.0;  // W_k(r,t) = sum_i n_i(r,t) / sigma_ki
+    for (int i = 0; i < log.num_experts(); ++i) w += n_r[i] / d.Sigma(k, i);
+    group_means.push_back(numerator / w);
+    min_weight = std::min(min_weight, w / static_cast<double>(m));  // n(r,t) = m
+  }
+  std::sort(group_means.begin(), group_means.end());
+  const double median = l % 2 == 1 ? group_means[l / 2]
+                                   : 0.5 * (group_means[l / 2 - 1] + group_means[l / 2]);
+  const double width = (1.0 / min_weight) * std::sqrt(o.constants.c3 * std::log(1.0 / delta) / tt);
+  return {median, width};
+}
+
+ExpertEstimate Estimate(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
+                        const EstimatorOptions& options, int k) {
+  return options.kind == EstimatorKind::kClipped ? Clipped(log, t, d, options, k)
+                                                 : MedianOfMeans(log, t, d, options, k);
+}
+
+}  // namespace decision::reference
