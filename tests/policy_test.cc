@@ -1,0 +1,210 @@
+#include "core/policy.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/random/random.h"
+#include "core/expert.h"
+
+namespace decision {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(DUcb, FirstDecisionIsUniformOverSelectableExperts) {
+  auto ducb = DUcb::Create(EstimatorOptions(), 4);
+  ASSERT_TRUE(ducb.ok());
+  ducb->SetSelectable(2, false);
+  absl::BitGen gen(std::seed_seq{1});
+  std::map<int, int> counts;
+  for (int i = 0; i < 3000; ++i) ++counts[ducb->SelectExpert(gen)];
+  EXPECT_EQ(counts.count(2), 0u);
+  // Each of the 3 selectable experts: 1000 expected, sd ~26; 150 is ~6 sd.
+  for (int k : {0, 1, 3}) EXPECT_NEAR(counts[k], 1000, 150) << k;
+}
+
+TEST(DUcb, SelectsTheHighestUpperConfidenceBound) {
+  auto ducb = DUcb::Create(EstimatorOptions(), 2);
+  ASSERT_TRUE(ducb.ok());
+  // Expert 1 puts all its mass where the rewards are: every sample favours it.
+  for (int s = 0; s < 200; ++s) {
+    const bool good_arm = s % 2 == 0;
+    const std::vector<double> p = good_arm ? std::vector<double>{0.5, 0.9}
+                                           : std::vector<double>{0.5, 0.1};
+    ASSERT_TRUE(ducb->Learn(0, good_arm ? 1.0 : 0.0, p).ok());
+  }
+  EXPECT_GT(ducb->Estimate(1).mean, ducb->Estimate(0).mean);
+  absl::BitGen gen(std::seed_seq{2});
+  EXPECT_EQ(ducb->SelectExpert(gen), 1);
+  ducb->SetSelectable(1, false);
+  EXPECT_EQ(ducb->SelectExpert(gen), 0);
+  ducb->SetSelectable(0, false);
+  EXPECT_EQ(ducb->SelectExpert(gen), -1);
+}
+
+TEST(DUcb, BadInputChangesNothing) {
+  auto ducb = DUcb::Create(EstimatorOptions(), 2);
+  ASSERT_TRUE(ducb.ok());
+  ASSERT_TRUE(ducb->Learn(0, 1.0, std::vector<double>{0.5, 0.25}).ok());
+  const ExpertEstimate before = ducb->Estimate(1);
+  EXPECT_EQ(ducb->Learn(5, 1.0, std::vector<double>{0.5, 0.25}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ducb->Learn(0, 2.0, std::vector<double>{0.5, 0.25}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ducb->Learn(0, 1.0, std::vector<double>{0.5}).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Backfill of the wrong length, invalid propensity, or divergences of the wrong size.
+  const std::vector<std::vector<double>> short_backfill = {{}};
+  absl::Status s = ducb->AddExperts(short_backfill, DivergenceMatrix::Identity(3));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("backfilled"));
+  const std::vector<std::vector<double>> zero = {{0.0}};
+  EXPECT_EQ(ducb->AddExperts(zero, DivergenceMatrix::Identity(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<std::vector<double>> good = {{0.5}};
+  EXPECT_EQ(ducb->AddExperts(good, DivergenceMatrix::Identity(2)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ducb->num_experts(), 2);
+  EXPECT_EQ(ducb->log().size(), 1);
+  EXPECT_EQ(ducb->Estimate(1).mean, before.mean);
+  EXPECT_EQ(DUcb::Create(EstimatorOptions(), -3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DUcb, NewExpertIsEstimatedFromTheWholeHistoryAtOnce) {
+  auto ducb = DUcb::Create(EstimatorOptions(), 1);
+  ASSERT_TRUE(ducb.ok());
+  std::vector<double> backfill;
+  for (int s = 0; s < 500; ++s) {
+    const bool good = s % 2 == 0;
+    ASSERT_TRUE(ducb->Learn(0, good ? 1.0 : 0.0, std::vector<double>{0.5}).ok());
+    backfill.push_back(good ? 0.9 : 0.1);
+  }
+  const std::vector<std::vector<double>> columns = {backfill};
+  ASSERT_TRUE(ducb->AddExperts(columns, DivergenceMatrix::Identity(2)).ok());
+  // The new expert plays the rewarded arm 90% of the time: its mean is ~0.9 at once.
+  EXPECT_NEAR(ducb->Estimate(1).mean, 0.9, 0.05);
+  EXPECT_NEAR(ducb->Estimate(0).mean, 0.5, 0.05);
+  absl::BitGen gen(std::seed_seq{3});
+  EXPECT_EQ(ducb->SelectExpert(gen), 1);
+}
+
+TEST(BatchSchedule, WarmupThenBatchesOfSqrtT) {
+  BatchSchedule schedule(4, BatchOptions{3, 2.0});
+  for (int t = 1; t <= 12; ++t) EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kWarmup);
+  // Round 13 starts a batch of floor(2 sqrt(13)) = 7 rounds.
+  EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kBatchStart);
+  for (int t = 14; t <= 19; ++t) EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kInBatch);
+  EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kBatchStart);  // round 20
+  EXPECT_EQ(schedule.round(), 20);
+  EXPECT_EQ(schedule.next_batch_start(), 20 + static_cast<int64_t>(std::floor(2.0 * std::sqrt(20.0))));
+  EXPECT_EQ(ValidateBatchOptions({-1, 7.0}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateBatchOptions({3, 0.0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Two fixed experts over 3 arms for the baseline tests.
+struct TwoExperts {
+  std::vector<std::vector<double>> dist = {{0.7, 0.2, 0.1}, {0.1, 0.1, 0.8}};
+  absl::Status operator()(int k, absl::Span<double> out) const {
+    std::copy(dist[k].begin(), dist[k].end(), out.begin());
+    return absl::OkStatus();
+  }
+};
+
+TEST(Baselines, Ucb1TriesEveryExpertThenExploits) {
+  auto policy = MakeUcb1Policy(2);
+  TwoExperts experts;
+  absl::BitGen gen(std::seed_seq{4});
+  std::map<int, int> first;
+  for (int t = 0; t < 2; ++t) {
+    auto d = policy->Decide(2, 3, experts, gen);
+    ASSERT_TRUE(d.ok());
+    ++first[d->expert];
+    EXPECT_DOUBLE_EQ(d->propensity, experts.dist[d->expert][d->arm]);
+    ASSERT_TRUE(policy->Learn(*d, d->expert == 1 ? 1.0 : 0.0, {}).ok());
+  }
+  EXPECT_EQ(first.size(), 2u);
+  int ones = 0;
+  for (int t = 0; t < 200; ++t) {
+    auto d = policy->Decide(2, 3, experts, gen);
+    ASSERT_TRUE(d.ok());
+    ones += d->expert == 1;
+    ASSERT_TRUE(policy->Learn(*d, d->expert == 1 ? 1.0 : 0.0, {}).ok());
+  }
+  EXPECT_GT(ones, 150);
+  Decision bogus;
+  bogus.expert = 7;
+  EXPECT_EQ(policy->Learn(bogus, 1.0, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Baselines, Exp4PlaysTheMixtureAndShiftsWeight) {
+  auto policy = MakeExp4Policy(2, Exp4Options{0.1, 0.5, 1000});
+  ASSERT_TRUE(policy.ok());
+  TwoExperts experts;
+  absl::BitGen gen(std::seed_seq{5});
+  auto d = (*policy)->Decide(2, 3, experts, gen);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->expert, -1);
+  // Equal weights: p(a) = 0.9 * (pi_0 + pi_1) / 2 + 0.1 / 3.
+  EXPECT_NEAR(d->propensity,
+              0.9 * 0.5 * (experts.dist[0][d->arm] + experts.dist[1][d->arm]) + 0.1 / 3, 1e-12);
+  // Rewarding arm 2 only (expert 1's favourite) moves the mixture towards expert 1.
+  for (int t = 0; t < 300; ++t) {
+    auto dt = (*policy)->Decide(2, 3, experts, gen);
+    ASSERT_TRUE(dt.ok());
+    const std::vector<double> p = {experts.dist[0][dt->arm], experts.dist[1][dt->arm]};
+    ASSERT_TRUE((*policy)->Learn(*dt, dt->arm == 2 ? 1.0 : 0.0, p).ok());
+  }
+  int arm2 = 0;
+  for (int t = 0; t < 1000; ++t) arm2 += (*policy)->Decide(2, 3, experts, gen)->arm == 2;
+  EXPECT_GT(arm2, 650);  // expert 1 alone plays arm 2 with 0.8*0.9+0.033 = 0.75
+  EXPECT_EQ(MakeExp4Policy(2, Exp4Options{0.0, 0.1, 10}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Baselines, EpsilonGreedyAndUniform) {
+  EXPECT_EQ(MakeEpsilonGreedyPolicy(2, 1.5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto greedy = MakeEpsilonGreedyPolicy(2, 0.1);
+  ASSERT_TRUE(greedy.ok());
+  TwoExperts experts;
+  absl::BitGen gen(std::seed_seq{6});
+  int ones = 0;
+  for (int t = 0; t < 500; ++t) {
+    auto d = (*greedy)->Decide(2, 3, experts, gen);
+    ASSERT_TRUE(d.ok());
+    ones += d->expert == 1;
+    ASSERT_TRUE((*greedy)->Learn(*d, d->expert == 1 ? 1.0 : 0.0, {}).ok());
+  }
+  EXPECT_GT(ones, 400);
+  auto uniform = MakeUniformPolicy();
+  auto d = uniform->Decide(2, 4, experts, gen);
+  ASSERT_TRUE(d.ok());
+  EXPECT_DOUBLE_EQ(d->propensity, 0.25);
+}
+
+TEST(Policies, ReproducibleFromASeed) {
+  auto run = [](uint64_t seed) {
+    auto ducb = DUcb::Create(EstimatorOptions(), 2);
+    DUcbPolicy policy(*std::move(ducb));
+    TwoExperts experts;
+    absl::BitGen gen(std::seed_seq{seed});
+    std::vector<int> arms;
+    for (int t = 0; t < 300; ++t) {
+      auto d = policy.Decide(2, 3, experts, gen);
+      arms.push_back(d->arm * 10 + d->expert);
+      const std::vector<double> p = {experts.dist[0][d->arm], experts.dist[1][d->arm]};
+      EXPECT_TRUE(policy.Learn(*d, d->arm == 0 ? 1.0 : 0.0, p).ok());
+    }
+    return arms;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+}  // namespace
+}  // namespace decision
