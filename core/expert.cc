@@ -82,12 +82,12 @@ class LinearSoftmaxExpert final : public Expert {
         double z = bias_[v];
         for (int f = 0; f < d; ++f) z += w[f] * x[f];
         z *= inv_temperature_;
+        if (!std::isfinite(z)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "linear_softmax expert: the logit of arm ", v, " overflows for this context"));
+        }
         out[v] = z;
         max_logit = std::max(max_logit, z);
-      }
-      if (!std::isfinite(max_logit)) {
-        return absl::InvalidArgumentError(
-            "linear_softmax expert: logits overflow for this context");
       }
       double total = 0.0;
       for (int v = 0; v < k; ++v) {
@@ -147,15 +147,21 @@ absl::Status Expert::Predict(absl::Span<const double> x, absl::Span<double> prob
 
 absl::Status Expert::PredictBatch(absl::Span<const double> rows, size_t n,
                                   absl::Span<double> probs) const {
-  if (rows.size() != n * num_features_) {
+  // Sizes are compared by division so that a huge n cannot wrap around.
+  const bool rows_match = num_features_ == 0
+                              ? rows.empty()
+                              : rows.size() % num_features_ == 0 &&
+                                    rows.size() / num_features_ == n;
+  if (!rows_match) {
     return absl::InvalidArgumentError(
         absl::StrCat("context batch has ", rows.size(), " values, expected ", n, " rows x ",
                      num_features_, " features"));
   }
-  if (probs.size() != n * num_arms_) {
+  if (probs.size() % num_arms_ != 0 || probs.size() / num_arms_ != n) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output has ", probs.size(), " slots, expected ", n, " x ", num_arms_, " arms"));
   }
+  if (n == 0) return absl::OkStatus();
   if (absl::Status s = CheckAllFinite(rows, "feature"); !s.ok()) return s;
   if (absl::Status s = PredictRaw(rows, n, probs); !s.ok()) return s;
   Smooth(probs);

@@ -14,12 +14,12 @@
 namespace decision {
 namespace {
 
-// Reads the string value of the first `"key":"value"` after `from` in a JSON text. The
-// booster's saved config is machine-written JSON with string-valued parameters, so a
-// substring scan is enough; a missing key gives "".
-std::string ConfigValue(const std::string& json, absl::string_view key, size_t from = 0) {
+// Reads the string value of the first `"key":"value"` in a JSON text. The booster's saved
+// config is machine-written JSON whose parameters are strings (learner_train_param holds
+// "objective" and "booster"), so a substring scan is enough; a missing key gives "".
+std::string ConfigValue(const std::string& json, absl::string_view key) {
   const std::string needle = absl::StrCat("\"", key, "\":\"");
-  const size_t at = json.find(needle, from);
+  const size_t at = json.find(needle);
   if (at == std::string::npos) return "";
   const size_t start = at + needle.size();
   const size_t end = json.find('"', start);
@@ -29,8 +29,9 @@ std::string ConfigValue(const std::string& json, absl::string_view key, size_t f
 
 class XgboostExpert final : public Expert {
  public:
-  XgboostExpert(int num_arms, int num_features, BoosterHandle booster, double smoothing)
-      : Expert(num_arms, num_features, smoothing), booster_(booster) {}
+  XgboostExpert(int num_arms, int num_features, BoosterHandle booster, bool inplace,
+                double smoothing)
+      : Expert(num_arms, num_features, smoothing), booster_(booster), inplace_(inplace) {}
   ~XgboostExpert() override { XGBoosterFree(booster_); }
   const char* kind() const override { return "xgboost"; }
 
@@ -45,15 +46,31 @@ class XgboostExpert final : public Expert {
                   "\"version\": 3}",
                   static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buffer_.data())),
                   n, num_features());
+    // libxgboost 1.7 requires every one of these keys.
     static constexpr char kConfig[] =
-        "{\"type\": 0, \"training\": false, \"iteration_begin\": 0, \"iteration_end\": 0, "
-        "\"strict_shape\": true, \"missing\": NaN}";
+        "{\"type\": 0, \"training\": false, \"cache_id\": 0, \"iteration_begin\": 0, "
+        "\"iteration_end\": 0, \"strict_shape\": true, \"missing\": NaN}";
     const bst_ulong* shape = nullptr;
     bst_ulong dims = 0;
     const float* result = nullptr;
-    if (XGBoosterPredictFromDense(booster_, array_interface, kConfig, nullptr, &shape, &dims,
-                                  &result) != 0) {
+    int rc;
+    if (inplace_) {
+      rc = XGBoosterPredictFromDense(booster_, array_interface, kConfig, nullptr, &shape, &dims,
+                                     &result);
+    } else {
+      // gblinear has no in-place prediction in libxgboost 1.7: go through a DMatrix.
+      DMatrixHandle matrix = nullptr;
+      rc = XGDMatrixCreateFromMat(buffer_.data(), n, num_features(), NAN, &matrix);
+      if (rc == 0) {
+        rc = XGBoosterPredictFromDMatrix(booster_, matrix, kConfig, &shape, &dims, &result);
+      }
+      if (matrix != nullptr) XGDMatrixFree(matrix);
+    }
+    if (rc != 0) {
       return absl::InternalError(absl::StrCat("xgboost prediction failed: ", XGBGetLastError()));
+    }
+    if (dims != 2 || shape[0] != n || shape[1] != static_cast<bst_ulong>(num_arms())) {
+      return absl::InternalError("xgboost prediction has an unexpected shape");
     }
     const size_t k = num_arms();
     for (size_t i = 0; i < n; ++i) {
@@ -74,6 +91,7 @@ class XgboostExpert final : public Expert {
  private:
   mutable absl::Mutex mu_;
   BoosterHandle booster_ ABSL_GUARDED_BY(mu_);
+  const bool inplace_;  // tree boosters predict in place; gblinear needs a DMatrix
   mutable std::vector<float> buffer_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -109,9 +127,8 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
         absl::StrCat("xgboost expert: cannot read the model's config: ", XGBGetLastError())));
   }
   const std::string config(config_str, config_len);
-  const size_t objective_at = config.find("\"objective\":");
-  const std::string objective =
-      objective_at == std::string::npos ? "" : ConfigValue(config, "name", objective_at);
+  // learner_train_param holds the objective and booster names as plain strings.
+  const std::string objective = ConfigValue(config, "objective");
   if (objective != "multi:softprob") {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "xgboost expert: the model's objective is '", objective,
@@ -131,9 +148,12 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
                                                         " features, the problem has ",
                                                         num_features)));
   }
+  const std::string booster_kind = ConfigValue(config, "booster");
   // One thread per prediction: a single context is far too small to share across threads.
   XGBoosterSetParam(booster, "nthread", "1");
-  return std::unique_ptr<Expert>(new XgboostExpert(num_arms, num_features, booster, smoothing));
+  return std::unique_ptr<Expert>(new XgboostExpert(num_arms, num_features, booster,
+                                                   /*inplace=*/booster_kind != "gblinear",
+                                                   smoothing));
 }
 
 }  // namespace decision

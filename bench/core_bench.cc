@@ -1,0 +1,428 @@
+// Engine micro-benchmarks (Google Benchmark): the incremental estimators behind D-UCB
+// against the literal from-scratch reference, and the Choose decision. See bench/README.md.
+//
+//   BM_IncrementalUpdate/<estimator>/N   one reward update, DUcb::Learn (log append +
+//                                        incremental estimator update), N experts, after a
+//                                        10k-sample warm-up. items/s = updates/s.
+//   BM_Choose/<estimator>/N              DUcb::SelectExpert after a 10k-sample warm-up: the
+//                                        argmax of mean + width over N experts (no model is
+//                                        evaluated). items/s = decisions/s.
+//   BM_IncrementalAt/<estimator>/t       DUcb::Learn with N = 32 and the log pre-filled to t.
+//   BM_ReferenceEstimateAll/<estimator>/t
+//                                        reference::Estimate for all 32 experts from samples
+//                                        [0, t): what a service without incremental state
+//                                        would do per reward. Counter speedup_vs_incremental
+//                                        = this time / the incremental update time measured
+//                                        in the same run at the same t (inc_ns_per_update).
+//   BM_DivergenceRefresh/<estimator>/N   DUcb::SetDivergences with a changed matrix over a
+//                                        10k-sample log (the O(N t) rebuild).
+//   BM_UpdateLatency/<estimator>/32      the distribution of single-Learn latencies (p50,
+//                                        p99, p99.9, max, in us) over the first 300k samples
+//                                        of a fresh D-UCB with N = 32: the mean hides the
+//                                        occasional expensive update (group refresh, storage
+//                                        growth). One iteration; read the counters.
+//
+// Data: a fixed-seed synthetic stream of K = 26 arm samples. Every context has a base
+// distribution over arms (Dirichlet(0.3)); expert k's distribution is the base tilted by a
+// fixed per-expert log-normal factor per arm, normalised, and smoothed with eta = 0.05, so
+// every propensity is in [eta/K, 1]. The chooser is uniform over the experts, the arm is
+// drawn from the chooser's distribution (so the propensities are consistent with the
+// chooser), and the reward is Bernoulli(0.3). The divergence matrix is synthetic, M and
+// sigma in [1, 3], nearly symmetric, diagonal 1. Estimators use the paper's options.
+//
+// The log grows while an update benchmark runs, so those benchmarks run a fixed number of
+// iterations (the --benchmark_min_time flag does not apply to them); the stream is cycled
+// when the log outgrows it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "benchmark/benchmark.h"
+#include "core/divergence.h"
+#include "core/estimator.h"
+#include "core/policy.h"
+#include "core/sample_log.h"
+#include "tests/reference_estimators.h"
+
+namespace decision {
+namespace {
+
+constexpr int kArms = 26;
+constexpr double kEta = 0.05;
+constexpr double kRewardRate = 0.3;
+constexpr int64_t kStreamSize = int64_t{1} << 15;  // samples per pre-generated stream
+constexpr int64_t kWarmup = 10000;                 // samples learnt before timing
+constexpr int kReferenceExperts = 32;
+constexpr uint64_t kSeed = 0x5eedbe11c0ffeeULL;
+
+// ------------------------------------------------------------------------ the data
+
+struct Stream {
+  int num_experts = 0;
+  std::vector<int> chooser;
+  std::vector<double> reward;
+  std::vector<double> propensity;  // row-major: sample x expert
+
+  int64_t size() const { return static_cast<int64_t>(chooser.size()); }
+  absl::Span<const double> propensities(int64_t i) const {
+    return absl::MakeConstSpan(propensity.data() + i * num_experts, num_experts);
+  }
+};
+
+std::unique_ptr<Stream> GenerateStream(int n) {
+  std::mt19937_64 rng(kSeed + static_cast<uint64_t>(n));
+  std::normal_distribution<double> normal(0.0, 0.7);
+  std::gamma_distribution<double> gamma(0.3, 1.0);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::uniform_int_distribution<int> expert(0, n - 1);
+  std::bernoulli_distribution click(kRewardRate);
+
+  // Per-expert noise: expert k weighs arm v by tilt[k][v] = exp(N(0, 0.7^2)).
+  std::vector<double> tilt(static_cast<size_t>(n) * kArms);
+  for (double& x : tilt) x = std::exp(normal(rng));
+
+  auto s = std::make_unique<Stream>();
+  s->num_experts = n;
+  s->chooser.resize(kStreamSize);
+  s->reward.resize(kStreamSize);
+  s->propensity.resize(static_cast<size_t>(kStreamSize) * n);
+  std::vector<double> base(kArms), chooser_probs(kArms);
+  for (int64_t i = 0; i < kStreamSize; ++i) {
+    // The context's base distribution, Dirichlet(0.3, ..., 0.3).
+    double total = 0.0;
+    for (double& b : base) total += (b = gamma(rng) + 1e-12);
+    for (double& b : base) b /= total;
+    // pi_k(v|x) = (1 - eta) * base(v) tilt_k(v) / norm_k + eta / K.
+    const int j = expert(rng);
+    const double* tj = &tilt[static_cast<size_t>(j) * kArms];
+    double norm_j = 0.0;
+    for (int v = 0; v < kArms; ++v) norm_j += base[v] * tj[v];
+    for (int v = 0; v < kArms; ++v) {
+      chooser_probs[v] = (1.0 - kEta) * base[v] * tj[v] / norm_j + kEta / kArms;
+    }
+    // The arm is drawn from the chooser's distribution.
+    const double u = unit(rng);
+    int arm = kArms - 1;
+    double cumulative = 0.0;
+    for (int v = 0; v < kArms; ++v) {
+      cumulative += chooser_probs[v];
+      if (u < cumulative) {
+        arm = v;
+        break;
+      }
+    }
+    double* row = &s->propensity[static_cast<size_t>(i) * n];
+    for (int k = 0; k < n; ++k) {
+      const double* tk = &tilt[static_cast<size_t>(k) * kArms];
+      double norm = 0.0;
+      for (int v = 0; v < kArms; ++v) norm += base[v] * tk[v];
+      row[k] = std::min(1.0, (1.0 - kEta) * base[arm] * tk[arm] / norm + kEta / kArms);
+    }
+    s->chooser[i] = j;
+    s->reward[i] = click(rng) ? 1.0 : 0.0;
+  }
+  return s;
+}
+
+// One stream per expert count, generated on first use (not timed).
+const Stream& GetStream(int n) {
+  static auto* streams = new std::map<int, std::unique_ptr<Stream>>();
+  std::unique_ptr<Stream>& s = (*streams)[n];
+  if (s == nullptr) s = GenerateStream(n);
+  return *s;
+}
+
+// A synthetic divergence matrix: M and sigma in [1, 3], nearly symmetric, diagonal 1.
+DivergenceMatrix MakeDivergences(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  DivergenceMatrix d = DivergenceMatrix::Identity(n);
+  auto nudge = [&](double x) { return std::clamp(x + 0.2 * (unit(rng) - 0.5), 1.0, 3.0); };
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      const size_t ij = static_cast<size_t>(i) * n + j, ji = static_cast<size_t>(j) * n + i;
+      d.m[ij] = 1.0 + 2.0 * unit(rng);
+      d.m[ji] = nudge(d.m[ij]);
+      d.sigma[ij] = 1.0 + 2.0 * unit(rng);
+      d.sigma[ji] = nudge(d.sigma[ij]);
+    }
+  }
+  return d;
+}
+
+EstimatorOptions Options(EstimatorKind kind) {
+  EstimatorOptions o;  // the paper's forms and the practical constants
+  o.kind = kind;
+  return o;
+}
+
+const char* KindName(EstimatorKind kind) {
+  return kind == EstimatorKind::kClipped ? "clipped" : "median_of_means";
+}
+
+// Learns stream samples [from, to) (cycling the stream). Aborts the benchmark on error.
+bool LearnRange(DUcb& ducb, const Stream& stream, int64_t from, int64_t to,
+                benchmark::State& state) {
+  for (int64_t i = from; i < to; ++i) {
+    const int64_t x = i % stream.size();
+    absl::Status s = ducb.Learn(stream.chooser[x], stream.reward[x], stream.propensities(x));
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// A D-UCB over n experts with the synthetic divergences, having learnt `samples` samples.
+std::unique_ptr<DUcb> MakeFilled(EstimatorKind kind, int n, int64_t samples,
+                                 benchmark::State& state) {
+  absl::StatusOr<DUcb> created = DUcb::Create(Options(kind), n);
+  if (!created.ok()) {
+    state.SkipWithError(std::string(created.status().message()).c_str());
+    return nullptr;
+  }
+  auto ducb = std::make_unique<DUcb>(*std::move(created));
+  if (absl::Status s = ducb->SetDivergences(MakeDivergences(n, kSeed ^ n)); !s.ok()) {
+    state.SkipWithError(std::string(s.message()).c_str());
+    return nullptr;
+  }
+  if (!LearnRange(*ducb, GetStream(n), 0, samples, state)) return nullptr;
+  return ducb;
+}
+
+// ------------------------------------------------------------------ the benchmarks
+
+// The timed loop shared by BM_IncrementalUpdate and BM_IncrementalAt: one Learn per
+// iteration, continuing the stream after the pre-fill.
+void TimeUpdates(benchmark::State& state, EstimatorKind kind, int n, int64_t prefill) {
+  const Stream& stream = GetStream(n);
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, prefill, state);
+  if (ducb == nullptr) return;
+  int64_t i = prefill;
+  for (auto _ : state) {
+    const int64_t x = i % stream.size();
+    absl::Status s = ducb->Learn(stream.chooser[x], stream.reward[x], stream.propensities(x));
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
+    }
+    ++i;
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.counters["t_start"] = static_cast<double>(prefill);
+  state.counters["t_end"] = static_cast<double>(ducb->log().size());
+  if (kind == EstimatorKind::kClipped) {
+    // Not timed: the share of (expert, sample) pairs with Y > 0 that the clip test
+    // excludes at the final t (these wait in the estimator's heap), to show that the
+    // clipping path is exercised.
+    const SampleLog& log = ducb->log();
+    const DivergenceMatrix& d = ducb->estimator().divergences();
+    const double level = ClipLevel(Options(kind), log.size());
+    int64_t clipped = 0, rewarded = 0;
+    for (int64_t s = 0; s < log.size(); ++s) {
+      if (log.reward(s) == 0.0) continue;
+      const int j = log.chooser(s);
+      for (int k = 0; k < n; ++k) {
+        ++rewarded;
+        if (log.propensity(k, s) / log.propensity(j, s) > level * d.M(k, j)) ++clipped;
+      }
+    }
+    state.counters["clipped_share"] =
+        rewarded > 0 ? static_cast<double>(clipped) / static_cast<double>(rewarded) : 0.0;
+  }
+}
+
+void BM_IncrementalUpdate(benchmark::State& state, EstimatorKind kind, int n) {
+  TimeUpdates(state, kind, n, kWarmup);
+}
+
+void BM_IncrementalAt(benchmark::State& state, EstimatorKind kind, int64_t t) {
+  TimeUpdates(state, kind, kReferenceExperts, t);
+}
+
+void BM_Choose(benchmark::State& state, EstimatorKind kind, int n) {
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, kWarmup, state);
+  if (ducb == nullptr) return;
+  absl::BitGen bitgen(std::seed_seq{kSeed});
+  absl::BitGenRef gen(bitgen);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ducb->SelectExpert(gen));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// Updates timed outside the benchmark loop (std::chrono) for the speed-up counter of
+// BM_ReferenceEstimateAll: the median over `chunks` chunks of ns per Learn.
+double ChronoNsPerUpdate(DUcb& ducb, const Stream& stream, int64_t from, int64_t count,
+                         int chunks, benchmark::State& state) {
+  std::vector<double> per_update;
+  const int64_t chunk = std::max<int64_t>(1, count / chunks);
+  for (int c = 0; c < chunks; ++c) {
+    const auto start = std::chrono::steady_clock::now();
+    if (!LearnRange(ducb, stream, from + c * chunk, from + (c + 1) * chunk, state)) return 0.0;
+    const auto stop = std::chrono::steady_clock::now();
+    per_update.push_back(std::chrono::duration<double, std::nano>(stop - start).count() /
+                         static_cast<double>(chunk));
+  }
+  std::sort(per_update.begin(), per_update.end());
+  return per_update[per_update.size() / 2];
+}
+
+int64_t IncrementalIterations(int64_t t) { return std::max<int64_t>(2000, t / 10); }
+
+void BM_ReferenceEstimateAll(benchmark::State& state, EstimatorKind kind, int64_t t) {
+  const int n = kReferenceExperts;
+  const Stream& stream = GetStream(n);
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, t, state);
+  if (ducb == nullptr) return;
+  // The incremental cost at the same t, from the same log: samples [t, t + count) are
+  // learnt, the reference below only reads samples [0, t).
+  const double inc_ns =
+      ChronoNsPerUpdate(*ducb, stream, t, IncrementalIterations(t), 5, state);
+  if (state.error_occurred()) return;
+  const SampleLog& log = ducb->log();
+  const DivergenceMatrix& d = ducb->estimator().divergences();
+  const EstimatorOptions options = Options(kind);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    for (int k = 0; k < n; ++k) {
+      benchmark::DoNotOptimize(reference::Estimate(log, t, d, options, k));
+    }
+  }
+  const auto stop = std::chrono::steady_clock::now();
+  const double ref_ns = std::chrono::duration<double, std::nano>(stop - start).count() /
+                        static_cast<double>(state.iterations());
+  state.SetItemsProcessed(state.iterations());
+  state.counters["inc_ns_per_update"] = inc_ns;
+  state.counters["speedup_vs_incremental"] = ref_ns / inc_ns;
+}
+
+void BM_DivergenceRefresh(benchmark::State& state, EstimatorKind kind, int n) {
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, kWarmup, state);
+  if (ducb == nullptr) return;
+  // Alternate between two different matrices so that every call rebuilds.
+  const DivergenceMatrix d[2] = {MakeDivergences(n, kSeed + 1), MakeDivergences(n, kSeed + 2)};
+  int which = 0;
+  for (auto _ : state) {
+    absl::Status s = ducb->SetDivergences(d[which]);
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
+    }
+    which ^= 1;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// Per-call latencies of 300k Learn calls from an empty log, timed one by one.
+void BM_UpdateLatency(benchmark::State& state, EstimatorKind kind, int n) {
+  constexpr int64_t kSamples = 300000;
+  const Stream& stream = GetStream(n);
+  std::vector<double> us;
+  us.reserve(kSamples);
+  int64_t worst_at = 0;
+  for (auto _ : state) {
+    std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, 0, state);
+    if (ducb == nullptr) return;
+    us.clear();
+    for (int64_t i = 0; i < kSamples; ++i) {
+      const int64_t x = i % stream.size();
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status s = ducb->Learn(stream.chooser[x], stream.reward[x], stream.propensities(x));
+      const auto stop = std::chrono::steady_clock::now();
+      if (!s.ok()) {
+        state.SkipWithError(std::string(s.message()).c_str());
+        return;
+      }
+      us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+    }
+    worst_at = std::max_element(us.begin(), us.end()) - us.begin();
+  }
+  const double worst = us[worst_at];
+  double total = 0.0;
+  for (double x : us) total += x;
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
+  state.counters["mean_us"] = total / static_cast<double>(us.size());
+  state.counters["p50_us"] = at(0.5);
+  state.counters["p99_us"] = at(0.99);
+  state.counters["p999_us"] = at(0.999);
+  state.counters["max_us"] = worst;
+  state.counters["max_at_t"] = static_cast<double>(worst_at);
+}
+
+// Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
+// small enough to keep the log (and the memory) bounded.
+int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
+
+void RegisterAll() {
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    const std::string k = KindName(kind);
+    for (int n : {8, 32, 128}) {
+      benchmark::RegisterBenchmark(absl::StrCat("BM_IncrementalUpdate/", k, "/", n).c_str(),
+                                   BM_IncrementalUpdate, kind, n)
+          ->Iterations(UpdateIterations(n))
+          ->Unit(benchmark::kNanosecond);
+    }
+  }
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    const std::string k = KindName(kind);
+    for (int n : {8, 32, 128}) {
+      benchmark::RegisterBenchmark(absl::StrCat("BM_Choose/", k, "/", n).c_str(), BM_Choose,
+                                   kind, n)
+          ->Unit(benchmark::kNanosecond);
+    }
+  }
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    const std::string k = KindName(kind);
+    for (int64_t t : {int64_t{10000}, int64_t{100000}}) {
+      benchmark::RegisterBenchmark(absl::StrCat("BM_IncrementalAt/", k, "/", t).c_str(),
+                                   BM_IncrementalAt, kind, t)
+          ->Iterations(IncrementalIterations(t))
+          ->Unit(benchmark::kNanosecond);
+      benchmark::RegisterBenchmark(
+          absl::StrCat("BM_ReferenceEstimateAll/", k, "/", t).c_str(), BM_ReferenceEstimateAll,
+          kind, t)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    const std::string k = KindName(kind);
+    for (int n : {8, 32}) {
+      benchmark::RegisterBenchmark(absl::StrCat("BM_DivergenceRefresh/", k, "/", n).c_str(),
+                                   BM_DivergenceRefresh, kind, n)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    benchmark::RegisterBenchmark(absl::StrCat("BM_UpdateLatency/", KindName(kind), "/32").c_str(),
+                                 BM_UpdateLatency, kind, 32)
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+}  // namespace decision
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  decision::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

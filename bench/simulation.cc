@@ -1,0 +1,240 @@
+#include "bench/simulation.h"
+
+#include <chrono>
+#include <memory>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "core/xgboost_expert.h"
+#include "core/xgboost_trainer.h"
+
+namespace decision::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+class Simulation {
+ public:
+  Simulation(const Dataset& data, const std::vector<int>& order, const SimulationOptions& o)
+      : data_(data),
+        order_(order),
+        o_(o),
+        k_(data.num_classes),
+        gen_(std::seed_seq{o.seed}),
+        reservoir_(1, o.divergence.reservoir_capacity) {
+    training_.num_features = data.num_features;
+  }
+
+  absl::StatusOr<SimulationResult> Run(const ProgressFn& progress) {
+    const auto start = Clock::now();
+    DECISION_RETURN_IF_ERROR(ValidateBatchOptions(o_.batch));
+    DECISION_RETURN_IF_ERROR(ValidateDivergenceOptions(o_.divergence));
+    DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Expert> uniform,
+                              MakeUniformExpert(k_, data_.num_features));
+    DECISION_RETURN_IF_ERROR(CacheExpert(*uniform));
+    DECISION_RETURN_IF_ERROR(MakePolicy());
+    BatchSchedule schedule(k_, o_.batch);
+    const int64_t rounds =
+        o_.max_rounds > 0 ? std::min<int64_t>(o_.max_rounds, order_.size()) : order_.size();
+    std::vector<double> propensities;
+    double total_reward = 0.0;
+    SimulationResult result;
+    result.progressive_loss.reserve(rounds);
+    for (int64_t t = 1; t <= rounds; ++t) {
+      const int row = order_[t - 1];
+      reservoir_.Offer(std::vector<double>{double(row)}, gen_);
+      const BatchSchedule::Round phase = schedule.Next();
+      if (phase == BatchSchedule::Round::kBatchStart) {
+        DECISION_RETURN_IF_ERROR(AddTrainedExperts(t, &result));
+      }
+      Decision d;
+      if (phase == BatchSchedule::Round::kWarmup) {
+        d.expert = 0;  // the uniform expert
+        d.arm = absl::Uniform<int>(gen_, 0, k_);
+        d.propensity = 1.0 / k_;
+      } else {
+        auto distribution = [&](int e, absl::Span<double> out) {
+          const float* p = &cache_[e][static_cast<size_t>(row) * k_];
+          for (int v = 0; v < k_; ++v) out[v] = p[v];
+          return absl::OkStatus();
+        };
+        DECISION_ASSIGN_OR_RETURN(d, policy_->Decide(num_experts(), k_, distribution, gen_));
+      }
+      const double reward = d.arm == data_.labels[row] ? 1.0 : 0.0;
+      propensities.resize(num_experts());
+      for (int e = 0; e < num_experts(); ++e) {
+        propensities[e] = cache_[e][static_cast<size_t>(row) * k_ + d.arm];
+      }
+      if (d.expert < 0) d.expert = 0;  // mixtures are logged against the uniform column
+      if (phase == BatchSchedule::Round::kWarmup) {
+        DECISION_RETURN_IF_ERROR(LearnWarmup(d, reward, propensities));
+      } else {
+        DECISION_RETURN_IF_ERROR(policy_->Learn(d, reward, propensities));
+      }
+      logged_rows_.push_back(row);
+      logged_arms_.push_back(d.arm);
+      training_.Add(data_.row(row), d.arm, reward, d.propensity);
+      total_reward += reward;
+      result.progressive_loss.push_back(1.0 - total_reward / t);
+      if (progress) progress(t, result.progressive_loss.back());
+    }
+    result.num_experts = num_experts();
+    for (int e = 0; e < num_experts(); ++e) {
+      double mean = 0.0;
+      for (size_t row = 0; row < data_.size(); ++row) {
+        mean += cache_[e][row * k_ + data_.labels[row]];
+      }
+      result.true_means.push_back(mean / data_.size());
+    }
+    if (ducb_ != nullptr) {
+      for (int e = 0; e < num_experts(); ++e) {
+        result.estimates.push_back(ducb_->ducb().Estimate(e));
+        result.times_selected.push_back(ducb_->ducb().log().count(e));
+      }
+    }
+    result.seconds = Since(start);
+    return result;
+  }
+
+ private:
+  int num_experts() const { return static_cast<int>(cache_.size()); }
+
+  absl::Status MakePolicy() {
+    const std::string& p = o_.policy;
+    if (p == "d-ucb") {
+      DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::Create(o_.estimator, 1));
+      auto owned = std::make_unique<DUcbPolicy>(std::move(ducb));
+      ducb_ = owned.get();
+      policy_ = std::move(owned);
+    } else if (p == "ucb1") {
+      policy_ = MakeUcb1Policy(1);
+    } else if (p == "epsilon-greedy") {
+      DECISION_ASSIGN_OR_RETURN(policy_, MakeEpsilonGreedyPolicy(1, o_.epsilon));
+    } else if (p == "exp4") {
+      Exp4Options exp4;
+      exp4.horizon = static_cast<int64_t>(order_.size());
+      DECISION_ASSIGN_OR_RETURN(policy_, MakeExp4Policy(1, exp4));
+    } else if (p == "uniform") {
+      policy_ = MakeUniformPolicy();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown policy `", p, "`"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Warm-up rounds are attributed to the uniform expert. D-UCB learns them as samples of
+  // expert 0; the other policies only count them (they are not the policy's choices).
+  absl::Status LearnWarmup(const Decision& d, double reward,
+                           absl::Span<const double> propensities) {
+    if (ducb_ != nullptr) return policy_->Learn(d, reward, propensities);
+    return absl::OkStatus();
+  }
+
+  absl::Status CacheExpert(const Expert& expert) {
+    std::vector<double> probs(data_.size() * k_);
+    DECISION_RETURN_IF_ERROR(
+        expert.PredictBatch(data_.features, data_.size(), absl::MakeSpan(probs)));
+    cache_.emplace_back(probs.begin(), probs.end());
+    return absl::OkStatus();
+  }
+
+  absl::Status AddTrainedExperts(int64_t t, SimulationResult* result) {
+    if (training_.size() == 0) return absl::OkStatus();
+    const auto train_start = Clock::now();
+    const int old_n = num_experts();
+    const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;
+    for (int i = 0; i < count; ++i) {
+      XgboostTrainOptions train;
+      train.linear = i >= o_.tree_experts_per_batch;
+      train.threads = o_.train_threads;
+      train.seed = absl::Uniform<uint32_t>(gen_);
+      if (train.linear) {
+        static constexpr double kL2[] = {0.01, 0.1, 1.0, 10.0};
+        train.l2 = kL2[absl::Uniform<int>(gen_, 0, 4)];
+        train.rounds = 30;
+        train.learning_rate = 0.5;
+      } else {
+        static constexpr int kDepth[] = {3, 6, 10};
+        static constexpr int kRounds[] = {20, 40, 80};
+        train.learning_rate = 0.1;
+        train.max_depth = kDepth[absl::Uniform<int>(gen_, 0, 3)];
+        train.rounds = kRounds[absl::Uniform<int>(gen_, 0, 3)];
+        train.colsample_bytree = absl::Bernoulli(gen_, 0.5) ? 0.6 : 0.8;
+      }
+      const TrainingSet sample = Bootstrap(training_, gen_);
+      DECISION_ASSIGN_OR_RETURN(std::string model, TrainXgboostModel(sample, k_, train));
+      DECISION_ASSIGN_OR_RETURN(
+          std::unique_ptr<Expert> expert,
+          MakeXgboostExpert(k_, data_.num_features, model, o_.smoothing));
+      DECISION_RETURN_IF_ERROR(CacheExpert(*expert));
+    }
+    result->seconds_training += Since(train_start);
+    std::vector<std::vector<double>> backfill(count);
+    for (int i = 0; i < count; ++i) {
+      const std::vector<float>& c = cache_[old_n + i];
+      backfill[i].reserve(logged_rows_.size());
+      for (size_t s = 0; s < logged_rows_.size(); ++s) {
+        backfill[i].push_back(c[static_cast<size_t>(logged_rows_[s]) * k_ + logged_arms_[s]]);
+      }
+    }
+    if (ducb_ == nullptr) return policy_->AddExperts(backfill);
+    const auto div_start = Clock::now();
+    const bool full = t >= o_.full_refresh_growth * last_full_refresh_;
+    DivergenceMatrix d;
+    DECISION_RETURN_IF_ERROR(Divergences(full ? 0 : old_n, &d));
+    if (full) last_full_refresh_ = t;
+    result->seconds_divergences += Since(div_start);
+    return ducb_->ducb().AddExperts(backfill, d);
+  }
+
+  // Divergences of all experts over the reservoir's rows, keeping the current estimates for
+  // pairs among the first `keep` experts.
+  absl::Status Divergences(int keep, DivergenceMatrix* out) {
+    const size_t r = reservoir_.size();
+    std::vector<std::vector<double>> predictions(num_experts());
+    for (int e = 0; e < num_experts(); ++e) {
+      predictions[e].reserve(r * k_);
+      for (double row : reservoir_.contexts()) {
+        const float* p = &cache_[e][static_cast<size_t>(row) * k_];
+        predictions[e].insert(predictions[e].end(), p, p + k_);
+      }
+    }
+    return ComputeDivergences(predictions, k_, o_.divergence.num_groups,
+                              &ducb_->ducb().estimator().divergences(), keep, out);
+  }
+
+  const Dataset& data_;
+  const std::vector<int>& order_;
+  const SimulationOptions o_;
+  const int k_;
+  absl::BitGen gen_;
+  ContextReservoir reservoir_;  // holds row indices
+  std::vector<std::vector<float>> cache_;  // [expert][row * K + arm]
+  std::unique_ptr<Policy> policy_;
+  DUcbPolicy* ducb_ = nullptr;
+  TrainingSet training_;
+  std::vector<int> logged_rows_;
+  std::vector<int> logged_arms_;
+  int64_t last_full_refresh_ = 1;
+};
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> Simulate(const Dataset& data, const std::vector<int>& order,
+                                          const SimulationOptions& options,
+                                          const ProgressFn& progress) {
+  if (order.size() != data.size()) {
+    return absl::InvalidArgumentError("the order does not cover the data set");
+  }
+  if (data.num_classes < 2) {
+    return absl::InvalidArgumentError("a bandit problem needs at least 2 classes");
+  }
+  Simulation simulation(data, order, options);
+  return simulation.Run(progress);
+}
+
+}  // namespace decision::bench

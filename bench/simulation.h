@@ -1,0 +1,67 @@
+// An in-process simulation of the service's learning loop on a labelled data set:
+// batched D-UCB (Algorithm 2 of the paper) with experts trained from the log by
+// importance-weighted XGBoost classification, or a baseline policy over the same kind of
+// expert pool. Used by the regret benchmark and, until the server exists, as the main job.
+//
+// Simulation shortcut (documented, not used by the service): every expert's distributions
+// are computed once for all rows of the data set when the expert is added, so that a round
+// costs O(N) look-ups; an expert's prediction for a row does not depend on when it is asked.
+#ifndef DECISION_BENCH_SIMULATION_H_
+#define DECISION_BENCH_SIMULATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/dataset.h"
+#include "core/divergence.h"
+#include "core/estimator.h"
+#include "core/expert.h"
+#include "core/policy.h"
+
+namespace decision::bench {
+
+struct SimulationOptions {
+  // "d-ucb", "ucb1", "epsilon-greedy", "exp4" or "uniform".
+  std::string policy = "d-ucb";
+  EstimatorOptions estimator;
+  BatchOptions batch;
+  DivergenceOptions divergence{512, 16};
+  // A full divergence refresh (all pairs, current reservoir) happens when the number of
+  // rounds has grown by this factor since the last one; other batch starts compute only the
+  // new experts' rows.
+  double full_refresh_growth = 2.0;
+  int tree_experts_per_batch = 3;
+  int linear_experts_per_batch = 1;
+  double smoothing = kDefaultSmoothing;
+  double epsilon = 0.05;  // epsilon-greedy
+  int64_t max_rounds = 0;  // 0: every row of the order
+  int train_threads = 2;
+  uint64_t seed = 1;
+};
+
+struct SimulationResult {
+  std::vector<double> progressive_loss;  // 1 - mean reward after each round
+  int num_experts = 0;
+  double seconds = 0.0;
+  double seconds_training = 0.0;
+  double seconds_divergences = 0.0;
+  // D-UCB only: final estimate and times selected per expert.
+  std::vector<ExpertEstimate> estimates;
+  std::vector<int64_t> times_selected;
+  // Every expert's true mean reward over the whole data set (full information).
+  std::vector<double> true_means;
+};
+
+// Called after each round with (round, progressive loss so far).
+using ProgressFn = std::function<void(int64_t, double)>;
+
+absl::StatusOr<SimulationResult> Simulate(const Dataset& data, const std::vector<int>& order,
+                                          const SimulationOptions& options,
+                                          const ProgressFn& progress = nullptr);
+
+}  // namespace decision::bench
+
+#endif  // DECISION_BENCH_SIMULATION_H_

@@ -1,0 +1,121 @@
+#include "core/xgboost_trainer.h"
+
+#include <xgboost/c_api.h>
+
+#include <cmath>
+#include <string>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+
+namespace decision {
+namespace {
+
+// Owns the C handles for one training run.
+struct Handles {
+  DMatrixHandle matrix = nullptr;
+  BoosterHandle booster = nullptr;
+  ~Handles() {
+    if (booster != nullptr) XGBoosterFree(booster);
+    if (matrix != nullptr) XGDMatrixFree(matrix);
+  }
+};
+
+absl::Status XgbError(const char* what) {
+  return absl::InternalError(absl::StrCat("xgboost ", what, " failed: ", XGBGetLastError()));
+}
+
+}  // namespace
+
+void TrainingSet::Add(absl::Span<const double> x, int arm, double reward, double propensity) {
+  if (!(reward > 0.0)) return;
+  rows.insert(rows.end(), x.begin(), x.end());
+  labels.push_back(static_cast<float>(arm));
+  weights.push_back(static_cast<float>(reward / propensity));
+}
+
+TrainingSet Bootstrap(const TrainingSet& set, absl::BitGenRef gen) {
+  TrainingSet out;
+  out.num_features = set.num_features;
+  const size_t n = set.size();
+  out.rows.reserve(set.rows.size());
+  out.labels.reserve(n);
+  out.weights.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t pick = absl::Uniform<size_t>(gen, 0, n);
+    out.rows.insert(out.rows.end(), set.rows.begin() + pick * set.num_features,
+                    set.rows.begin() + (pick + 1) * set.num_features);
+    out.labels.push_back(set.labels[pick]);
+    out.weights.push_back(set.weights[pick]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
+                                              const XgboostTrainOptions& o) {
+  if (set.size() == 0) {
+    return absl::InvalidArgumentError("training set is empty (no sample with reward > 0)");
+  }
+  if (num_arms < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training needs at least 2 arms, got ", num_arms));
+  }
+  if (set.num_features < 1 || set.rows.size() != set.size() * set.num_features ||
+      set.weights.size() != set.size()) {
+    return absl::InvalidArgumentError("training set rows, labels and weights disagree in size");
+  }
+  for (float label : set.labels) {
+    if (!(label >= 0 && label < num_arms)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("training label ", label, " is not an arm in [0, ", num_arms, ")"));
+    }
+  }
+  if (o.rounds < 1 || o.max_depth < 1 || !(o.learning_rate > 0) || o.threads < 1 ||
+      !(o.colsample_bytree > 0 && o.colsample_bytree <= 1) ||
+      !(o.subsample > 0 && o.subsample <= 1) || !(o.l1 >= 0) || !(o.l2 >= 0)) {
+    return absl::InvalidArgumentError("invalid xgboost training options");
+  }
+  Handles h;
+  if (XGDMatrixCreateFromMat(set.rows.data(), set.size(), set.num_features, NAN, &h.matrix) !=
+      0) {
+    return XgbError("DMatrix creation");
+  }
+  if (XGDMatrixSetFloatInfo(h.matrix, "label", set.labels.data(), set.size()) != 0 ||
+      XGDMatrixSetFloatInfo(h.matrix, "weight", set.weights.data(), set.size()) != 0) {
+    return XgbError("setting labels and weights");
+  }
+  if (XGBoosterCreate(&h.matrix, 1, &h.booster) != 0) return XgbError("booster creation");
+  const std::pair<std::string, std::string> params[] = {
+      {"objective", "multi:softprob"},
+      {"num_class", std::to_string(num_arms)},
+      {"booster", o.linear ? "gblinear" : "gbtree"},
+      {"max_depth", std::to_string(o.max_depth)},
+      {"eta", absl::StrCat(o.learning_rate)},
+      {"colsample_bytree", absl::StrCat(o.colsample_bytree)},
+      {"subsample", absl::StrCat(o.subsample)},
+      {"lambda", absl::StrCat(o.l2)},
+      {"alpha", absl::StrCat(o.l1)},
+      {"nthread", std::to_string(o.threads)},
+      {"seed", std::to_string(o.seed % 2147483647)},
+      {"verbosity", "0"},
+  };
+  for (const auto& [name, value] : params) {
+    if (o.linear && (name == "max_depth" || name == "colsample_bytree" || name == "subsample")) {
+      continue;
+    }
+    if (XGBoosterSetParam(h.booster, name.c_str(), value.c_str()) != 0) {
+      return XgbError("setting a parameter");
+    }
+  }
+  for (int i = 0; i < o.rounds; ++i) {
+    if (XGBoosterUpdateOneIter(h.booster, i, h.matrix) != 0) return XgbError("training");
+  }
+  bst_ulong len = 0;
+  const char* bytes = nullptr;
+  if (XGBoosterSaveModelToBuffer(h.booster, "{\"format\": \"ubj\"}", &len, &bytes) != 0) {
+    return XgbError("saving the model");
+  }
+  return std::string(bytes, len);
+}
+
+}  // namespace decision

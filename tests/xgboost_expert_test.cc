@@ -1,0 +1,486 @@
+// Tests of core/xgboost_expert.h. The models are trained here, through libxgboost's C API,
+// on a small synthetic problem with fixed seeds: 300 contexts of 4 features uniform in
+// [0, 1), and the label (arm) is the index of the largest of features 0..2 (feature 3 is
+// noise). Training takes a few milliseconds; each model is trained once per process.
+#include "core/xgboost_expert.h"
+
+#include <xgboost/c_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/expert.h"
+
+namespace decision {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRows = 300;
+constexpr int kFeatures = 4;
+constexpr int kClasses = 3;
+
+// The synthetic training set. Features are float (what XGBoost trains on) and exactly
+// representable as double, so the expert sees the same values the booster was trained on.
+struct TrainingData {
+  std::vector<float> features;  // kRows x kFeatures, row-major
+  std::vector<float> labels;    // class in {0, 1, 2}
+
+  std::vector<double> Row(int i) const {
+    return std::vector<double>(features.begin() + i * kFeatures,
+                               features.begin() + (i + 1) * kFeatures);
+  }
+};
+
+const TrainingData& Data() {
+  static const TrainingData* const data = [] {
+    auto* d = new TrainingData;
+    std::mt19937 gen(1);  // fixed seed; the conversion below is exact and portable
+    d->features.resize(kRows * kFeatures);
+    d->labels.resize(kRows);
+    for (int i = 0; i < kRows; ++i) {
+      for (int f = 0; f < kFeatures; ++f) {
+        d->features[i * kFeatures + f] = static_cast<float>(gen() >> 8) / 16777216.0f;
+      }
+      int best = 0;
+      for (int f = 1; f < kClasses; ++f) {
+        if (d->features[i * kFeatures + f] > d->features[i * kFeatures + best]) best = f;
+      }
+      d->labels[i] = static_cast<float>(best);
+    }
+    return d;
+  }();
+  return *data;
+}
+
+using Params = std::vector<std::pair<std::string, std::string>>;
+
+// Trains a booster on Data() (labels mapped through `binary_labels` if set) and returns its
+// model bytes in `format` ("json", "ubj" or "deprecated"). Returns "" and records a test
+// failure if any libxgboost call fails.
+std::string TrainModel(const Params& params, const std::string& format, int rounds = 10,
+                       bool binary_labels = false) {
+  const TrainingData& data = Data();
+  std::vector<float> labels = data.labels;
+  if (binary_labels) {
+    for (float& y : labels) y = (y == 0.0f) ? 1.0f : 0.0f;
+  }
+  DMatrixHandle dtrain = nullptr;
+  BoosterHandle booster = nullptr;
+  std::string bytes;
+  auto ok = [](int rc, const char* what) {
+    if (rc != 0) ADD_FAILURE() << what << " failed: " << XGBGetLastError();
+    return rc == 0;
+  };
+  if (ok(XGDMatrixCreateFromMat(data.features.data(), kRows, kFeatures,
+                                std::numeric_limits<float>::quiet_NaN(), &dtrain),
+         "XGDMatrixCreateFromMat") &&
+      ok(XGDMatrixSetFloatInfo(dtrain, "label", labels.data(), kRows),
+         "XGDMatrixSetFloatInfo") &&
+      ok(XGBoosterCreate(&dtrain, 1, &booster), "XGBoosterCreate")) {
+    bool params_ok = true;
+    for (const auto& [name, value] : params) {
+      params_ok = params_ok && ok(XGBoosterSetParam(booster, name.c_str(), value.c_str()),
+                                  name.c_str());
+    }
+    bool trained = params_ok;
+    for (int iter = 0; trained && iter < rounds; ++iter) {
+      trained = ok(XGBoosterUpdateOneIter(booster, iter, dtrain), "XGBoosterUpdateOneIter");
+    }
+    const std::string config = "{\"format\": \"" + format + "\"}";
+    bst_ulong len = 0;
+    const char* buffer = nullptr;
+    if (trained && ok(XGBoosterSaveModelToBuffer(booster, config.c_str(), &len, &buffer),
+                      "XGBoosterSaveModelToBuffer")) {
+      bytes.assign(buffer, len);  // the buffer belongs to the booster: copy before freeing
+    }
+  }
+  if (booster != nullptr) XGBoosterFree(booster);
+  if (dtrain != nullptr) XGDMatrixFree(dtrain);
+  return bytes;
+}
+
+Params SoftprobTreeParams() {
+  return {{"booster", "gbtree"}, {"objective", "multi:softprob"}, {"num_class", "3"},
+          {"max_depth", "3"},    {"eta", "0.3"},                  {"nthread", "1"},
+          {"seed", "1"},         {"verbosity", "0"}};
+}
+
+// Every model the tests use, trained once per process.
+struct Models {
+  std::string tree_json;
+  std::string tree_ubj;
+  std::string tree_legacy;  // XGBoost's deprecated binary format
+  std::string tree_legacy_with_metric;  // the same, trained with eval_metric set
+  std::string linear_json;
+  std::string binary_logistic_json;
+  std::string softmax_json;
+};
+
+const Models& GetModels() {
+  static const Models* const models = [] {
+    auto* m = new Models;
+    m->tree_json = TrainModel(SoftprobTreeParams(), "json");
+    m->tree_ubj = TrainModel(SoftprobTreeParams(), "ubj");
+    m->tree_legacy = TrainModel(SoftprobTreeParams(), "deprecated");
+    Params with_metric = SoftprobTreeParams();
+    with_metric.emplace_back("eval_metric", "mlogloss");
+    m->tree_legacy_with_metric = TrainModel(with_metric, "deprecated");
+    m->linear_json = TrainModel({{"booster", "gblinear"},
+                                 {"objective", "multi:softprob"},
+                                 {"num_class", "3"},
+                                 {"eta", "0.5"},
+                                 {"nthread", "1"},
+                                 {"seed", "1"},
+                                 {"verbosity", "0"}},
+                                "json");
+    m->binary_logistic_json = TrainModel({{"objective", "binary:logistic"},
+                                          {"max_depth", "3"},
+                                          {"nthread", "1"},
+                                          {"seed", "1"},
+                                          {"verbosity", "0"}},
+                                         "json", 5, /*binary_labels=*/true);
+    Params softmax = SoftprobTreeParams();
+    softmax[1].second = "multi:softmax";
+    m->softmax_json = TrainModel(softmax, "json", 5);
+    return m;
+  }();
+  return *models;
+}
+
+void ExpectInvalid(const absl::Status& status, const std::string& word) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(word)) << status;
+}
+
+void ExpectInvalidModel(int num_arms, int num_features, const std::string& bytes,
+                        const std::string& word, double smoothing = kDefaultSmoothing) {
+  absl::StatusOr<std::unique_ptr<Expert>> made =
+      MakeXgboostExpert(num_arms, num_features, bytes, smoothing);
+  EXPECT_FALSE(made.ok()) << "a model of " << bytes.size() << " bytes was accepted";
+  ExpectInvalid(made.status(), word);
+}
+
+std::unique_ptr<Expert> MustLoad(const std::string& bytes, double smoothing = kDefaultSmoothing,
+                                 int num_arms = kClasses, int num_features = kFeatures) {
+  EXPECT_FALSE(bytes.empty()) << "training failed";
+  absl::StatusOr<std::unique_ptr<Expert>> made =
+      MakeXgboostExpert(num_arms, num_features, bytes, smoothing);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return nullptr;
+  return std::move(made).value();
+}
+
+std::vector<double> MustPredict(const Expert& expert, const std::vector<double>& x) {
+  std::vector<double> probs(expert.num_arms(), -1.0);
+  const absl::Status status = expert.Predict(x, absl::MakeSpan(probs));
+  EXPECT_TRUE(status.ok()) << status;
+  return probs;
+}
+
+// Sums to 1 within 1e-9 (the booster computes in float; the expert renormalises in double)
+// and every arm is at least the smoothing floor eta / K.
+void ExpectSmoothedDistribution(const std::vector<double>& probs, double eta) {
+  double total = 0.0;
+  for (size_t v = 0; v < probs.size(); ++v) {
+    EXPECT_TRUE(std::isfinite(probs[v])) << "arm " << v;
+    EXPECT_GE(probs[v], eta / probs.size() - 1e-15) << "arm " << v;
+    EXPECT_LE(probs[v], 1.0) << "arm " << v;
+    total += probs[v];
+  }
+  EXPECT_NEAR(total, 1.0, 1e-9);
+}
+
+int ArgMax(const std::vector<double>& probs) {
+  return static_cast<int>(std::max_element(probs.begin(), probs.end()) - probs.begin());
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading and predicting.
+
+class TreeModelTest : public testing::TestWithParam<std::string> {
+ protected:
+  const std::string& Bytes() const {
+    const Models& m = GetModels();
+    if (GetParam() == "json") return m.tree_json;
+    if (GetParam() == "ubj") return m.tree_ubj;
+    return m.tree_legacy;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Formats, TreeModelTest, testing::Values("json", "ubj", "deprecated"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(TreeModelTest, LoadsAndPredictsSmoothedDistributions) {
+  std::unique_ptr<Expert> expert = MustLoad(Bytes());
+  ASSERT_NE(expert, nullptr);
+  EXPECT_STREQ(expert->kind(), "xgboost");
+  EXPECT_EQ(expert->num_arms(), kClasses);
+  EXPECT_EQ(expert->num_features(), kFeatures);
+  EXPECT_EQ(expert->smoothing(), kDefaultSmoothing);
+  for (int i = 0; i < kRows; i += 7) {
+    ExpectSmoothedDistribution(MustPredict(*expert, Data().Row(i)), kDefaultSmoothing);
+  }
+}
+
+TEST_P(TreeModelTest, SmoothingMixesWithUniform) {
+  std::unique_ptr<Expert> raw = MustLoad(Bytes(), 0.0);
+  ASSERT_NE(raw, nullptr);
+  for (double eta : {0.05, 0.3, 1.0}) {
+    std::unique_ptr<Expert> smoothed = MustLoad(Bytes(), eta);
+    ASSERT_NE(smoothed, nullptr);
+    for (int i = 0; i < kRows; i += 11) {
+      const std::vector<double> p0 = MustPredict(*raw, Data().Row(i));
+      const std::vector<double> p_eta = MustPredict(*smoothed, Data().Row(i));
+      ExpectSmoothedDistribution(p0, 0.0);
+      ExpectSmoothedDistribution(p_eta, eta);
+      for (int v = 0; v < kClasses; ++v) {
+        EXPECT_NEAR(p_eta[v], (1 - eta) * p0[v] + eta / kClasses, 1e-9)
+            << "eta=" << eta << " row " << i << " arm " << v;
+      }
+    }
+  }
+}
+
+TEST_P(TreeModelTest, ArgmaxAgreesWithTheLabelOnTrainingData) {
+  std::unique_ptr<Expert> expert = MustLoad(Bytes());
+  ASSERT_NE(expert, nullptr);
+  int correct = 0;
+  for (int i = 0; i < kRows; ++i) {
+    if (ArgMax(MustPredict(*expert, Data().Row(i))) == static_cast<int>(Data().labels[i])) {
+      ++correct;
+    }
+  }
+  // 10 rounds of depth-3 trees on a noiseless 3-class problem fit the training set well;
+  // 0.8 leaves a wide margin.
+  EXPECT_GT(static_cast<double>(correct) / kRows, 0.8) << correct << " / " << kRows;
+}
+
+TEST_P(TreeModelTest, BatchEqualsSinglePredictions) {
+  std::unique_ptr<Expert> expert = MustLoad(Bytes());
+  ASSERT_NE(expert, nullptr);
+  constexpr int kBatch = 25;
+  std::vector<double> rows(Data().features.begin(),
+                           Data().features.begin() + kBatch * kFeatures);
+  std::vector<double> batch(kBatch * kClasses, -1.0);
+  ASSERT_TRUE(expert->PredictBatch(rows, kBatch, absl::MakeSpan(batch)).ok());
+  for (int i = 0; i < kBatch; ++i) {
+    const std::vector<double> single = MustPredict(*expert, Data().Row(i));
+    for (int v = 0; v < kClasses; ++v) {
+      EXPECT_EQ(batch[i * kClasses + v], single[v]) << "row " << i << " arm " << v;
+    }
+  }
+}
+
+TEST(XgboostExpert, AllFormatsPredictTheSame) {
+  std::unique_ptr<Expert> json = MustLoad(GetModels().tree_json);
+  std::unique_ptr<Expert> ubj = MustLoad(GetModels().tree_ubj);
+  ASSERT_NE(json, nullptr);
+  ASSERT_NE(ubj, nullptr);
+  for (int i = 0; i < kRows; i += 13) {
+    const std::vector<double> a = MustPredict(*json, Data().Row(i));
+    const std::vector<double> b = MustPredict(*ubj, Data().Row(i));
+    for (int v = 0; v < kClasses; ++v) EXPECT_NEAR(a[v], b[v], 1e-7) << i;
+  }
+}
+
+// BUG (core/xgboost_expert.cc, MakeXgboostExpert): the objective is read as the first
+// "name" after the first "objective": key of the saved config. The first such key is
+// learner_train_param's string "objective":"multi:softprob"; the legacy binary format keeps
+// the evaluation metrics, so "metrics":[{"name":"mlogloss"}] comes next and a valid
+// multi:softprob model is rejected as "the model's objective is 'mlogloss'". Enable once
+// fixed.
+TEST(XgboostExpert, LegacyModelTrainedWithEvalMetricLoads) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_legacy_with_metric);
+  ASSERT_NE(expert, nullptr);
+  ExpectSmoothedDistribution(MustPredict(*expert, Data().Row(0)), kDefaultSmoothing);
+}
+
+TEST(XgboostExpert, GblinearModelLoadsAndPredictsADistribution) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().linear_json, 0.1);
+  ASSERT_NE(expert, nullptr);
+  for (int i = 0; i < kRows; i += 17) {
+    ExpectSmoothedDistribution(MustPredict(*expert, Data().Row(i)), 0.1);
+  }
+}
+
+// BUG (core/xgboost_expert.cc, XgboostExpert::PredictRaw): for n = 0 libxgboost 1.7 reports
+// the output shape as [0, 0], the shape check wants [0, K], and an empty batch (which the
+// other experts accept) comes back INTERNAL "unexpected shape". Enable once fixed.
+TEST(XgboostExpert, EmptyBatchIsOk) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_json);
+  ASSERT_NE(expert, nullptr);
+  const absl::Status status = expert->PredictBatch({}, 0, {});
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(XgboostExpert, ExtremeFiniteFeaturesGiveADistributionOrInvalidArgument) {
+  // 1e300 is a finite double but overflows the float the booster reads.
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_json);
+  ASSERT_NE(expert, nullptr);
+  for (const std::vector<double>& x :
+       {std::vector<double>{1e300, 0.5, 0.5, 0.5}, std::vector<double>{-1e300, 1e300, 0, 0},
+        std::vector<double>{1e-320, 0.5, 0.5, 0.5}}) {
+    std::vector<double> probs(kClasses);
+    const absl::Status status = expert->Predict(x, absl::MakeSpan(probs));
+    if (status.ok()) {
+      ExpectSmoothedDistribution(probs, kDefaultSmoothing);
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad model bytes: INVALID_ARGUMENT with a message, never a crash.
+
+TEST(XgboostExpert, RejectsEmptyBytes) { ExpectInvalidModel(3, 4, "", "empty"); }
+
+TEST(XgboostExpert, RejectsGarbageBytes) {
+  std::mt19937 gen(7);
+  for (size_t size : {1, 3, 16, 100, 1000, 5000}) {
+    std::string bytes(size, '\0');
+    for (char& c : bytes) c = static_cast<char>(gen() & 0xff);
+    ExpectInvalidModel(3, 4, bytes, "loadable");
+    // The same garbage behind '{', which sends libxgboost to its JSON / UBJSON readers.
+    bytes[0] = '{';
+    ExpectInvalidModel(3, 4, bytes, "loadable");
+  }
+  ExpectInvalidModel(3, 4, "not a model at all", "loadable");
+}
+
+TEST(XgboostExpert, RejectsTruncatedModels) {
+  const Models& m = GetModels();
+  for (const std::string* bytes : {&m.tree_json, &m.tree_ubj, &m.tree_legacy, &m.linear_json}) {
+    ASSERT_FALSE(bytes->empty());
+    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() / 2), "loadable");
+    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() - 1), "loadable");
+  }
+}
+
+TEST(XgboostExpert, RejectsJsonThatIsNotAModel) {
+  for (const char* text : {"{}", "{\"foo\":1}", "[]", "null", "{\"learner\": {}}",
+                           "{\"learner\": 1, \"version\": [1, 7, 4]}"}) {
+    ExpectInvalidModel(3, 4, text, "loadable");
+  }
+}
+
+TEST(XgboostExpert, RejectsWrongNumberOfArms) {
+  ExpectInvalidModel(4, 4, GetModels().tree_json, "classes");
+  ExpectInvalidModel(2, 4, GetModels().tree_ubj, "classes");
+  ExpectInvalidModel(0, 4, GetModels().tree_json, "arms");
+  ExpectInvalidModel(-1, 4, GetModels().tree_json, "arms");
+}
+
+TEST(XgboostExpert, RejectsWrongNumberOfFeatures) {
+  ExpectInvalidModel(3, 5, GetModels().tree_json, "features");
+  ExpectInvalidModel(3, 3, GetModels().tree_ubj, "features");
+  ExpectInvalidModel(3, 5, GetModels().linear_json, "features");
+  ExpectInvalidModel(3, -1, GetModels().tree_json, "features");
+}
+
+TEST(XgboostExpert, RejectsBadSmoothing) {
+  ExpectInvalidModel(3, 4, GetModels().tree_json, "smoothing", -0.1);
+  ExpectInvalidModel(3, 4, GetModels().tree_json, "smoothing", 1.5);
+  ExpectInvalidModel(3, 4, GetModels().tree_json, "smoothing",
+                     std::numeric_limits<double>::quiet_NaN());
+}
+
+TEST(XgboostExpert, RejectsBinaryLogistic) {
+  ASSERT_FALSE(GetModels().binary_logistic_json.empty());
+  ExpectInvalidModel(3, 4, GetModels().binary_logistic_json, "multi:softprob");
+  ExpectInvalidModel(1, 4, GetModels().binary_logistic_json, "multi:softprob");
+  ExpectInvalidModel(2, 4, GetModels().binary_logistic_json, "multi:softprob");
+}
+
+TEST(XgboostExpert, RejectsMultiSoftmax) {
+  ASSERT_FALSE(GetModels().softmax_json.empty());
+  ExpectInvalidModel(3, 4, GetModels().softmax_json, "multi:softprob");
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad contexts.
+
+TEST(XgboostExpert, PredictRejectsWrongFeatureCount) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_json);
+  ASSERT_NE(expert, nullptr);
+  std::vector<double> probs(kClasses);
+  ExpectInvalid(expert->Predict({0.1, 0.2, 0.3}, absl::MakeSpan(probs)), "features");
+  ExpectInvalid(expert->Predict({0.1, 0.2, 0.3, 0.4, 0.5}, absl::MakeSpan(probs)), "features");
+  std::vector<double> wrong_output(kClasses + 1);
+  ExpectInvalid(expert->Predict({0.1, 0.2, 0.3, 0.4}, absl::MakeSpan(wrong_output)), "output");
+}
+
+TEST(XgboostExpert, PredictRejectsNonFiniteFeatures) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_json);
+  ASSERT_NE(expert, nullptr);
+  std::vector<double> probs(kClasses);
+  ExpectInvalid(expert->Predict({0.1, 0.2, std::numeric_limits<double>::quiet_NaN(), 0.4},
+                                absl::MakeSpan(probs)),
+                "feature[2]");
+  ExpectInvalid(expert->Predict({std::numeric_limits<double>::infinity(), 0.2, 0.3, 0.4},
+                                absl::MakeSpan(probs)),
+                "feature[0]");
+}
+
+// ---------------------------------------------------------------------------------------
+// Concurrency.
+
+// Tree boosters predict in place; gblinear goes through a DMatrix: both paths are shared.
+class ConcurrencyTest : public testing::TestWithParam<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(Boosters, ConcurrencyTest, testing::Values("gbtree", "gblinear"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST_P(ConcurrencyTest, ConcurrentPredictionsMatchSingleThreaded) {
+  std::unique_ptr<Expert> expert =
+      MustLoad(GetParam() == "gbtree" ? GetModels().tree_json : GetModels().linear_json);
+  ASSERT_NE(expert, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 200;
+  constexpr int kContexts = 50;
+  std::vector<std::vector<double>> expected(kContexts);
+  for (int i = 0; i < kContexts; ++i) expected[i] = MustPredict(*expert, Data().Row(i));
+
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<double> probs(kClasses);
+      for (int call = 0; call < kCalls; ++call) {
+        const int i = (call * 7 + t * 13) % kContexts;  // threads interleave contexts
+        if (!expert->Predict(Data().Row(i), absl::MakeSpan(probs)).ok()) {
+          ++failures[t];
+        } else if (probs != expected[i]) {
+          ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  }
+}
+
+}  // namespace
+}  // namespace decision
