@@ -256,7 +256,7 @@ void BM_IncrementalAt(benchmark::State& state, EstimatorKind kind, int64_t t) {
 void BM_Choose(benchmark::State& state, EstimatorKind kind, int n) {
   std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, kWarmup, state);
   if (ducb == nullptr) return;
-  absl::BitGen bitgen(std::seed_seq{kSeed});
+  std::mt19937_64 bitgen(kSeed);
   absl::BitGenRef gen(bitgen);
   for (auto _ : state) {
     benchmark::DoNotOptimize(ducb->SelectExpert(gen));

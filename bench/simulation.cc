@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include <random>
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -24,7 +25,7 @@ class Simulation {
         order_(order),
         o_(o),
         k_(data.num_classes),
-        gen_(std::seed_seq{o.seed}),
+        gen_(o.seed),
         reservoir_(1, o.divergence.reservoir_capacity) {
     training_.num_features = data.num_features;
   }
@@ -211,7 +212,7 @@ class Simulation {
   const std::vector<int>& order_;
   const SimulationOptions o_;
   const int k_;
-  absl::BitGen gen_;
+  std::mt19937_64 gen_;
   ContextReservoir reservoir_;  // holds row indices
   std::vector<std::vector<float>> cache_;  // [expert][row * K + arm]
   std::unique_ptr<Policy> policy_;

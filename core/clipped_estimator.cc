@@ -23,7 +23,9 @@ class ClippedEstimator final : public Estimator {
       : options_(options),
         d_(DivergenceMatrix::Identity(num_experts)),
         z_(num_experts, 0.0),
-        a_(num_experts, 0.0) {}
+        a_(num_experts, 0.0) {
+    Transpose();
+  }
 
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, d_.num_experts, t_); !s.ok()) return s;
@@ -47,6 +49,7 @@ class ClippedEstimator final : public Estimator {
     const int old_n = d_.num_experts;
     const bool extend = SameBlock(d_, d);
     d_ = d;
+    Transpose();
     z_.resize(d.num_experts, 0.0);
     a_.resize(d.num_experts, 0.0);
     if (extend) {
@@ -60,6 +63,41 @@ class ClippedEstimator final : public Estimator {
   ExpertEstimate Estimate(int k) const override {
     if (t_ == 0) return {0.0, std::numeric_limits<double>::infinity()};
     return {a_[k] / z_[k], ClippedWidth(options_, t_, z_[k])};
+  }
+
+  // The paper's width needs Lambert W per expert (~90 ns). Bound it first from a table
+  // (a few ns), and evaluate it exactly only for experts whose upper bound reaches the best
+  // lower bound: the result is the exact argmax.
+  int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
+    if (options_.width_rule != WidthRule::kPaper || t_ == 0) {
+      return Estimator::ArgmaxUcb(selectable, gen);
+    }
+    const int n = d_.num_experts;
+    const double tt = static_cast<double>(t_);
+    const double scale = 1.5 * options_.constants.C;
+    const double numerator = std::sqrt(options_.constants.c1 * tt * std::log(tt));
+    // Pass 1: the best lower bound. Pass 2: exact values where the upper bound reaches it.
+    // (Bounds are recomputed rather than stored so that const calls share no scratch.)
+    double best_lower = -std::numeric_limits<double>::infinity();
+    for (int k = 0; k < n; ++k) {
+      double w_low, w_high;
+      if (selectable[k] && InverseLogRatioBounds(numerator / z_[k], &w_low, &w_high)) {
+        best_lower = std::max(best_lower, a_[k] / z_[k] + scale * w_low);
+      }
+    }
+    int best = -1, ties = 0;
+    double best_value = 0.0;
+    for (int k = 0; k < n; ++k) {
+      if (!selectable[k]) continue;
+      double w_low, w_high;
+      if (InverseLogRatioBounds(numerator / z_[k], &w_low, &w_high) &&
+          a_[k] / z_[k] + scale * w_high < best_lower) {
+        continue;
+      }
+      const ExpertEstimate e = Estimate(k);
+      OfferCandidate(k, e.mean + e.width, gen, &best, &best_value, &ties);
+    }
+    return best;
   }
   int64_t num_samples() const override { return t_; }
   int num_experts() const override { return d_.num_experts; }
@@ -91,11 +129,14 @@ class ClippedEstimator final : public Estimator {
     const double y = log.reward(s);
     const double pj = log.propensity(j, s);
     const int n = d_.num_experts;
+    const double* m_row = &m_by_chooser_[static_cast<size_t>(j) * n];
+    const double* inv_m_row = &inv_m_by_chooser_[static_cast<size_t>(j) * n];
+    for (int k = first_k; k < n; ++k) z_[k] += inv_m_row[k];
+    if (y == 0.0) return;
+    const double* p = log.propensities(s);
     for (int k = first_k; k < n; ++k) {
-      const double m = d_.M(k, j);
-      z_[k] += 1.0 / m;
-      if (y == 0.0) continue;
-      const double r = log.propensity(k, s) / pj;
+      const double m = m_row[k];
+      const double r = p[k] / pj;
       const double value = y * r / m;
       const double test = options_.clip_test == ClipTest::kRatio ? r : y * r;
       if (test <= level_ * m) {
@@ -115,8 +156,23 @@ class ClippedEstimator final : public Estimator {
     }
   }
 
+  // M and 1/M indexed [chooser j][expert k], so one sample reads one contiguous row.
+  void Transpose() {
+    const int n = d_.num_experts;
+    m_by_chooser_.resize(static_cast<size_t>(n) * n);
+    inv_m_by_chooser_.resize(static_cast<size_t>(n) * n);
+    for (int j = 0; j < n; ++j) {
+      for (int k = 0; k < n; ++k) {
+        m_by_chooser_[static_cast<size_t>(j) * n + k] = d_.M(k, j);
+        inv_m_by_chooser_[static_cast<size_t>(j) * n + k] = 1.0 / d_.M(k, j);
+      }
+    }
+  }
+
   const EstimatorOptions options_;
   DivergenceMatrix d_;
+  std::vector<double> m_by_chooser_;
+  std::vector<double> inv_m_by_chooser_;
   int64_t t_ = 0;
   double level_ = -std::numeric_limits<double>::infinity();  // L(t_)
   std::vector<double> z_;

@@ -150,7 +150,7 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
         log_median = LogSumExp(pair) - std::log(2.0);
       }
       d.m[ij] = 1.0 + std::max(0.0, log_median);
-      d.sigma[ij] = std::sqrt(std::max(1.0, MedianInPlace(means)));
+      d.sigma[ij] = std::sqrt(std::max(1.0, MedianInPlace(absl::MakeSpan(means))));
     }
   }
   *out = std::move(d);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "core/numeric.h"
 
@@ -64,6 +66,17 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
   return static_cast<int64_t>(l);
 }
 
+int Estimator::ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const {
+  int best = -1, ties = 0;
+  double best_value = 0.0;
+  for (int k = 0; k < num_experts(); ++k) {
+    if (!selectable[k]) continue;
+    const ExpertEstimate e = Estimate(k);
+    internal::OfferCandidate(k, e.mean + e.width, gen, &best, &best_value, &ties);
+  }
+  return best;
+}
+
 absl::StatusOr<std::unique_ptr<Estimator>> MakeEstimator(const EstimatorOptions& options,
                                                          int num_experts) {
   if (absl::Status s = ValidateEstimatorOptions(options); !s.ok()) return s;
@@ -116,6 +129,59 @@ absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_
         "the log has ", log.size(), " samples, fewer than the ", num_samples, " already seen"));
   }
   return absl::OkStatus();
+}
+
+void OfferCandidate(int k, double value, absl::BitGenRef gen, int* best, double* best_value,
+                    int* ties) {
+  if (*best < 0 || value > *best_value) {
+    *best = k;
+    *best_value = value;
+    *ties = 1;
+  } else if (value == *best_value && absl::Uniform<int>(gen, 0, ++*ties) == 0) {
+    *best = k;
+  }
+}
+
+namespace {
+
+// Buckets of x by the top bits of its double representation: exponent and the first
+// kMantissaBits of the mantissa. The bucket index is monotone in x and costs no log.
+constexpr int kMantissaBits = 6;
+constexpr int kShift = 52 - kMantissaBits;
+constexpr double kTableMin = 0x1p-40;
+constexpr double kTableMax = 0x1p40;
+
+uint64_t BitsOf(double x) {
+  uint64_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+}
+
+struct InverseLogRatioTable {
+  uint64_t first_bucket;
+  std::vector<double> edge_w;  // w at the lower edge of each bucket, plus the last upper edge
+  InverseLogRatioTable() {
+    first_bucket = BitsOf(kTableMin) >> kShift;
+    const uint64_t last_bucket = BitsOf(kTableMax) >> kShift;
+    for (uint64_t b = first_bucket; b <= last_bucket + 1; ++b) {
+      const uint64_t bits = b << kShift;
+      double edge;
+      std::memcpy(&edge, &bits, sizeof(edge));
+      edge_w.push_back(InverseLogRatio(edge));
+    }
+  }
+};
+
+}  // namespace
+
+bool InverseLogRatioBounds(double x, double* w_low, double* w_high) {
+  static const InverseLogRatioTable* const table = new InverseLogRatioTable();
+  if (!(x >= kTableMin && x < kTableMax)) return false;
+  const size_t i = (BitsOf(x) >> kShift) - table->first_bucket;
+  // Widen by a few ulps: the computed w need not be exactly monotone at rounding level.
+  *w_low = table->edge_w[i] * (1.0 - 1e-12);
+  *w_high = table->edge_w[i + 1] * (1.0 + 1e-12);
+  return true;
 }
 
 bool SameBlock(const DivergenceMatrix& old_d, const DivergenceMatrix& new_d) {

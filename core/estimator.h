@@ -27,19 +27,23 @@
 // With no samples (t = 0) every estimate is {mean 0, width +inf}.
 //
 // Incremental form: Update() is O(N) amortised per new sample plus O(log) per clipped
-// sample; Estimate() is O(1). Changing the divergences rebuilds the state from the log in
-// O(N t); adding experts while keeping the old divergences costs O(t) per new expert.
+// sample; Estimate() is O(1) and ArgmaxUcb() O(N). Changing the divergences rebuilds the
+// state from the log in O(N t); the clipped estimator adds experts while keeping the old
+// divergences in O(t) per new expert (the median-of-means estimator rebuilds, O(N t)).
 // The literal from-scratch forms of both equations live in tests/reference_estimators.h
 // and the two agree to 1e-9 relative (tests/estimator_test.cc).
 //
-// Thread safety: not thread-safe; the owner serialises calls.
+// Thread safety: const methods may run concurrently with each other; Update and
+// SetDivergences need exclusive access (the owner serialises them).
 #ifndef DECISION_CORE_ESTIMATOR_H_
 #define DECISION_CORE_ESTIMATOR_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/divergence.h"
@@ -108,6 +112,13 @@ class Estimator {
   virtual absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) = 0;
 
   virtual ExpertEstimate Estimate(int k) const = 0;
+
+  // The expert with the largest mean + width among those with selectable[k], ties broken
+  // uniformly at random; -1 if none is selectable. Equivalent to comparing Estimate(k) for
+  // every k, but implementations may skip work (e.g. bound the width cheaply first).
+  // REQUIRES: selectable.size() == num_experts(), num_samples() > 0.
+  virtual int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const;
+
   virtual int64_t num_samples() const = 0;
   virtual int num_experts() const = 0;
   virtual const DivergenceMatrix& divergences() const = 0;
@@ -122,6 +133,14 @@ absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts
 absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_samples);
 // True if new_d covers at least old_d's experts with identical entries for them.
 bool SameBlock(const DivergenceMatrix& old_d, const DivergenceMatrix& new_d);
+// Reservoir choice among ties: call with each candidate in index order; keeps the running
+// argmax in *best / *best_value and the tie count in *ties.
+void OfferCandidate(int k, double value, absl::BitGenRef gen, int* best, double* best_value,
+                    int* ties);
+// Lower and upper bounds on InverseLogRatio(x) from a table over geometric buckets
+// (relative bucket width 2^-6): w_low <= w(x) <= w_high. Returns false if x is outside the
+// table's range (then compute w exactly).
+bool InverseLogRatioBounds(double x, double* w_low, double* w_high);
 std::unique_ptr<Estimator> MakeClippedEstimator(const EstimatorOptions& options,
                                                 int num_experts);
 std::unique_ptr<Estimator> MakeMedianOfMeansEstimator(const EstimatorOptions& options,

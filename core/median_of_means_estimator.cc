@@ -1,119 +1,169 @@
 // Incremental median-of-means importance-sampling estimator (eq. est2); see estimator.h.
 //
 // Group sums are differences of per-expert prefix sums over the log:
-//   num_k(s) = sum_{s' < s} (1/sigma_kj) Y r_kj,   den_k(s) = sum_{s' < s} 1/sigma_kj,
-// appended in O(N) per sample. The groups depend only on (l(t), m(t)); a new sample that
-// leaves them unchanged lands in the unused tail and changes no estimate. The medians are
-// recomputed, in O(N l), only when (l, m) changes: every ~l samples, so O(N) amortised.
+//   num_k(s) = sum_{s' < s} (1/sigma_kj) Y r_kj,   den_k(s) = sum_{s' < s} 1/sigma_kj.
+// The prefix sums are kept every kBlock samples (one row of 2N values per block, 2N bytes per
+// sample); the prefix at any other position is the block's row plus at most kBlock - 1
+// samples read from the log, added in the same order as the running sum, so the result is
+// bit-identical to a prefix kept at every sample.
 //
-// WART: the prefix sums cost 16 bytes per expert per sample.
+// The groups depend only on (l(t), m(t)); a new sample that leaves them unchanged lands in
+// the unused tail and changes no estimate. The medians are recomputed, in O(N l), only when
+// (l, m) changes: every ~l samples, so O(N) amortised per sample.
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "core/chunked_rows.h"
 #include "core/estimator.h"
 #include "core/numeric.h"
 
 namespace decision::internal {
 namespace {
 
+constexpr int64_t kBlock = 8;
+
 class MedianOfMeansEstimator final : public Estimator {
  public:
   MedianOfMeansEstimator(const EstimatorOptions& options, int num_experts)
-      : options_(options),
-        d_(DivergenceMatrix::Identity(num_experts)),
-        num_(num_experts, std::vector<double>{0.0}),
-        den_(num_experts, std::vector<double>{0.0}),
-        mean_(num_experts, 0.0),
-        min_weight_(num_experts, 0.0) {}
+      : options_(options), d_(DivergenceMatrix::Identity(num_experts)) {
+    Reset();
+  }
 
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, d_.num_experts, t_); !s.ok()) return s;
     if (log.size() == t_) return absl::OkStatus();
-    for (int64_t s = t_; s < log.size(); ++s) Append(log, s, 0);
-    t_ = log.size();
-    RefreshGroups(/*force=*/false);
+    for (int64_t s = t_; s < log.size(); ++s) Append(log, s);
+    RefreshGroups(log, /*force=*/false);
     return absl::OkStatus();
   }
 
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
     if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
     if (log.size() < t_) return CheckLogMatches(log, log.num_experts(), t_);
-    const int old_n = d_.num_experts;
-    const int first = SameBlock(d_, d) ? old_n : 0;
+    const int64_t t = t_;
     d_ = d;
-    num_.resize(d.num_experts);
-    den_.resize(d.num_experts);
-    mean_.resize(d.num_experts, 0.0);
-    min_weight_.resize(d.num_experts, 0.0);
-    for (int k = first; k < d.num_experts; ++k) {
-      num_[k].assign(1, 0.0);
-      den_[k].assign(1, 0.0);
-      num_[k].reserve(t_ + 1);
-      den_[k].reserve(t_ + 1);
-    }
-    for (int64_t s = 0; s < t_; ++s) Append(log, s, first);
-    RefreshGroups(/*force=*/true);
+    Reset();
+    for (int64_t s = 0; s < t; ++s) Append(log, s);
+    RefreshGroups(log, /*force=*/true);
     return absl::OkStatus();
   }
 
   ExpertEstimate Estimate(int k) const override {
     if (t_ == 0) return {0.0, std::numeric_limits<double>::infinity()};
-    const double tt = static_cast<double>(t_);
-    const double log_inv_delta = 2.0 * std::log(tt);
-    return {mean_[k],
-            std::sqrt(options_.constants.c3 * log_inv_delta / tt) / min_weight_[k]};
+    return {mean_[k], WidthFactor() * inv_min_weight_[k]};
   }
+
+  int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
+    const double factor = WidthFactor();
+    int best = -1, ties = 0;
+    double best_value = 0.0;
+    for (int k = 0; k < d_.num_experts; ++k) {
+      if (!selectable[k]) continue;
+      OfferCandidate(k, mean_[k] + factor * inv_min_weight_[k], gen, &best, &best_value, &ties);
+    }
+    return best;
+  }
+
   int64_t num_samples() const override { return t_; }
   int num_experts() const override { return d_.num_experts; }
   const DivergenceMatrix& divergences() const override { return d_; }
 
  private:
-  // Appends sample s to the prefix sums of experts [first_k, N).
-  void Append(const SampleLog& log, int64_t s, int first_k) {
-    const int j = log.chooser(s);
-    const double y = log.reward(s);
-    const double pj = log.propensity(j, s);
-    for (int k = first_k; k < d_.num_experts; ++k) {
-      const double inv_sigma = 1.0 / d_.Sigma(k, j);
-      const double value = y == 0.0 ? 0.0 : inv_sigma * y * (log.propensity(k, s) / pj);
-      num_[k].push_back(num_[k].back() + value);
-      den_[k].push_back(den_[k].back() + inv_sigma);
-    }
+  int n() const { return d_.num_experts; }
+
+  // sqrt(c3 log(1/delta(t)) / t), delta(t) = 1/t^2.
+  double WidthFactor() const {
+    const double tt = static_cast<double>(t_);
+    return std::sqrt(options_.constants.c3 * (2.0 * std::log(tt)) / tt);
   }
 
-  void RefreshGroups(bool force) {
+  void Reset() {
+    const int num = n();
+    t_ = 0;
+    groups_ = group_size_ = 0;
+    inv_sigma_by_chooser_.assign(static_cast<size_t>(num) * num, 1.0);
+    for (int j = 0; j < num; ++j) {
+      for (int k = 0; k < num; ++k) {
+        inv_sigma_by_chooser_[static_cast<size_t>(j) * num + k] = 1.0 / d_.Sigma(k, j);
+      }
+    }
+    running_.assign(2 * static_cast<size_t>(num), 0.0);
+    blocks_.Reset(2 * static_cast<size_t>(num));
+    std::fill_n(blocks_.AppendRow(), 2 * num, 0.0);  // the prefix at position 0
+    mean_.assign(num, 0.0);
+    inv_min_weight_.assign(num, 0.0);
+  }
+
+  // Adds sample s's terms to the 2N prefix values in `sums` (numerators, then denominators).
+  void AddSample(const SampleLog& log, int64_t s, double* sums) const {
+    const int num = n();
+    const int j = log.chooser(s);
+    const double y = log.reward(s);
+    const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * num];
+    double* den = sums + num;
+    for (int k = 0; k < num; ++k) den[k] += inv_sigma[k];
+    if (y == 0.0) return;
+    const double* p = log.propensities(s);
+    const double pj = p[j];
+    for (int k = 0; k < num; ++k) sums[k] += inv_sigma[k] * y * (p[k] / pj);
+  }
+
+  void Append(const SampleLog& log, int64_t s) {
+    AddSample(log, s, running_.data());
+    t_ = s + 1;
+    if (t_ % kBlock == 0) std::copy(running_.begin(), running_.end(), blocks_.AppendRow());
+  }
+
+  // The 2N prefix values at position `pos` (<= t_) into `out`.
+  void PrefixAt(const SampleLog& log, int64_t pos, double* out) const {
+    const int64_t block = pos / kBlock;
+    std::copy_n(blocks_.row(block), 2 * n(), out);
+    for (int64_t s = block * kBlock; s < pos; ++s) AddSample(log, s, out);
+  }
+
+  void RefreshGroups(const SampleLog& log, bool force) {
     if (t_ == 0) return;
     const int64_t l = MedianOfMeansGroups(options_, t_);
     const int64_t m = t_ / l;
     if (!force && l == groups_ && m == group_size_) return;
     groups_ = l;
     group_size_ = m;
-    group_means_.resize(l);
-    for (int k = 0; k < d_.num_experts; ++k) {
-      const std::vector<double>& num = num_[k];
-      const std::vector<double>& den = den_[k];
-      double min_weight = std::numeric_limits<double>::infinity();
-      for (int64_t r = 0; r < l; ++r) {
-        const double w = den[(r + 1) * m] - den[r * m];
-        group_means_[r] = (num[(r + 1) * m] - num[r * m]) / w;
-        min_weight = std::min(min_weight, w / static_cast<double>(m));
+    const int num = n();
+    const size_t width = 2 * static_cast<size_t>(num);
+    boundaries_.resize((l + 1) * width);
+    for (int64_t r = 0; r <= l; ++r) PrefixAt(log, r * m, &boundaries_[r * width]);
+    // Group means into a [k][r] matrix, reading the boundary rows in order.
+    group_means_.resize(static_cast<size_t>(num) * l);
+    std::fill(inv_min_weight_.begin(), inv_min_weight_.end(), 0.0);
+    const double inv_m = 1.0 / static_cast<double>(m);
+    for (int64_t r = 0; r < l; ++r) {
+      const double* lo = &boundaries_[r * width];
+      const double* hi = lo + width;
+      for (int k = 0; k < num; ++k) {
+        const double w = hi[num + k] - lo[num + k];
+        group_means_[static_cast<size_t>(k) * l + r] = (hi[k] - lo[k]) / w;
+        // Track max 1/W_k(r) = 1 / min W_k(r).
+        inv_min_weight_[k] = std::max(inv_min_weight_[k], 1.0 / (w * inv_m));
       }
-      mean_[k] = MedianInPlace(group_means_);
-      min_weight_[k] = min_weight;
+    }
+    for (int k = 0; k < num; ++k) {
+      mean_[k] = MedianInPlace(absl::MakeSpan(&group_means_[static_cast<size_t>(k) * l], l));
     }
   }
 
   const EstimatorOptions options_;
   DivergenceMatrix d_;
+  std::vector<double> inv_sigma_by_chooser_;  // [j][k] = 1 / sigma_kj
   int64_t t_ = 0;
-  std::vector<std::vector<double>> num_;  // [k][s], size t_ + 1
-  std::vector<std::vector<double>> den_;
-  int64_t groups_ = 0;      // l of the cached medians
-  int64_t group_size_ = 0;  // m of the cached medians
+  std::vector<double> running_;  // prefix sums at t_
+  ChunkedRows<double> blocks_;   // row b: prefix sums at position b * kBlock
+  int64_t groups_ = 0;           // l of the cached medians
+  int64_t group_size_ = 0;       // m of the cached medians
   std::vector<double> mean_;
-  std::vector<double> min_weight_;
-  std::vector<double> group_means_;  // scratch
+  std::vector<double> inv_min_weight_;  // 1 / W_k(t)
+  std::vector<double> boundaries_;      // scratch: prefix rows at r * m
+  std::vector<double> group_means_;     // scratch: [k][r]
 };
 
 }  // namespace

@@ -56,7 +56,7 @@ double LogSumExp(absl::Span<const double> v) {
   return m + std::log(s);
 }
 
-double MedianInPlace(std::vector<double>& v) {
+double MedianInPlace(absl::Span<double> v) {
   assert(!v.empty());
   const size_t n = v.size();
   const size_t mid = n / 2;

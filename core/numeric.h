@@ -24,7 +24,7 @@ double LogSumExp(absl::Span<const double> v);
 
 // Median of `v`: the middle value for an odd count, the mean of the two middle values for
 // an even count. Reorders `v`. REQUIRES: !v.empty().
-double MedianInPlace(std::vector<double>& v);
+double MedianInPlace(absl::Span<double> v);
 
 }  // namespace decision
 

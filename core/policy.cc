@@ -20,27 +20,12 @@ absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_exper
 }
 
 int DUcb::SelectExpert(absl::BitGenRef gen) const {
-  const int n = num_experts();
-  const bool no_samples = log_.size() == 0;
-  double best = -std::numeric_limits<double>::infinity();
-  int chosen = -1;
-  int ties = 0;
-  for (int k = 0; k < n; ++k) {
-    if (!selectable_[k]) continue;
-    double ucb = 0.0;
-    if (!no_samples) {
-      const ExpertEstimate e = estimator_->Estimate(k);
-      ucb = e.mean + e.width;
-    }
-    if (ucb > best || chosen < 0) {
-      best = ucb;
-      chosen = k;
-      ties = 1;
-    } else if (ucb == best) {
-      // Reservoir choice among ties: each tied expert ends up chosen with probability 1/ties.
-      ++ties;
-      if (absl::Uniform<int>(gen, 0, ties) == 0) chosen = k;
-    }
+  if (log_.size() > 0) return estimator_->ArgmaxUcb(selectable_, gen);
+  // No samples yet: a uniformly random selectable expert.
+  int chosen = -1, ties = 0;
+  double value = 0.0;
+  for (int k = 0; k < num_experts(); ++k) {
+    if (selectable_[k]) internal::OfferCandidate(k, 0.0, gen, &chosen, &value, &ties);
   }
   return chosen;
 }

@@ -1,6 +1,8 @@
 #include "core/sample_log.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -29,7 +31,7 @@ absl::Status SampleLog::Append(int chooser, double reward,
     return absl::InvalidArgumentError(
         absl::StrCat("reward ", reward, " is outside [0, 1]"));
   }
-  if (propensities.size() != propensity_.size()) {
+  if (propensities.size() != static_cast<size_t>(num_experts_)) {
     return absl::InvalidArgumentError(absl::StrCat("sample has ", propensities.size(),
                                                    " propensities, expected one per expert (",
                                                    num_experts(), ")"));
@@ -37,9 +39,9 @@ absl::Status SampleLog::Append(int chooser, double reward,
   for (int k = 0; k < num_experts(); ++k) {
     if (absl::Status s = CheckPropensity(propensities[k], k, size()); !s.ok()) return s;
   }
-  chooser_.push_back(chooser);
-  reward_.push_back(reward);
-  for (int k = 0; k < num_experts(); ++k) propensity_[k].push_back(propensities[k]);
+  *chooser_.AppendRow() = chooser;
+  *reward_.AppendRow() = reward;
+  std::copy(propensities.begin(), propensities.end(), propensity_.AppendRow());
   ++count_[chooser];
   return absl::OkStatus();
 }
@@ -55,7 +57,14 @@ absl::Status SampleLog::AddExpert(absl::Span<const double> propensities) {
       return st;
     }
   }
-  propensity_.emplace_back(propensities.begin(), propensities.end());
+  ChunkedRows<double> wider(num_experts_ + 1);
+  for (int64_t s = 0; s < size(); ++s) {
+    double* row = wider.AppendRow();
+    std::copy_n(propensity_.row(s), num_experts_, row);
+    row[num_experts_] = propensities[s];
+  }
+  propensity_ = std::move(wider);
+  ++num_experts_;
   count_.push_back(0);
   return absl::OkStatus();
 }

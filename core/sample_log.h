@@ -2,8 +2,10 @@
 // in arrival order of its reward, the expert j(s) that chose it, the reward Y_s in [0, 1],
 // and for every expert k the propensity pi_k(V_s | X_s) of the arm that was played.
 //
-// Propensities are stored one column per expert, so registering an expert mid-stream
-// appends one column (its backfilled propensities over the whole log).
+// Storage is row-major (one row of N propensities per sample) in fixed-size chunks: every
+// per-reward operation reads or writes one contiguous row, and appending never copies the
+// log. Registering an expert rewrites the rows with one more column (O(N t), at batch
+// boundaries only). Memory: 8 (N + 1.5) bytes per sample.
 //
 // Thread safety: not thread-safe; callers serialise access.
 #ifndef DECISION_CORE_SAMPLE_LOG_H_
@@ -14,15 +16,17 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/chunked_rows.h"
 
 namespace decision {
 
 class SampleLog {
  public:
-  explicit SampleLog(int num_experts = 0) : propensity_(num_experts), count_(num_experts, 0) {}
+  explicit SampleLog(int num_experts = 0)
+      : num_experts_(num_experts), propensity_(num_experts), count_(num_experts, 0) {}
 
-  int num_experts() const { return static_cast<int>(propensity_.size()); }
-  int64_t size() const { return static_cast<int64_t>(reward_.size()); }
+  int num_experts() const { return num_experts_; }
+  int64_t size() const { return static_cast<int64_t>(chooser_.rows()); }
 
   // Appends a sample. propensities[k] = pi_k(V|X) for every expert k.
   // Returns INVALID_ARGUMENT (and appends nothing) unless 0 <= chooser < num_experts(),
@@ -35,17 +39,19 @@ class SampleLog {
   absl::Status AddExpert(absl::Span<const double> propensities);
 
   // REQUIRES: 0 <= s < size(), 0 <= k < num_experts().
-  int chooser(int64_t s) const { return chooser_[s]; }
-  double reward(int64_t s) const { return reward_[s]; }
-  double propensity(int k, int64_t s) const { return propensity_[k][s]; }
-  absl::Span<const double> propensities_of(int k) const { return propensity_[k]; }
+  int chooser(int64_t s) const { return *chooser_.row(s); }
+  double reward(int64_t s) const { return *reward_.row(s); }
+  double propensity(int k, int64_t s) const { return propensity_.row(s)[k]; }
+  // Sample s's propensities for all experts.
+  const double* propensities(int64_t s) const { return propensity_.row(s); }
   // n_j: the number of samples chosen by expert j.
   int64_t count(int j) const { return count_[j]; }
 
  private:
-  std::vector<int32_t> chooser_;
-  std::vector<double> reward_;
-  std::vector<std::vector<double>> propensity_;  // [expert][sample]
+  int num_experts_;
+  ChunkedRows<int32_t> chooser_;
+  ChunkedRows<double> reward_;
+  ChunkedRows<double> propensity_;  // [sample][expert]
   std::vector<int64_t> count_;
 };
 

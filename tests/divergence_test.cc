@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <random>
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
@@ -153,7 +154,7 @@ TEST(Divergence, EstimateFromExpertsOnReservoir) {
   auto e1 = MakeTableExpert(2, 1, kExpert1, 0, 0.0);
   ASSERT_TRUE(e0.ok() && e1.ok());
   ContextReservoir reservoir(1, 16);
-  absl::BitGen gen;
+  std::mt19937_64 gen(0);
   for (double x : {0.0, 1.0, 2.0}) reservoir.Offer(std::vector<double>{x}, gen);
   const Expert* experts[] = {e0->get(), e1->get()};
   DivergenceMatrix from_experts, direct;
@@ -166,7 +167,7 @@ TEST(Divergence, EstimateFromExpertsOnReservoir) {
 TEST(ContextReservoir, BoundedAndUniform) {
   // Offer 0..999 to a reservoir of 100, many times: every value is kept ~10% of the time.
   std::vector<int> kept(1000, 0);
-  absl::BitGen gen(std::seed_seq{7});
+  std::mt19937_64 gen(7);
   const int trials = 400;
   for (int trial = 0; trial < trials; ++trial) {
     ContextReservoir r(1, 100);

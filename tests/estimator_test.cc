@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <random>
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
@@ -38,7 +39,7 @@ void ExpectClose(double incremental, double reference, const std::string& what) 
 // uniform in [0, 1] otherwise (so both the Y = 0 shortcut and fractional rewards are hit).
 class Stream {
  public:
-  Stream(int num_arms, uint64_t seed) : num_arms_(num_arms), gen_(std::seed_seq{seed}) {}
+  Stream(int num_arms, uint64_t seed) : num_arms_(num_arms), gen_(seed) {}
 
   // Fills one sample's propensities for `num_experts` experts; returns chooser and reward.
   void Next(int num_experts, int chooser, std::vector<double>* propensities, double* reward,
@@ -71,14 +72,14 @@ class Stream {
     *reward = absl::Bernoulli(gen_, 0.5) ? 0.0 : absl::Uniform<double>(gen_, 0.0, 1.0);
     if (absl::Bernoulli(gen_, 0.1)) *reward = 1.0;
   }
-  absl::BitGen& gen() { return gen_; }
+  std::mt19937_64& gen() { return gen_; }
 
  private:
   int num_arms_;
-  absl::BitGen gen_;
+  std::mt19937_64 gen_;
 };
 
-DivergenceMatrix RandomDivergences(int n, absl::BitGen& gen) {
+DivergenceMatrix RandomDivergences(int n, std::mt19937_64& gen) {
   DivergenceMatrix d = DivergenceMatrix::Identity(n);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -90,7 +91,7 @@ DivergenceMatrix RandomDivergences(int n, absl::BitGen& gen) {
   return d;
 }
 
-DivergenceMatrix Extend(const DivergenceMatrix& old_d, int n, absl::BitGen& gen) {
+DivergenceMatrix Extend(const DivergenceMatrix& old_d, int n, std::mt19937_64& gen) {
   DivergenceMatrix d = RandomDivergences(n, gen);
   for (int i = 0; i < old_d.num_experts; ++i) {
     for (int j = 0; j < old_d.num_experts; ++j) {
@@ -148,12 +149,29 @@ class EstimatorEquivalence : public ::testing::TestWithParam<Variant> {};
 void CompareAll(const Estimator& e, const SampleLog& log, const DivergenceMatrix& d,
                 const EstimatorOptions& o, const std::string& where) {
   ASSERT_EQ(e.num_samples(), log.size());
+  double best_ucb = -1.0;
+  std::vector<double> ucb;
   for (int k = 0; k < log.num_experts(); ++k) {
     const ExpertEstimate inc = e.Estimate(k);
     const ExpertEstimate ref = reference::Estimate(log, log.size(), d, o, k);
     ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
     ExpectClose(inc.width, ref.width, where + " width of expert " + std::to_string(k));
+    ucb.push_back(ref.mean + ref.width);
+    best_ucb = std::max(best_ucb, ucb.back());
   }
+  // The serving argmax (which may prune with bounds) picks an expert with the largest UCB,
+  // also when some experts are not selectable.
+  std::mt19937_64 gen(e.num_samples());
+  std::vector<bool> selectable(log.num_experts(), true);
+  const int chosen = e.ArgmaxUcb(selectable, gen);
+  ASSERT_GE(chosen, 0);
+  ExpectClose(ucb[chosen], best_ucb, where + " argmax");
+  selectable[chosen] = false;
+  double second = -1.0;
+  for (int k = 0; k < log.num_experts(); ++k) if (selectable[k]) second = std::max(second, ucb[k]);
+  const int next = e.ArgmaxUcb(selectable, gen);
+  ASSERT_NE(next, chosen);
+  ExpectClose(ucb[next], second, where + " argmax without the best");
 }
 
 TEST_P(EstimatorEquivalence, IncrementalEqualsLiteralReference) {

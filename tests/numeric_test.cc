@@ -54,11 +54,11 @@ TEST(LogSumExp, StableForLargeAndEmpty) {
 
 TEST(MedianInPlace, OddAndEven) {
   std::vector<double> odd = {5, 1, 3};
-  EXPECT_EQ(MedianInPlace(odd), 3);
+  EXPECT_EQ(MedianInPlace(absl::MakeSpan(odd)), 3);
   std::vector<double> even = {4, 1, 3, 2};
-  EXPECT_EQ(MedianInPlace(even), 2.5);
+  EXPECT_EQ(MedianInPlace(absl::MakeSpan(even)), 2.5);
   std::vector<double> one = {7};
-  EXPECT_EQ(MedianInPlace(one), 7);
+  EXPECT_EQ(MedianInPlace(absl::MakeSpan(one)), 7);
 }
 
 }  // namespace

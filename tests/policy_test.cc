@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <random>
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
@@ -19,7 +20,7 @@ TEST(DUcb, FirstDecisionIsUniformOverSelectableExperts) {
   auto ducb = DUcb::Create(EstimatorOptions(), 4);
   ASSERT_TRUE(ducb.ok());
   ducb->SetSelectable(2, false);
-  absl::BitGen gen(std::seed_seq{1});
+  std::mt19937_64 gen(1);
   std::map<int, int> counts;
   for (int i = 0; i < 3000; ++i) ++counts[ducb->SelectExpert(gen)];
   EXPECT_EQ(counts.count(2), 0u);
@@ -38,7 +39,7 @@ TEST(DUcb, SelectsTheHighestUpperConfidenceBound) {
     ASSERT_TRUE(ducb->Learn(0, good_arm ? 1.0 : 0.0, p).ok());
   }
   EXPECT_GT(ducb->Estimate(1).mean, ducb->Estimate(0).mean);
-  absl::BitGen gen(std::seed_seq{2});
+  std::mt19937_64 gen(2);
   EXPECT_EQ(ducb->SelectExpert(gen), 1);
   ducb->SetSelectable(1, false);
   EXPECT_EQ(ducb->SelectExpert(gen), 0);
@@ -89,7 +90,7 @@ TEST(DUcb, NewExpertIsEstimatedFromTheWholeHistoryAtOnce) {
   // The new expert plays the rewarded arm 90% of the time: its mean is ~0.9 at once.
   EXPECT_NEAR(ducb->Estimate(1).mean, 0.9, 0.05);
   EXPECT_NEAR(ducb->Estimate(0).mean, 0.5, 0.05);
-  absl::BitGen gen(std::seed_seq{3});
+  std::mt19937_64 gen(3);
   EXPECT_EQ(ducb->SelectExpert(gen), 1);
 }
 
@@ -118,7 +119,7 @@ struct TwoExperts {
 TEST(Baselines, Ucb1TriesEveryExpertThenExploits) {
   auto policy = MakeUcb1Policy(2);
   TwoExperts experts;
-  absl::BitGen gen(std::seed_seq{4});
+  std::mt19937_64 gen(4);
   std::map<int, int> first;
   for (int t = 0; t < 2; ++t) {
     auto d = policy->Decide(2, 3, experts, gen);
@@ -145,7 +146,7 @@ TEST(Baselines, Exp4PlaysTheMixtureAndShiftsWeight) {
   auto policy = MakeExp4Policy(2, Exp4Options{0.1, 0.5, 1000});
   ASSERT_TRUE(policy.ok());
   TwoExperts experts;
-  absl::BitGen gen(std::seed_seq{5});
+  std::mt19937_64 gen(5);
   auto d = (*policy)->Decide(2, 3, experts, gen);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->expert, -1);
@@ -172,7 +173,7 @@ TEST(Baselines, EpsilonGreedyAndUniform) {
   auto greedy = MakeEpsilonGreedyPolicy(2, 0.1);
   ASSERT_TRUE(greedy.ok());
   TwoExperts experts;
-  absl::BitGen gen(std::seed_seq{6});
+  std::mt19937_64 gen(6);
   int ones = 0;
   for (int t = 0; t < 500; ++t) {
     auto d = (*greedy)->Decide(2, 3, experts, gen);
@@ -192,7 +193,7 @@ TEST(Policies, ReproducibleFromASeed) {
     auto ducb = DUcb::Create(EstimatorOptions(), 2);
     DUcbPolicy policy(*std::move(ducb));
     TwoExperts experts;
-    absl::BitGen gen(std::seed_seq{seed});
+    std::mt19937_64 gen(seed);
     std::vector<int> arms;
     for (int t = 0; t < 300; ++t) {
       auto d = policy.Decide(2, 3, experts, gen);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include <random>
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
@@ -33,7 +34,7 @@ struct Problem {
 };
 
 Problem MakeProblem(uint64_t seed) {
-  absl::BitGen gen(std::seed_seq{seed});
+  std::mt19937_64 gen(seed);
   Problem p;
   p.mu.assign(kContexts, std::vector<double>(kArms));
   for (auto& row : p.mu) {
@@ -73,7 +74,7 @@ Problem MakeProblem(uint64_t seed) {
 // round count doubles from 64 on (a batch-boundary refresh in miniature).
 std::vector<double> Simulate(const Problem& p, Policy& policy, DUcbPolicy* ducb, int rounds,
                         uint64_t seed) {
-  absl::BitGen gen(std::seed_seq{seed});
+  std::mt19937_64 gen(seed);
   ContextReservoir reservoir(1, 512);
   std::vector<const Expert*> experts;
   for (const auto& e : p.experts) experts.push_back(e.get());
@@ -131,9 +132,10 @@ TEST(Regret, DUcbBeatsUcb1OverExpertsAndGrowsSublinearly) {
   std::printf("mean pseudo-regret at T=%d: D-UCB %.1f, UCB1 %.1f, ratio %.3f; "
               "D-UCB regret(2T)/regret(T) = %.3f\n",
               kT, ducb_sum / 3, ucb1_sum / 3, ratio, ducb_2t / ducb_t);
-  // Measured with these seeds (printed above): regret 67 vs 1739, ratio 0.039, growth 1.016.
-  EXPECT_LT(ratio, 0.25);  // measured 0.039
-  EXPECT_LT(ducb_2t / ducb_t, 1.5);  // measured 1.016 (linear growth would be 2)
+  // Measured with these seeds (printed above): regret 34.5 vs 1651, ratio 0.021, growth 1.010.
+  // Other seed triples (21-23, 31-33, 41-43) gave ratios 0.028-0.046 and growth 1.04-1.17.
+  EXPECT_LT(ratio, 0.25);  // measured 0.021
+  EXPECT_LT(ducb_2t / ducb_t, 1.5);  // measured 1.010 (linear growth would be 2)
 }
 
 }  // namespace
