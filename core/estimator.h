@@ -119,6 +119,10 @@ class Estimator {
   // REQUIRES: selectable.size() == num_experts(), num_samples() > 0.
   virtual int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const;
 
+  // The importance-weighted sample count behind expert k's estimate: Z_k for the clipped
+  // estimator, sum_s 1/sigma_k,j(s) for median of means. 0 with no samples.
+  virtual double EffectiveSampleSize(int k) const = 0;
+
   virtual int64_t num_samples() const = 0;
   virtual int num_experts() const = 0;
   virtual const DivergenceMatrix& divergences() const = 0;

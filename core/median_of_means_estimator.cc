@@ -65,6 +65,7 @@ class MedianOfMeansEstimator final : public Estimator {
     return best;
   }
 
+  double EffectiveSampleSize(int k) const override { return running_[n() + k]; }
   int64_t num_samples() const override { return t_; }
   int num_experts() const override { return d_.num_experts; }
   const DivergenceMatrix& divergences() const override { return d_; }

@@ -1,0 +1,62 @@
+// The gRPC face of DecisionService: a final adapter that converts requests and statuses
+// and records per-RPC latency and error metrics. It holds no logic.
+#ifndef DECISION_SERVER_GRPC_SERVICE_H_
+#define DECISION_SERVER_GRPC_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "decision/v1/decision.grpc.pb.h"
+#include "server/decision_service.h"
+#include "server/metrics.h"
+
+namespace decision::server {
+
+// absl::Status -> grpc::Status, the one conversion point.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class GrpcDecisionService final : public v1::DecisionService::CallbackService {
+ public:
+  GrpcDecisionService(DecisionService* service, Metrics* metrics)
+      : service_(service), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* CreateProblem(grpc::CallbackServerContext* ctx,
+                                          const v1::CreateProblemRequest* request,
+                                          v1::Problem* response) override;
+  grpc::ServerUnaryReactor* GetProblem(grpc::CallbackServerContext* ctx,
+                                       const v1::GetProblemRequest* request,
+                                       v1::Problem* response) override;
+  grpc::ServerUnaryReactor* ListProblems(grpc::CallbackServerContext* ctx,
+                                         const v1::ListProblemsRequest* request,
+                                         v1::ListProblemsResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterExpert(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterExpertRequest* request,
+                                           v1::Expert* response) override;
+  grpc::ServerUnaryReactor* ListExperts(grpc::CallbackServerContext* ctx,
+                                        const v1::ListExpertsRequest* request,
+                                        v1::ListExpertsResponse* response) override;
+  grpc::ServerUnaryReactor* RetireExpert(grpc::CallbackServerContext* ctx,
+                                         const v1::RetireExpertRequest* request,
+                                         v1::Expert* response) override;
+  grpc::ServerUnaryReactor* Choose(grpc::CallbackServerContext* ctx,
+                                   const v1::ChooseRequest* request,
+                                   v1::ChooseResponse* response) override;
+  grpc::ServerUnaryReactor* Reward(grpc::CallbackServerContext* ctx,
+                                   const v1::RewardRequest* request,
+                                   v1::RewardResponse* response) override;
+  grpc::ServerUnaryReactor* GetEstimates(grpc::CallbackServerContext* ctx,
+                                         const v1::GetEstimatesRequest* request,
+                                         v1::Estimates* response) override;
+  grpc::ServerWriteReactor<v1::LoggedSample>* ExportLog(
+      grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
+
+ private:
+  template <typename F>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, F&& call);
+
+  DecisionService* service_;
+  Metrics* metrics_;
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_GRPC_SERVICE_H_

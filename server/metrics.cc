@@ -1,0 +1,171 @@
+#include "server/metrics.h"
+
+namespace decision::server {
+namespace {
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  // 10 us .. ~10 s, a factor of 2 apart.
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 1e-5; v < 10.0; v *= 2.0) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      rpc_latency_(prometheus::BuildHistogram()
+                       .Name("decision_rpc_latency_seconds")
+                       .Help("Server-side latency of each RPC")
+                       .Register(*registry_)),
+      rpc_errors_(prometheus::BuildCounter()
+                      .Name("decision_rpc_errors_total")
+                      .Help("RPCs that returned a non-OK status, by method and code")
+                      .Register(*registry_)),
+      decisions_(prometheus::BuildCounter()
+                     .Name("decision_decisions_total")
+                     .Help("Decisions made (Choose calls that chose an arm)")
+                     .Register(*registry_)),
+      rewards_(prometheus::BuildCounter()
+                   .Name("decision_rewards_total")
+                   .Help("Rewards received, by outcome: learned, late (after the wait time, "
+                         "not learned), duplicate (not counted again)")
+                   .Register(*registry_)),
+      reward_sum_(prometheus::BuildCounter()
+                      .Name("decision_reward_sum_total")
+                      .Help("Sum of the learned reward values")
+                      .Register(*registry_)),
+      expired_(prometheus::BuildCounter()
+                   .Name("decision_expired_total")
+                   .Help("Decisions whose reward never came within the wait time, by "
+                         "handling: default (learned with the default reward) or dropped")
+                   .Register(*registry_)),
+      pending_(prometheus::BuildGauge()
+                   .Name("decision_pending")
+                   .Help("Decisions waiting for their reward")
+                   .Register(*registry_)),
+      samples_(prometheus::BuildGauge()
+                   .Name("decision_samples")
+                   .Help("Joined samples in the log")
+                   .Register(*registry_)),
+      regret_(prometheus::BuildGauge()
+                  .Name("decision_estimated_regret")
+                  .Help("Estimated cumulative regret against the best expert in hindsight: "
+                        "t * max_k estimate_k - sum_j n_j estimate_j")
+                  .Register(*registry_)),
+      expert_estimate_(prometheus::BuildGauge()
+                           .Name("decision_expert_estimate")
+                           .Help("Estimated mean reward of an expert")
+                           .Register(*registry_)),
+      expert_ucb_(prometheus::BuildGauge()
+                      .Name("decision_expert_ucb")
+                      .Help("Upper confidence bound of an expert (estimate + width)")
+                      .Register(*registry_)),
+      expert_ess_(prometheus::BuildGauge()
+                      .Name("decision_expert_effective_sample_size")
+                      .Help("Importance-weighted sample count behind an expert's estimate")
+                      .Register(*registry_)),
+      expert_backfill_(prometheus::BuildGauge()
+                           .Name("decision_expert_backfill_progress")
+                           .Help("Share of the stored log backfilled for an expert (1 = done)")
+                           .Register(*registry_)),
+      expert_selected_(prometheus::BuildCounter()
+                           .Name("decision_expert_selected_total")
+                           .Help("Decisions that followed an expert")
+                           .Register(*registry_)),
+      divergence_m_(prometheus::BuildGauge()
+                        .Name("decision_divergence_m")
+                        .Help("M_ij = 1 + log(1 + D_f1(pi_i || pi_j)) between active experts")
+                        .Register(*registry_)),
+      divergence_sigma_(prometheus::BuildGauge()
+                            .Name("decision_divergence_sigma")
+                            .Help("sigma_ij = sqrt(1 + D_f2(pi_i || pi_j)) between active experts")
+                            .Register(*registry_)) {
+  storage_write_latency_ = &prometheus::BuildHistogram()
+                                .Name("decision_storage_write_latency_seconds")
+                                .Help("Latency of durable writes to RocksDB")
+                                .Register(*registry_)
+                                .Add({}, LatencyBuckets());
+  storage_size_ = &prometheus::BuildGauge()
+                       .Name("decision_storage_size_bytes")
+                       .Help("Approximate size of the RocksDB store")
+                       .Register(*registry_)
+                       .Add({});
+}
+
+prometheus::Histogram& Metrics::RpcLatency(const std::string& method) {
+  absl::MutexLock lock(&mu_);
+  prometheus::Histogram*& h = rpc_latency_by_method_[method];
+  if (h == nullptr) h = &rpc_latency_.Add({{"method", method}}, LatencyBuckets());
+  return *h;
+}
+
+prometheus::Counter& Metrics::RpcErrors(const std::string& method, const std::string& code) {
+  absl::MutexLock lock(&mu_);
+  prometheus::Counter*& c = rpc_errors_by_key_[{method, code}];
+  if (c == nullptr) c = &rpc_errors_.Add({{"method", method}, {"code", code}});
+  return *c;
+}
+
+Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
+  const std::map<std::string, std::string> labels = {{"problem", problem}};
+  auto with = [&](const char* k, const char* v) {
+    auto l = labels;
+    l[k] = v;
+    return l;
+  };
+  ProblemMetrics m;
+  m.decisions = &decisions_.Add(labels);
+  m.rewards_learned = &rewards_.Add(with("outcome", "learned"));
+  m.rewards_late = &rewards_.Add(with("outcome", "late"));
+  m.rewards_duplicate = &rewards_.Add(with("outcome", "duplicate"));
+  m.reward_sum = &reward_sum_.Add(labels);
+  m.expired_default = &expired_.Add(with("handling", "default"));
+  m.expired_dropped = &expired_.Add(with("handling", "dropped"));
+  m.pending = &pending_.Add(labels);
+  m.samples = &samples_.Add(labels);
+  m.estimated_regret = &regret_.Add(labels);
+  return m;
+}
+
+Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert) {
+  const std::map<std::string, std::string> labels = {{"problem", problem},
+                                                     {"expert", std::to_string(expert)}};
+  ExpertMetrics m;
+  m.estimate = &expert_estimate_.Add(labels);
+  m.ucb = &expert_ucb_.Add(labels);
+  m.effective_sample_size = &expert_ess_.Add(labels);
+  m.backfill_progress = &expert_backfill_.Add(labels);
+  m.selected = &expert_selected_.Add(labels);
+  return m;
+}
+
+void Metrics::SetPairs(const std::string& problem, const std::vector<Pair>& pairs) {
+  absl::MutexLock lock(&mu_);
+  auto& current = pairs_[problem];
+  std::map<std::pair<int, int>, std::pair<prometheus::Gauge*, prometheus::Gauge*>> next;
+  for (const Pair& p : pairs) {
+    const std::pair<int, int> key(p.i, p.j);
+    auto it = current.find(key);
+    std::pair<prometheus::Gauge*, prometheus::Gauge*> gauges;
+    if (it != current.end()) {
+      gauges = it->second;
+      current.erase(it);
+    } else {
+      const std::map<std::string, std::string> labels = {{"problem", problem},
+                                                         {"expert_i", std::to_string(p.i)},
+                                                         {"expert_j", std::to_string(p.j)}};
+      gauges = {&divergence_m_.Add(labels), &divergence_sigma_.Add(labels)};
+    }
+    gauges.first->Set(p.m);
+    gauges.second->Set(p.sigma);
+    next[key] = gauges;
+  }
+  for (auto& [key, gauges] : current) {
+    divergence_m_.Remove(gauges.first);
+    divergence_sigma_.Remove(gauges.second);
+  }
+  current = std::move(next);
+}
+
+}  // namespace decision::server

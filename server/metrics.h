@@ -1,0 +1,102 @@
+// Prometheus metrics of the decision service (names follow Prometheus conventions:
+// counters end in _total, durations are in seconds). Label sets are bounded: per problem,
+// per expert of a problem, and per pair of active experts.
+//
+// Thread safety: all methods may be called concurrently (prometheus-cpp metrics are
+// thread-safe; family lookups are guarded by a mutex).
+#ifndef DECISION_SERVER_METRICS_H_
+#define DECISION_SERVER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace decision::server {
+
+class Metrics {
+ public:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry() { return registry_; }
+
+  // Per RPC.
+  prometheus::Histogram& RpcLatency(const std::string& method);
+  prometheus::Counter& RpcErrors(const std::string& method, const std::string& code);
+
+  // Storage.
+  prometheus::Histogram& storage_write_latency() { return *storage_write_latency_; }
+  prometheus::Gauge& storage_size() { return *storage_size_; }
+
+  // Per problem.
+  struct ProblemMetrics {
+    prometheus::Counter* decisions;
+    prometheus::Counter* rewards_learned;
+    prometheus::Counter* rewards_late;
+    prometheus::Counter* rewards_duplicate;
+    prometheus::Counter* reward_sum;
+    prometheus::Counter* expired_default;
+    prometheus::Counter* expired_dropped;
+    prometheus::Gauge* pending;
+    prometheus::Gauge* samples;
+    prometheus::Gauge* estimated_regret;
+  };
+  ProblemMetrics ForProblem(const std::string& problem);
+
+  struct ExpertMetrics {
+    prometheus::Gauge* estimate;
+    prometheus::Gauge* ucb;
+    prometheus::Gauge* effective_sample_size;
+    prometheus::Gauge* backfill_progress;
+    prometheus::Counter* selected;
+  };
+  ExpertMetrics ForExpert(const std::string& problem, int expert);
+
+  // Exports M_ij and sigma_ij for exactly the given pairs of a problem: series of pairs
+  // not listed (retired experts) are removed.
+  struct Pair {
+    int i, j;
+    double m, sigma;
+  };
+  void SetPairs(const std::string& problem, const std::vector<Pair>& pairs);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& rpc_latency_;
+  prometheus::Family<prometheus::Counter>& rpc_errors_;
+  prometheus::Family<prometheus::Counter>& decisions_;
+  prometheus::Family<prometheus::Counter>& rewards_;
+  prometheus::Family<prometheus::Counter>& reward_sum_;
+  prometheus::Family<prometheus::Counter>& expired_;
+  prometheus::Family<prometheus::Gauge>& pending_;
+  prometheus::Family<prometheus::Gauge>& samples_;
+  prometheus::Family<prometheus::Gauge>& regret_;
+  prometheus::Family<prometheus::Gauge>& expert_estimate_;
+  prometheus::Family<prometheus::Gauge>& expert_ucb_;
+  prometheus::Family<prometheus::Gauge>& expert_ess_;
+  prometheus::Family<prometheus::Gauge>& expert_backfill_;
+  prometheus::Family<prometheus::Counter>& expert_selected_;
+  prometheus::Family<prometheus::Gauge>& divergence_m_;
+  prometheus::Family<prometheus::Gauge>& divergence_sigma_;
+  prometheus::Histogram* storage_write_latency_;
+  prometheus::Gauge* storage_size_;
+
+  absl::Mutex mu_;
+  std::map<std::string, prometheus::Histogram*> rpc_latency_by_method_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, prometheus::Counter*> rpc_errors_by_key_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string,
+           std::map<std::pair<int, int>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>>
+      pairs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_METRICS_H_

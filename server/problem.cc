@@ -1,0 +1,899 @@
+#include "server/problem.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "core/xgboost_expert.h"
+
+namespace decision::server {
+namespace {
+
+using storage::v1::CheckpointRecord;
+using storage::v1::EventRecord;
+using storage::v1::ExpertModelRecord;
+using storage::v1::ExpertRecord;
+using storage::v1::ProblemRecord;
+using storage::v1::SampleRecord;
+
+constexpr int kStateStatusBackfilling = 1;
+constexpr int kStateStatusActive = 2;
+constexpr int kStateStatusRetired = 3;
+constexpr int kEventPending = 0;
+constexpr int kEventJoined = 1;
+constexpr int kEventExpired = 2;
+
+std::string RandomEventId() {
+  static thread_local std::mt19937_64 gen(std::random_device{}() ^
+                                          (static_cast<uint64_t>(std::random_device{}()) << 32));
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(gen()),
+                static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+// The first refresh happens after the warm-up of 3K samples, then every b sqrt(t).
+int64_t NextRefresh(const ProblemRecord& r, int64_t t) {
+  if (t < 3 * static_cast<int64_t>(r.num_arms())) return 3 * static_cast<int64_t>(r.num_arms());
+  return t + std::max<int64_t>(
+                 1, static_cast<int64_t>(r.batch_multiplier() * std::sqrt(static_cast<double>(t))));
+}
+
+v1::ExpertStatus StatusOf(int status) {
+  switch (status) {
+    case kStateStatusBackfilling:
+      return v1::EXPERT_STATUS_BACKFILLING;
+    case kStateStatusActive:
+      return v1::EXPERT_STATUS_ACTIVE;
+    case kStateStatusRetired:
+      return v1::EXPERT_STATUS_RETIRED;
+  }
+  return v1::EXPERT_STATUS_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const ExpertModelRecord& model,
+                                                    int num_arms, int num_features,
+                                                    double smoothing) {
+  switch (model.kind_case()) {
+    case ExpertModelRecord::kUniform:
+      return MakeUniformExpert(num_arms, num_features);
+    case ExpertModelRecord::kTable: {
+      std::vector<std::vector<double>> rows;
+      for (const auto& row : model.table().rows()) {
+        rows.emplace_back(row.probabilities().begin(), row.probabilities().end());
+      }
+      return MakeTableExpert(num_arms, num_features, std::move(rows),
+                             model.table().key_feature(), smoothing);
+    }
+    case ExpertModelRecord::kLinearSoftmax: {
+      const auto& l = model.linear_softmax();
+      return MakeLinearSoftmaxExpert(
+          num_arms, num_features, std::vector<double>(l.weights().begin(), l.weights().end()),
+          std::vector<double>(l.bias().begin(), l.bias().end()),
+          l.temperature() == 0.0 ? 1.0 : l.temperature(), smoothing);
+    }
+    case ExpertModelRecord::kXgboost:
+      return MakeXgboostExpert(num_arms, num_features, model.xgboost(), smoothing);
+    case ExpertModelRecord::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("model: no model kind is set");
+}
+
+EstimatorOptions EstimatorOptionsOf(const ProblemRecord& record) {
+  const auto& e = record.estimator();
+  EstimatorOptions o;
+  o.kind = static_cast<EstimatorKind>(e.kind());
+  o.constants = {e.big_c(), e.c1(), e.c2(), e.c3()};
+  o.epsilon_rule = static_cast<EpsilonRule>(e.epsilon_rule());
+  o.width_rule = static_cast<WidthRule>(e.width_rule());
+  o.clip_test = static_cast<ClipTest>(e.clip_test());
+  return o;
+}
+
+Problem::Problem(uint32_t index, ProblemRecord record, const Env& env, DUcb ducb)
+    : index_(index),
+      record_(std::move(record)),
+      env_(env),
+      metrics_(env.metrics->ForProblem(record_.problem_id())),
+      ducb_(std::move(ducb)),
+      reservoir_(record_.num_features(), record_.divergence_reservoir()),
+      gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)) {}
+
+template <typename F>
+absl::Status Problem::Timed(F&& write) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = write();
+  env_.metrics->storage_write_latency().Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index, ProblemRecord record,
+                                                         const Env& env) {
+  DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::Create(EstimatorOptionsOf(record), 0));
+  std::unique_ptr<Problem> p(new Problem(index, std::move(record), env, std::move(ducb)));
+  DECISION_RETURN_IF_ERROR(env.store->PutProblem(index, p->record_));
+  ExpertModelRecord uniform;
+  uniform.set_uniform(true);
+  absl::StatusOr<v1::Expert> expert = p->RegisterExpert("uniform", uniform, 0.0);
+  if (!expert.ok()) return expert.status();
+  absl::MutexLock lock(&p->mu_);
+  p->next_refresh_at_ = NextRefresh(p->record_, 0);
+  // The uniform expert has nothing to backfill: estimate it at once.
+  DECISION_RETURN_IF_ERROR(p->ducb_.AddExperts({std::vector<double>()},
+                                               DivergenceMatrix::Identity(1)));
+  p->experts_[0].record.set_status(kStateStatusActive);
+  p->experts_[0].metrics.backfill_progress->Set(1.0);
+  DECISION_RETURN_IF_ERROR(env.store->PutCheckpoint(index, p->CheckpointLocked()));
+  DECISION_RETURN_IF_ERROR(env.store->PutExpert(index, 0, p->experts_[0].record));
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRecord record,
+                                                       const Env& env) {
+  const EstimatorOptions options = EstimatorOptionsOf(record);
+  std::unique_ptr<Problem> p;
+  {
+    DECISION_ASSIGN_OR_RETURN(DUcb empty, DUcb::Create(options, 0));
+    p.reset(new Problem(index, std::move(record), env, std::move(empty)));
+  }
+  absl::MutexLock lock(&p->mu_);
+  const ProblemRecord& r = p->record_;
+  // Experts.
+  DECISION_RETURN_IF_ERROR(env.store->ForEachExpert(
+      index, [&](uint32_t id, const ExpertRecord& er) -> absl::Status {
+        if (id != p->experts_.size()) {
+          return absl::DataLossError(absl::StrCat("problem ", r.problem_id(),
+                                                  ": expert ids are not contiguous at ", id));
+        }
+        DECISION_ASSIGN_OR_RETURN(
+            std::unique_ptr<Expert> model,
+            BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing()));
+        ExpertSlot slot;
+        slot.record = er;
+        slot.model = std::move(model);
+        slot.metrics = env.metrics->ForExpert(r.problem_id(), static_cast<int>(id));
+        p->experts_.push_back(std::move(slot));
+        return absl::OkStatus();
+      }));
+  // The checkpoint says which experts D-UCB estimates and with which divergences.
+  CheckpointRecord checkpoint;
+  absl::StatusOr<CheckpointRecord> stored = env.store->GetCheckpoint(index);
+  if (stored.ok()) {
+    checkpoint = *std::move(stored);
+  } else if (!absl::IsNotFound(stored.status())) {
+    return stored.status();
+  }
+  const int n_est = std::min<int>(checkpoint.num_experts(), p->experts_.size());
+  DivergenceMatrix d = DivergenceMatrix::Identity(n_est);
+  if (checkpoint.m_size() == n_est * n_est && checkpoint.sigma_size() == n_est * n_est) {
+    d.m.assign(checkpoint.m().begin(), checkpoint.m().end());
+    d.sigma.assign(checkpoint.sigma().begin(), checkpoint.sigma().end());
+  }
+  // Backfilled columns of estimated experts (for samples joined before they registered),
+  // and the progress of experts still backfilling.
+  std::vector<std::vector<double>> columns(p->experts_.size());
+  for (size_t id = 0; id < p->experts_.size(); ++id) {
+    ExpertSlot& slot = p->experts_[id];
+    if (static_cast<int>(id) >= n_est && slot.record.status() != kStateStatusRetired) {
+      slot.record.set_status(kStateStatusBackfilling);
+    } else if (static_cast<int>(id) < n_est && slot.record.status() == kStateStatusBackfilling) {
+      slot.record.set_status(kStateStatusActive);
+    }
+    if (slot.record.backfill_total() == 0) continue;
+    std::vector<double>& column = columns[id];
+    DECISION_RETURN_IF_ERROR(env.store->ForEachBackfillChunk(
+        index, static_cast<uint32_t>(id),
+        [&](uint64_t chunk, const storage::v1::BackfillChunk& c) -> absl::Status {
+          if (chunk * kBackfillChunk != column.size()) return absl::OkStatus();  // a gap
+          column.insert(column.end(), c.values().begin(), c.values().end());
+          return absl::OkStatus();
+        }));
+    if (static_cast<int64_t>(column.size()) > slot.record.backfill_total()) {
+      column.resize(slot.record.backfill_total());
+    }
+  }
+  for (int id = n_est; id < static_cast<int>(p->experts_.size()); ++id) {
+    p->experts_[id].backfill = columns[id];
+  }
+  // The sample log.
+  DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::Create(options, n_est));
+  DECISION_RETURN_IF_ERROR(ducb.SetDivergences(d));
+  std::vector<double> row(n_est);
+  DECISION_RETURN_IF_ERROR(env.store->ForEachSample(
+      index, 0, 0, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
+        if (seq != ducb.log().size()) {
+          return absl::DataLossError(
+              absl::StrCat("problem ", r.problem_id(), ": sample ", seq, " is out of order"));
+        }
+        for (int k = 0; k < n_est; ++k) {
+          if (k < s.propensities_size()) {
+            row[k] = s.propensities(k);
+          } else if (seq < static_cast<int64_t>(columns[k].size())) {
+            row[k] = columns[k][seq];
+          } else {
+            return absl::DataLossError(absl::StrCat("problem ", r.problem_id(), ": sample ", seq,
+                                                    " has no propensity for expert ", k));
+          }
+        }
+        DECISION_RETURN_IF_ERROR(ducb.Learn(s.expert_id(), s.reward(), row));
+        for (size_t k = n_est; k < p->experts_.size(); ++k) {
+          if (seq >= p->experts_[k].record.backfill_total() &&
+              static_cast<int>(k) < s.propensities_size()) {
+            p->experts_[k].tail.push_back(s.propensities(k));
+          }
+        }
+        return absl::OkStatus();
+      }));
+  for (int k = 0; k < n_est; ++k) {
+    ducb.SetSelectable(k, p->experts_[k].record.status() == kStateStatusActive);
+  }
+  p->ducb_ = std::move(ducb);
+  // Reservoir, schedule and counters.
+  if (checkpoint.reservoir_size() > 0 && r.num_features() > 0) {
+    p->reservoir_.Reset(std::vector<double>(checkpoint.reservoir().begin(),
+                                            checkpoint.reservoir().end()),
+                        checkpoint.reservoir_seen());
+  }
+  p->next_refresh_at_ = checkpoint.next_refresh_at() > 0
+                            ? checkpoint.next_refresh_at()
+                            : NextRefresh(r, p->ducb_.log().size());
+  p->decisions_ = std::max(checkpoint.decisions(), p->ducb_.log().size());
+  // Pending decisions.
+  DECISION_RETURN_IF_ERROR(env.store->ForEachPending(
+      index, [&](int64_t deadline, absl::string_view event_id) -> absl::Status {
+        DECISION_ASSIGN_OR_RETURN(EventRecord event, env.store->GetEvent(index, event_id));
+        if (event.state() != kEventPending) return absl::OkStatus();
+        p->pending_[std::string(event_id)] = Pending{event, false};
+        p->deadlines_.insert({deadline, std::string(event_id)});
+        return absl::OkStatus();
+      }));
+  p->decisions_ = std::max<int64_t>(p->decisions_, p->ducb_.log().size() + p->pending_.size());
+  for (size_t id = 0; id < p->experts_.size(); ++id) {
+    p->experts_[id].metrics.backfill_progress->Set(
+        static_cast<int>(id) < n_est ? 1.0
+        : p->experts_[id].record.backfill_total() == 0
+            ? 0.0
+            : static_cast<double>(p->experts_[id].backfill.size()) /
+                  p->experts_[id].record.backfill_total());
+  }
+  p->metrics_.pending->Set(static_cast<double>(p->pending_.size()));
+  p->metrics_.samples->Set(static_cast<double>(p->ducb_.log().size()));
+  return p;
+}
+
+void Problem::FillResponse(const std::string& event_id, const EventRecord& record,
+                           v1::ChooseResponse* response) const {
+  response->set_event_id(event_id);
+  response->set_arm(record.arm());
+  response->set_propensity(record.propensity());
+  response->set_expert_id(record.expert_id());
+}
+
+absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response) {
+  const int d = record_.num_features();
+  if (request.features_size() != d) {
+    return absl::InvalidArgumentError(absl::StrCat("features: problem ", id(), " expects ", d,
+                                                   " features, got ",
+                                                   request.features_size()));
+  }
+  for (int f = 0; f < d; ++f) {
+    if (!std::isfinite(request.features(f))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("features[", f, "] is ", request.features(f), "; features must be finite"));
+    }
+  }
+  if (request.event_id().size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("event_id has ", request.event_id().size(),
+                                                   " bytes; at most ", kMaxEventIdBytes));
+  }
+  const bool caller_id = !request.event_id().empty();
+  const std::string event_id = caller_id ? request.event_id() : RandomEventId();
+  if (caller_id) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(event_id);
+      if (it != pending_.end()) {
+        FillResponse(event_id, it->second.record, response);
+        return absl::OkStatus();
+      }
+    }
+    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+    if (stored.ok()) {
+      FillResponse(event_id, *stored, response);
+      return absl::OkStatus();
+    }
+    if (!absl::IsNotFound(stored.status())) return stored.status();
+  }
+  const absl::Span<const double> x(request.features().data(), d);
+  std::shared_ptr<const Expert> model;
+  int expert = -1;
+  double u;
+  {
+    absl::MutexLock lock(&mu_);
+    expert = ducb_.SelectExpert(gen_);
+    if (expert < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("problem ", id(), " has no selectable expert"));
+    }
+    model = experts_[expert].model;
+    u = absl::Uniform<double>(gen_, 0.0, 1.0);
+    reservoir_.Offer(x, gen_);
+  }
+  std::vector<double> probs(record_.num_arms());
+  if (absl::Status s = model->Predict(x, absl::MakeSpan(probs)); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert ", expert, " cannot score this context: ", s.message()));
+  }
+  EventRecord event;
+  event.set_arm(SampleArm(probs, u));
+  event.set_expert_id(expert);
+  event.set_propensity(probs[event.arm()]);
+  *event.mutable_features() = request.features();
+  const int64_t now = env_.clock->NowMs();
+  event.set_decided_at_ms(now);
+  event.set_deadline_ms(now + record_.reward_wait_ms());
+  event.set_state(kEventPending);
+  event.set_sequence(-1);
+  absl::MutexLock lock(&mu_);
+  if (caller_id) {
+    // A concurrent Choose with the same event id may have won the race.
+    auto it = pending_.find(event_id);
+    if (it != pending_.end()) {
+      FillResponse(event_id, it->second.record, response);
+      return absl::OkStatus();
+    }
+  }
+  DECISION_RETURN_IF_ERROR(Timed([&] { return env_.store->Decide(index_, event_id, event); }));
+  deadlines_.insert({event.deadline_ms(), event_id});
+  FillResponse(event_id, event, response);
+  pending_[event_id] = Pending{std::move(event), false};
+  ++decisions_;
+  metrics_.decisions->Increment();
+  experts_[expert].metrics.selected->Increment();
+  metrics_.pending->Set(static_cast<double>(pending_.size()));
+  return absl::OkStatus();
+}
+
+Problem::Snapshot Problem::SnapshotLocked() const {
+  Snapshot s;
+  s.models.reserve(experts_.size());
+  for (const ExpertSlot& slot : experts_) s.models.push_back(slot.model);
+  return s;
+}
+
+absl::StatusOr<std::vector<double>> Problem::Propensities(const Snapshot& snapshot,
+                                                          const EventRecord& event) const {
+  std::vector<double> out(snapshot.models.size());
+  std::vector<double> probs(record_.num_arms());
+  const absl::Span<const double> x(event.features().data(), event.features_size());
+  for (size_t k = 0; k < snapshot.models.size(); ++k) {
+    DECISION_RETURN_IF_ERROR(snapshot.models[k]->Predict(x, absl::MakeSpan(probs)));
+    out[k] = probs[event.arm()];
+  }
+  return out;
+}
+
+absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response) {
+  const double value = request.value();
+  if (!(value >= 0.0 && value <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value is ", value, "; a reward must be in [0, 1]"));
+  }
+  const std::string& event_id = request.event_id();
+  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event_id must have 1 to ", kMaxEventIdBytes, " bytes, got ",
+                     event_id.size()));
+  }
+  Snapshot snapshot;
+  EventRecord event;
+  bool expired_unprocessed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(event_id);
+    if (it != pending_.end()) {
+      if (it->second.joining) {
+        response->set_first(false);
+        metrics_.rewards_duplicate->Increment();
+        return absl::OkStatus();
+      }
+      if (env_.clock->NowMs() > it->second.record.deadline_ms()) {
+        expired_unprocessed = true;
+      } else {
+        it->second.joining = true;
+        event = it->second.record;
+        snapshot = SnapshotLocked();
+      }
+    }
+  }
+  if (expired_unprocessed) {
+    // The wait time has passed but the expiry has not run yet: expire it now, then the
+    // reward is late like any other.
+    DECISION_RETURN_IF_ERROR(ExpireOne(event_id));
+  }
+  if (snapshot.models.empty()) {
+    // Not pending: joined, expired or unknown.
+    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+    if (absl::IsNotFound(stored.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("event ", event_id, " is unknown to problem ", id()));
+    }
+    if (!stored.ok()) return stored.status();
+    if (stored->state() == kEventJoined || stored->state() == kEventPending) {
+      response->set_first(false);
+      metrics_.rewards_duplicate->Increment();
+      return absl::OkStatus();
+    }
+    // Expired: count the first late reward, learn nothing.
+    if (!stored->late_reward()) {
+      stored->set_late_reward(true);
+      absl::MutexLock lock(&mu_);
+      DECISION_RETURN_IF_ERROR(
+          Timed([&] { return env_.store->PutEvent(index_, event_id, *stored); }));
+      metrics_.rewards_late->Increment();
+    } else {
+      metrics_.rewards_duplicate->Increment();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "event ", event_id, " expired at ", stored->deadline_ms(),
+        " ms (reward wait time ", record_.reward_wait_ms(),
+        " ms); the reward is counted as late and not learned"));
+  }
+  absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
+  absl::MutexLock lock(&mu_);
+  if (!propensities.ok()) {
+    pending_[event_id].joining = false;
+    return absl::InternalError(absl::StrCat("scoring the experts failed: ",
+                                            propensities.status().message()));
+  }
+  DECISION_RETURN_IF_ERROR(
+      JoinLocked(event_id, std::move(event), value, /*is_default=*/false, *std::move(propensities)));
+  response->set_first(true);
+  return absl::OkStatus();
+}
+
+absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event, double reward,
+                                 bool is_default, std::vector<double> propensities) {
+  // Experts registered since the snapshot.
+  std::vector<double> probs(record_.num_arms());
+  const absl::Span<const double> x(event.features().data(), event.features_size());
+  for (size_t k = propensities.size(); k < experts_.size(); ++k) {
+    DECISION_RETURN_IF_ERROR(experts_[k].model->Predict(x, absl::MakeSpan(probs)));
+    propensities.push_back(probs[event.arm()]);
+  }
+  const int64_t seq = ducb_.log().size();
+  SampleRecord sample;
+  sample.set_event_id(event_id);
+  *sample.mutable_features() = event.features();
+  sample.set_arm(event.arm());
+  sample.set_expert_id(event.expert_id());
+  sample.set_propensity(event.propensity());
+  sample.set_reward(reward);
+  sample.set_default_reward(is_default);
+  sample.set_decided_at_ms(event.decided_at_ms());
+  sample.set_joined_at_ms(env_.clock->NowMs());
+  *sample.mutable_propensities() = {propensities.begin(), propensities.end()};
+  event.set_state(is_default ? kEventExpired : kEventJoined);
+  event.set_reward(reward);
+  event.set_sequence(seq);
+  absl::Status written =
+      Timed([&] { return env_.store->Join(index_, event_id, event, seq, sample); });
+  if (!written.ok()) {
+    pending_[event_id].joining = false;
+    return written;
+  }
+  const int n_est = ducb_.num_experts();
+  absl::Status learned = ducb_.Learn(
+      event.expert_id(), reward, absl::MakeConstSpan(propensities).subspan(0, n_est));
+  if (!learned.ok()) {
+    // The sample is stored; a restart will learn it. Should not happen: experts are
+    // validated and smoothed.
+    std::fprintf(stderr, "decisiond: problem %s: sample %lld not learned: %s\n", id().c_str(),
+                 static_cast<long long>(seq), learned.ToString().c_str());
+  }
+  for (size_t k = n_est; k < experts_.size(); ++k) experts_[k].tail.push_back(propensities[k]);
+  deadlines_.erase({event.deadline_ms(), event_id});
+  pending_.erase(event_id);
+  if (is_default) {
+    metrics_.expired_default->Increment();
+  } else {
+    metrics_.rewards_learned->Increment();
+    metrics_.reward_sum->Increment(reward);
+  }
+  metrics_.pending->Set(static_cast<double>(pending_.size()));
+  metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
+  return absl::OkStatus();
+}
+
+absl::Status Problem::ExpireOne(const std::string& event_id) {
+  EventRecord event;
+  Snapshot snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(event_id);
+    // Already joined, or being joined by a reward or another expiry.
+    if (it == pending_.end() || it->second.joining) return absl::OkStatus();
+    it->second.joining = true;
+    event = it->second.record;
+    snapshot = SnapshotLocked();
+  }
+  if (record_.drop_unrewarded()) {
+    event.set_state(kEventExpired);
+    absl::MutexLock lock(&mu_);
+    absl::Status s = Timed([&] { return env_.store->Expire(index_, event_id, event); });
+    if (!s.ok()) {
+      pending_[event_id].joining = false;
+      return s;
+    }
+    deadlines_.erase({event.deadline_ms(), event_id});
+    pending_.erase(event_id);
+    metrics_.expired_dropped->Increment();
+    metrics_.pending->Set(static_cast<double>(pending_.size()));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
+  absl::MutexLock lock(&mu_);
+  if (!propensities.ok()) {
+    pending_[event_id].joining = false;
+    return propensities.status();
+  }
+  return JoinLocked(event_id, std::move(event), record_.default_reward(), /*is_default=*/true,
+                    *std::move(propensities));
+}
+
+absl::Status Problem::ExpireDue() {
+  const int64_t now = env_.clock->NowMs();
+  std::vector<std::string> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = deadlines_.begin(); it != deadlines_.end() && it->first < now; ++it) {
+      auto p = pending_.find(it->second);
+      if (p != pending_.end() && !p->second.joining) due.push_back(it->second);
+    }
+  }
+  for (const std::string& event_id : due) DECISION_RETURN_IF_ERROR(ExpireOne(event_id));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
+                                                   ExpertModelRecord model, double smoothing) {
+  DECISION_ASSIGN_OR_RETURN(
+      std::unique_ptr<Expert> built,
+      BuildExpert(model, record_.num_arms(), record_.num_features(), smoothing));
+  absl::MutexLock lock(&mu_);
+  if (experts_.size() >= static_cast<size_t>(kMaxExpertsPerProblem)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "problem ", id(), " has ", experts_.size(), " experts, the maximum"));
+  }
+  const int expert_id = static_cast<int>(experts_.size());
+  ExpertSlot slot;
+  slot.record.set_name(name);
+  *slot.record.mutable_model() = std::move(model);
+  slot.record.set_smoothing(smoothing);
+  slot.record.set_status(kStateStatusBackfilling);
+  slot.record.set_backfill_total(ducb_.log().size());
+  slot.record.set_registered_at_ms(env_.clock->NowMs());
+  DECISION_RETURN_IF_ERROR(Timed([&] {
+    return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), slot.record);
+  }));
+  slot.model = std::move(built);
+  slot.metrics = env_.metrics->ForExpert(id(), expert_id);
+  slot.metrics.backfill_progress->Set(0.0);
+  experts_.push_back(std::move(slot));
+  return ExpertProtoLocked(expert_id);
+}
+
+absl::StatusOr<v1::Expert> Problem::RetireExpert(int expert_id) {
+  absl::MutexLock lock(&mu_);
+  if (expert_id < 0 || expert_id >= static_cast<int>(experts_.size())) {
+    return absl::NotFoundError(
+        absl::StrCat("expert ", expert_id, " is unknown to problem ", id()));
+  }
+  ExpertSlot& slot = experts_[expert_id];
+  if (slot.record.status() == kStateStatusRetired) return ExpertProtoLocked(expert_id);
+  if (slot.record.status() == kStateStatusActive) {
+    int selectable = 0;
+    for (int k = 0; k < ducb_.num_experts(); ++k) selectable += ducb_.selectable(k);
+    if (selectable <= 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "expert ", expert_id, " is the last selectable expert of problem ", id()));
+    }
+  }
+  storage::v1::ExpertRecord updated = slot.record;
+  updated.set_status(kStateStatusRetired);
+  DECISION_RETURN_IF_ERROR(Timed([&] {
+    return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
+  }));
+  slot.record = std::move(updated);
+  if (expert_id < ducb_.num_experts()) ducb_.SetSelectable(expert_id, false);
+  return ExpertProtoLocked(expert_id);
+}
+
+v1::Expert Problem::ExpertProtoLocked(int expert_id) const {
+  const ExpertSlot& slot = experts_[expert_id];
+  v1::Expert e;
+  e.set_problem_id(id());
+  e.set_expert_id(expert_id);
+  e.set_name(slot.record.name());
+  e.set_kind(slot.model->kind());
+  e.set_status(StatusOf(slot.record.status()));
+  e.set_smoothing(slot.model->smoothing());
+  e.set_backfill_total(slot.record.backfill_total());
+  e.set_backfilled(expert_id < ducb_.num_experts()
+                       ? slot.record.backfill_total()
+                       : static_cast<int64_t>(slot.backfill.size()));
+  return e;
+}
+
+std::vector<v1::Expert> Problem::ListExperts() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Expert> out;
+  for (size_t k = 0; k < experts_.size(); ++k) out.push_back(ExpertProtoLocked(k));
+  return out;
+}
+
+absl::Status Problem::StepBackfill(bool* worked) {
+  *worked = false;
+  int expert_id;
+  std::shared_ptr<const Expert> model;
+  int64_t from, total;
+  {
+    absl::MutexLock lock(&mu_);
+    expert_id = ducb_.num_experts();
+    if (expert_id >= static_cast<int>(experts_.size())) return absl::OkStatus();
+    const ExpertSlot& slot = experts_[expert_id];
+    if (slot.record.status() == kStateStatusBackfilling ||
+        slot.record.status() == kStateStatusRetired) {
+      model = slot.model;
+      from = static_cast<int64_t>(slot.backfill.size());
+      total = slot.record.backfill_total();
+    } else {
+      return absl::OkStatus();
+    }
+  }
+  *worked = true;
+  if (from < total) {
+    // One chunk of probabilities from the stored samples.
+    const int64_t count = std::min<int64_t>(kBackfillChunk, total - from);
+    std::vector<double> rows;
+    std::vector<int> arms;
+    DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+        index_, from, count, [&](int64_t, const SampleRecord& s) {
+          rows.insert(rows.end(), s.features().begin(), s.features().end());
+          arms.push_back(s.arm());
+          return absl::OkStatus();
+        }));
+    if (static_cast<int64_t>(arms.size()) != count) {
+      return absl::DataLossError(absl::StrCat("problem ", id(), ": backfill found ",
+                                              arms.size(), " samples, expected ", count));
+    }
+    const int k = record_.num_arms();
+    std::vector<double> probs(static_cast<size_t>(count) * k);
+    DECISION_RETURN_IF_ERROR(model->PredictBatch(rows, count, absl::MakeSpan(probs)));
+    storage::v1::BackfillChunk chunk;
+    for (int64_t i = 0; i < count; ++i) chunk.add_values(probs[i * k + arms[i]]);
+    DECISION_RETURN_IF_ERROR(Timed([&] {
+      return env_.store->PutBackfillChunk(index_, expert_id, from / kBackfillChunk, chunk);
+    }));
+    absl::MutexLock lock(&mu_);
+    ExpertSlot& slot = experts_[expert_id];
+    slot.backfill.insert(slot.backfill.end(), chunk.values().begin(), chunk.values().end());
+    slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfill.size()) / total);
+    if (static_cast<int64_t>(slot.backfill.size()) < total) return absl::OkStatus();
+  }
+  // Complete: divergences of the new expert against the estimated ones (outside the lock),
+  // then add it to D-UCB with its whole column.
+  std::vector<std::shared_ptr<const Expert>> models;
+  std::vector<double> contexts;
+  DivergenceMatrix previous;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int k = 0; k <= expert_id; ++k) models.push_back(experts_[k].model);
+    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    previous = ducb_.estimator().divergences();
+  }
+  DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
+                            ComputeDivergencesFor(models, contexts, previous, expert_id));
+  absl::MutexLock lock(&mu_);
+  ExpertSlot& slot = experts_[expert_id];
+  std::vector<double> column = slot.backfill;
+  column.insert(column.end(), slot.tail.begin(), slot.tail.end());
+  if (static_cast<int64_t>(column.size()) != ducb_.log().size()) {
+    return absl::InternalError(absl::StrCat("problem ", id(), ": expert ", expert_id,
+                                            " backfill covers ", column.size(),
+                                            " samples, the log has ", ducb_.log().size()));
+  }
+  const bool retired = slot.record.status() == kStateStatusRetired;
+  DECISION_RETURN_IF_ERROR(ducb_.AddExperts({column}, d));
+  ducb_.SetSelectable(expert_id, !retired);
+  slot.backfill = {};
+  slot.tail = {};
+  slot.metrics.backfill_progress->Set(1.0);
+  // The checkpoint (which experts are estimated) first, then the expert's status.
+  DECISION_RETURN_IF_ERROR(Timed([&] { return env_.store->PutCheckpoint(index_, CheckpointLocked()); }));
+  if (!retired) {
+    slot.record.set_status(kStateStatusActive);
+    DECISION_RETURN_IF_ERROR(Timed([&] {
+      return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), slot.record);
+    }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
+    const std::vector<std::shared_ptr<const Expert>>& models, const std::vector<double>& contexts,
+    const DivergenceMatrix& previous, int keep) const {
+  const int n = static_cast<int>(models.size());
+  const int d = record_.num_features();
+  const size_t rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
+  if (rows == 0) {
+    // No context seen yet: new experts get identity rows until the first refresh.
+    DivergenceMatrix out = DivergenceMatrix::Identity(n);
+    for (int i = 0; i < keep; ++i) {
+      for (int j = 0; j < keep; ++j) {
+        out.m[i * n + j] = previous.M(i, j);
+        out.sigma[i * n + j] = previous.Sigma(i, j);
+      }
+    }
+    return out;
+  }
+  const int k = record_.num_arms();
+  std::vector<std::vector<double>> predictions(n);
+  for (int e = 0; e < n; ++e) {
+    predictions[e].resize(rows * k);
+    DECISION_RETURN_IF_ERROR(
+        models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+  }
+  DivergenceMatrix out;
+  DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
+                                              &previous, keep, &out));
+  return out;
+}
+
+absl::Status Problem::MaybeRefreshDivergences() {
+  std::vector<std::shared_ptr<const Expert>> models;
+  std::vector<double> contexts;
+  DivergenceMatrix previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
+    for (int k = 0; k < ducb_.num_experts(); ++k) models.push_back(experts_[k].model);
+    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    previous = ducb_.estimator().divergences();
+  }
+  DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
+                            ComputeDivergencesFor(models, contexts, previous, /*keep=*/0));
+  absl::MutexLock lock(&mu_);
+  DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
+  next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
+  return Timed([&] { return env_.store->PutCheckpoint(index_, CheckpointLocked()); });
+}
+
+CheckpointRecord Problem::CheckpointLocked() const {
+  CheckpointRecord c;
+  c.set_samples(ducb_.log().size());
+  const DivergenceMatrix& d = ducb_.estimator().divergences();
+  c.set_num_experts(d.num_experts);
+  *c.mutable_m() = {d.m.begin(), d.m.end()};
+  *c.mutable_sigma() = {d.sigma.begin(), d.sigma.end()};
+  *c.mutable_reservoir() = {reservoir_.contexts().begin(), reservoir_.contexts().end()};
+  c.set_reservoir_seen(reservoir_.seen());
+  c.set_next_refresh_at(next_refresh_at_);
+  c.set_decisions(decisions_);
+  return c;
+}
+
+absl::Status Problem::Checkpoint() {
+  absl::MutexLock lock(&mu_);
+  return Timed([&] { return env_.store->PutCheckpoint(index_, CheckpointLocked()); });
+}
+
+v1::Estimates Problem::GetEstimates() const {
+  absl::MutexLock lock(&mu_);
+  v1::Estimates out;
+  out.set_problem_id(id());
+  const int64_t t = ducb_.log().size();
+  out.set_samples(t);
+  const int n_est = ducb_.num_experts();
+  double best = -std::numeric_limits<double>::infinity(), collected = 0.0;
+  for (size_t k = 0; k < experts_.size(); ++k) {
+    v1::ExpertEstimate* e = out.add_experts();
+    e->set_expert_id(static_cast<int>(k));
+    e->set_status(StatusOf(experts_[k].record.status()));
+    if (static_cast<int>(k) < n_est) {
+      const ExpertEstimate est = ducb_.Estimate(k);
+      e->set_estimate(est.mean);
+      e->set_width(est.width);
+      e->set_ucb(est.mean + est.width);
+      e->set_times_selected(ducb_.log().count(k));
+      e->set_effective_sample_size(ducb_.estimator().EffectiveSampleSize(k));
+      best = std::max(best, est.mean);
+      collected += ducb_.log().count(k) * est.mean;
+    } else {
+      e->set_width(std::numeric_limits<double>::infinity());
+      e->set_ucb(std::numeric_limits<double>::infinity());
+    }
+  }
+  const DivergenceMatrix& d = ducb_.estimator().divergences();
+  out.set_n(d.num_experts);
+  *out.mutable_m() = {d.m.begin(), d.m.end()};
+  *out.mutable_sigma() = {d.sigma.begin(), d.sigma.end()};
+  out.set_estimated_regret(t > 0 ? t * best - collected : 0.0);
+  return out;
+}
+
+v1::Problem Problem::Summary() const {
+  absl::MutexLock lock(&mu_);
+  v1::Problem p;
+  p.set_problem_id(id());
+  p.set_decisions(decisions_);
+  p.set_samples(ducb_.log().size());
+  p.set_pending(static_cast<int64_t>(pending_.size()));
+  p.set_experts(static_cast<int>(experts_.size()));
+  return p;
+}
+
+absl::Status Problem::ExportLog(int64_t start, int64_t limit,
+                                const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
+  v1::LoggedSample out;
+  return env_.store->ForEachSample(
+      index_, start, limit, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
+        out.Clear();
+        out.set_sequence(seq);
+        out.set_event_id(s.event_id());
+        *out.mutable_features() = s.features();
+        out.set_arm(s.arm());
+        out.set_expert_id(s.expert_id());
+        out.set_propensity(s.propensity());
+        out.set_reward(s.reward());
+        out.set_default_reward(s.default_reward());
+        out.set_decided_at_ms(s.decided_at_ms());
+        out.set_joined_at_ms(s.joined_at_ms());
+        {
+          absl::MutexLock lock(&mu_);
+          if (seq < ducb_.log().size()) {
+            const double* row = ducb_.log().propensities(seq);
+            out.mutable_expert_propensities()->Add(row, row + ducb_.num_experts());
+          }
+        }
+        return fn(out);
+      });
+}
+
+void Problem::ExportMetrics() {
+  const v1::Estimates estimates = GetEstimates();
+  std::vector<Metrics::Pair> pairs;
+  std::vector<int> active;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::ExpertEstimate& e : estimates.experts()) {
+      const ExpertSlot& slot = experts_[e.expert_id()];
+      if (e.expert_id() >= ducb_.num_experts()) continue;
+      slot.metrics.estimate->Set(e.estimate());
+      slot.metrics.ucb->Set(e.ucb());
+      slot.metrics.effective_sample_size->Set(e.effective_sample_size());
+      if (slot.record.status() == kStateStatusActive) active.push_back(e.expert_id());
+    }
+  }
+  metrics_.estimated_regret->Set(estimates.estimated_regret());
+  const int n = estimates.n();
+  for (int i : active) {
+    for (int j : active) {
+      if (i == j) continue;
+      pairs.push_back({i, j, estimates.m(i * n + j), estimates.sigma(i * n + j)});
+    }
+  }
+  env_.metrics->SetPairs(id(), pairs);
+}
+
+}  // namespace decision::server

@@ -1,0 +1,160 @@
+// One problem (decision point) of the service: its experts, D-UCB state, pending decisions
+// and the reward join, backed by the store. The DecisionService owns one per problem.
+//
+// Thread safety: every public method may be called concurrently. The maintenance methods
+// (ExpireDue, StepBackfill, MaybeRefreshDivergences, Checkpoint, ExportMetrics) must be
+// called from one thread at a time (the service's maintenance thread); they are the only
+// ones that change the expert set D-UCB estimates and the divergences.
+//
+// Locking: mu_ guards the in-memory state. Model evaluations run outside mu_; the durable
+// write of a decision or a join runs inside it, so that join order in the store equals
+// join order in memory.
+#ifndef DECISION_SERVER_PROBLEM_H_
+#define DECISION_SERVER_PROBLEM_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/divergence.h"
+#include "core/expert.h"
+#include "core/policy.h"
+#include "decision/v1/decision.pb.h"
+#include "server/clock.h"
+#include "server/metrics.h"
+#include "storage/records.pb.h"
+#include "storage/store.h"
+
+namespace decision::server {
+
+inline constexpr int kMaxExpertsPerProblem = 256;
+inline constexpr size_t kMaxEventIdBytes = 128;
+inline constexpr int64_t kBackfillChunk = 4096;  // samples per backfill chunk on disk
+
+// Builds the core expert of a stored model record.
+absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const storage::v1::ExpertModelRecord& model,
+                                                    int num_arms, int num_features,
+                                                    double smoothing);
+
+// Core estimator options from a problem record.
+EstimatorOptions EstimatorOptionsOf(const storage::v1::ProblemRecord& record);
+
+class Problem {
+ public:
+  struct Env {
+    storage::Store* store;
+    const Clock* clock;
+    Metrics* metrics;
+    uint64_t seed;
+  };
+
+  // A new problem: persists its record, registers expert 0 (uniform), writes a checkpoint.
+  // REQUIRES: `record` is valid (the service validates it).
+  static absl::StatusOr<std::unique_ptr<Problem>> Create(uint32_t index,
+                                                         storage::v1::ProblemRecord record,
+                                                         const Env& env);
+  // A problem restored from the store: experts, divergences and reservoir from the last
+  // checkpoint, the sample log (with stored propensities), pending decisions.
+  static absl::StatusOr<std::unique_ptr<Problem>> Load(uint32_t index,
+                                                       storage::v1::ProblemRecord record,
+                                                       const Env& env);
+
+  const std::string& id() const { return record_.problem_id(); }
+  const storage::v1::ProblemRecord& record() const { return record_; }
+
+  absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
+  absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
+  absl::StatusOr<v1::Expert> RegisterExpert(const std::string& name,
+                                            storage::v1::ExpertModelRecord model,
+                                            double smoothing);
+  absl::StatusOr<v1::Expert> RetireExpert(int expert_id);
+  std::vector<v1::Expert> ListExperts() const;
+  v1::Estimates GetEstimates() const;
+  v1::Problem Summary() const;
+  // Samples [start, start + limit) in join order (limit 0: all), until fn fails.
+  absl::Status ExportLog(int64_t start, int64_t limit,
+                         const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+
+  // Maintenance (one thread).
+  // Joins decisions whose wait time has passed with the default reward (or drops them).
+  absl::Status ExpireDue();
+  // Backfills up to one chunk of the oldest backfilling expert; completes it when done.
+  // Returns true in *worked if it did anything.
+  absl::Status StepBackfill(bool* worked);
+  // Re-estimates all divergences when the log has grown past the batch boundary.
+  absl::Status MaybeRefreshDivergences();
+  absl::Status Checkpoint();
+  void ExportMetrics();
+
+ private:
+  struct ExpertSlot {
+    storage::v1::ExpertRecord record;
+    std::shared_ptr<const Expert> model;
+    Metrics::ExpertMetrics metrics;
+    // While backfilling: propensities of samples [0, backfilled) (from the worker) and of
+    // samples joined since registration, [backfill_total, t).
+    std::vector<double> backfill;
+    std::vector<double> tail;
+  };
+  struct Pending {
+    storage::v1::EventRecord record;
+    bool joining = false;  // a reward or the expiry is being joined
+  };
+  struct Snapshot {
+    std::vector<std::shared_ptr<const Expert>> models;  // every expert, by id
+  };
+
+  Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& env, DUcb ducb);
+
+  // Writes through the store, timing the write.
+  template <typename F>
+  absl::Status Timed(F&& write);
+
+  v1::Expert ExpertProtoLocked(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // pi_k(arm | features) for every model of the snapshot.
+  absl::StatusOr<std::vector<double>> Propensities(const Snapshot& snapshot,
+                                                   const storage::v1::EventRecord& event) const;
+  // Appends a joined sample: durable write, then D-UCB and the backfill tails.
+  // REQUIRES: pending_[event_id].joining.
+  absl::Status JoinLocked(const std::string& event_id, storage::v1::EventRecord event,
+                          double reward, bool is_default, std::vector<double> propensities)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joins or drops a decision whose wait time passed. REQUIRES: pending, not joining.
+  absl::Status ExpireOne(const std::string& event_id);
+  // Divergences over the reservoir for experts [0, n), keeping pairs among [0, keep) from
+  // `previous`. Identity rows if the reservoir is empty.
+  absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
+      const std::vector<std::shared_ptr<const Expert>>& models, const std::vector<double>& contexts,
+      const DivergenceMatrix& previous, int keep) const;
+  storage::v1::CheckpointRecord CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillResponse(const std::string& event_id, const storage::v1::EventRecord& record,
+                    v1::ChooseResponse* response) const;
+
+  const uint32_t index_;
+  const storage::v1::ProblemRecord record_;
+  const Env env_;
+  const Metrics::ProblemMetrics metrics_;
+
+  mutable absl::Mutex mu_;
+  std::vector<ExpertSlot> experts_ ABSL_GUARDED_BY(mu_);
+  DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
+  ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<int64_t, std::string>> deadlines_ ABSL_GUARDED_BY(mu_);
+  int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_PROBLEM_H_

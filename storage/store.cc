@@ -1,0 +1,290 @@
+#include "storage/store.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace decision::storage {
+namespace {
+
+constexpr const char* kFamilies[] = {"problems", "experts",     "events", "samples",
+                                     "backfill", "checkpoints", "pending"};
+
+// The one place where rocksdb::Status becomes absl::Status.
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat(what, ": not found"));
+  return absl::InternalError(absl::StrCat("storage: ", what, ": ", s.ToString()));
+}
+
+void AppendU32(std::string* key, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) key->push_back(static_cast<char>(v >> shift));
+}
+void AppendU64(std::string* key, uint64_t v) {
+  for (int shift = 56; shift >= 0; shift -= 8) key->push_back(static_cast<char>(v >> shift));
+}
+uint64_t ReadU64(absl::string_view bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(bytes[i]);
+  return v;
+}
+uint32_t ReadU32(absl::string_view bytes) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(bytes[i]);
+  return v;
+}
+
+std::string Key32(uint32_t a) {
+  std::string k;
+  AppendU32(&k, a);
+  return k;
+}
+std::string PendingKey(uint32_t problem, int64_t deadline_ms, absl::string_view event_id) {
+  std::string k = Key32(problem);
+  AppendU64(&k, static_cast<uint64_t>(deadline_ms));
+  k.append(event_id.data(), event_id.size());
+  return k;
+}
+
+std::string Key32x2(uint32_t a, uint32_t b) {
+  std::string k = Key32(a);
+  AppendU32(&k, b);
+  return k;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
+                                                   const StoreOptions& options) {
+  rocksdb::Options db_options;
+  db_options.create_if_missing = options.create_if_missing;
+  db_options.create_missing_column_families = true;
+  db_options.IncreaseParallelism(2);
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+  for (const char* name : kFamilies) {
+    families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  }
+  std::unique_ptr<Store> store(new Store());
+  store->options_ = options;
+  rocksdb::Status s =
+      rocksdb::DB::Open(db_options, path, families, &store->handles_, &store->db_);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("opening ", path));
+  store->problems_ = store->handles_[1];
+  store->experts_ = store->handles_[2];
+  store->events_ = store->handles_[3];
+  store->samples_ = store->handles_[4];
+  store->backfill_ = store->handles_[5];
+  store->checkpoints_ = store->handles_[6];
+  store->pending_ = store->handles_[7];
+  return store;
+}
+
+Store::~Store() { Close().IgnoreError(); }
+
+absl::Status Store::Close() {
+  if (db_ == nullptr) return absl::OkStatus();
+  absl::Status status = FromRocks(db_->FlushWAL(/*sync=*/true), "flushing the WAL");
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    rocksdb::Status s = db_->DestroyColumnFamilyHandle(h);
+    if (status.ok()) status = FromRocks(s, "closing a column family");
+  }
+  handles_.clear();
+  rocksdb::Status s = db_->Close();
+  if (status.ok()) status = FromRocks(s, "closing");
+  delete db_;
+  db_ = nullptr;
+  return status;
+}
+
+absl::Status Store::Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
+                        const google::protobuf::MessageLite& record) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  rocksdb::WriteOptions write;
+  write.sync = options_.sync;
+  return FromRocks(db_->Put(write, cf, key, record.SerializeAsString()), "write");
+}
+
+template <typename Record>
+absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
+                         const std::string& start, int64_t limit,
+                         const std::function<absl::Status(absl::string_view, const Record&)>& fn) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
+  int64_t visited = 0;
+  Record record;
+  for (it->Seek(start); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (limit > 0 && visited >= limit) break;
+    if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("storage: a record does not parse");
+    }
+    absl::string_view suffix(it->key().data() + prefix.size(), it->key().size() - prefix.size());
+    if (absl::Status s = fn(suffix, record); !s.ok()) return s;
+    ++visited;
+  }
+  return FromRocks(it->status(), "scan");
+}
+
+absl::Status Store::PutProblem(uint32_t problem, const v1::ProblemRecord& record) {
+  return Put(problems_, Key32(problem), record);
+}
+
+absl::Status Store::ForEachProblem(
+    const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn) {
+  return Scan<v1::ProblemRecord>(
+      problems_, "", "", 0,
+      [&](absl::string_view key, const v1::ProblemRecord& r) { return fn(ReadU32(key), r); });
+}
+
+absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,
+                              const v1::ExpertRecord& record) {
+  return Put(experts_, Key32x2(problem, expert), record);
+}
+
+absl::Status Store::ForEachExpert(
+    uint32_t problem, const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn) {
+  const std::string prefix = Key32(problem);
+  return Scan<v1::ExpertRecord>(
+      experts_, prefix, prefix, 0,
+      [&](absl::string_view key, const v1::ExpertRecord& r) { return fn(ReadU32(key), r); });
+}
+
+absl::Status Store::PutEvent(uint32_t problem, absl::string_view event_id,
+                             const v1::EventRecord& record) {
+  return Put(events_, absl::StrCat(Key32(problem), event_id), record);
+}
+
+absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_view event_id) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::string value;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), events_, absl::StrCat(Key32(problem), event_id), &value);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("event ", event_id));
+  v1::EventRecord record;
+  if (!record.ParseFromString(value)) return absl::DataLossError("storage: event does not parse");
+  return record;
+}
+
+absl::Status Store::ForEachEvent(
+    uint32_t problem,
+    const std::function<absl::Status(absl::string_view, const v1::EventRecord&)>& fn) {
+  const std::string prefix = Key32(problem);
+  return Scan<v1::EventRecord>(events_, prefix, prefix, 0, fn);
+}
+
+absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  rocksdb::WriteOptions write;
+  write.sync = options_.sync;
+  return FromRocks(db_->Write(write, batch), what);
+}
+
+absl::Status Store::Decide(uint32_t problem, absl::string_view event_id,
+                           const v1::EventRecord& record) {
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
+                                record.SerializeAsString());
+  if (s.ok()) s = batch.Put(pending_, PendingKey(problem, record.deadline_ms(), event_id), "");
+  if (!s.ok()) return FromRocks(s, "decision batch");
+  return Write(&batch, "decision");
+}
+
+absl::Status Store::Expire(uint32_t problem, absl::string_view event_id,
+                           const v1::EventRecord& record) {
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
+                                record.SerializeAsString());
+  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, record.deadline_ms(), event_id));
+  if (!s.ok()) return FromRocks(s, "expiry batch");
+  return Write(&batch, "expiry");
+}
+
+absl::Status Store::ForEachPending(
+    uint32_t problem,
+    const std::function<absl::Status(int64_t, absl::string_view)>& fn) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  const std::string prefix = Key32(problem);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), pending_));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().size() < prefix.size() + 8) return absl::DataLossError("bad pending key");
+    const absl::string_view key(it->key().data(), it->key().size());
+    const int64_t deadline = static_cast<int64_t>(ReadU64(key.substr(prefix.size(), 8)));
+    if (absl::Status st = fn(deadline, key.substr(prefix.size() + 8)); !st.ok()) return st;
+  }
+  return FromRocks(it->status(), "pending scan");
+}
+
+absl::Status Store::Join(uint32_t problem, absl::string_view event_id,
+                         const v1::EventRecord& event, int64_t sequence,
+                         const v1::SampleRecord& sample) {
+  rocksdb::WriteBatch batch;
+  std::string sample_key = Key32(problem);
+  AppendU64(&sample_key, static_cast<uint64_t>(sequence));
+  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
+                                event.SerializeAsString());
+  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, event.deadline_ms(), event_id));
+  if (s.ok()) s = batch.Put(samples_, sample_key, sample.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "join batch");
+  return Write(&batch, "join");
+}
+
+absl::Status Store::ForEachSample(
+    uint32_t problem, int64_t start, int64_t limit,
+    const std::function<absl::Status(int64_t, const v1::SampleRecord&)>& fn) {
+  const std::string prefix = Key32(problem);
+  std::string first = prefix;
+  AppendU64(&first, static_cast<uint64_t>(start));
+  return Scan<v1::SampleRecord>(samples_, prefix, first, limit,
+                                [&](absl::string_view key, const v1::SampleRecord& r) {
+                                  return fn(static_cast<int64_t>(ReadU64(key)), r);
+                                });
+}
+
+absl::Status Store::PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t chunk,
+                                     const v1::BackfillChunk& record) {
+  std::string key = Key32x2(problem, expert);
+  AppendU64(&key, chunk);
+  return Put(backfill_, key, record);
+}
+
+absl::Status Store::ForEachBackfillChunk(
+    uint32_t problem, uint32_t expert,
+    const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn) {
+  const std::string prefix = Key32x2(problem, expert);
+  return Scan<v1::BackfillChunk>(
+      backfill_, prefix, prefix, 0,
+      [&](absl::string_view key, const v1::BackfillChunk& r) { return fn(ReadU64(key), r); });
+}
+
+absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record) {
+  return Put(checkpoints_, Key32(problem), record);
+}
+
+absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, Key32(problem), &value);
+  if (!s.ok()) return FromRocks(s, "checkpoint");
+  v1::CheckpointRecord record;
+  if (!record.ParseFromString(value)) {
+    return absl::DataLossError("storage: checkpoint does not parse");
+  }
+  return record;
+}
+
+uint64_t Store::ApproximateSizeBytes() {
+  if (db_ == nullptr) return 0;
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &v)) total += v;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) total += v;
+  }
+  return total;
+}
+
+}  // namespace decision::storage

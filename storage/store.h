@@ -1,0 +1,143 @@
+// Durable state of the decision service in an embedded RocksDB.
+//
+// Column families (one per kind of record; keys are fixed-width big-endian integers, except
+// the event id suffix of the events family):
+//   problems     u32 problem                  -> ProblemRecord
+//   experts      u32 problem, u32 expert      -> ExpertRecord (model bytes + metadata)
+//   events       u32 problem, event id bytes  -> EventRecord (decisions, pending or joined)
+//   pending      u32 problem, u64 deadline_ms, event id bytes -> "" (index of pending events)
+//   samples      u32 problem, u64 sequence    -> SampleRecord (the joined log, join order)
+//   backfill     u32 problem, u32 expert, u64 chunk -> BackfillChunk (per-expert columns)
+//   checkpoints  u32 problem                  -> CheckpointRecord (divergences, reservoir)
+// Do not change the key layouts or family names: they are part of the on-disk format.
+//
+// Durability (StoreOptions::sync): every write goes to RocksDB's write-ahead log first.
+//   sync = false (default): the WAL is not fsync'ed. An acknowledged write survives a crash
+//     of the process (including kill -9), not a crash of the machine or a power loss, which
+//     can lose the last few seconds of writes.
+//   sync = true: every write is fsync'ed before it is acknowledged: survives power loss, at
+//     the cost of one disk flush per write (typically 0.1-10 ms, and fewer writes per
+//     second).
+//
+// Errors: RocksDB statuses are converted once, here: IO errors and corruption become
+// INTERNAL, a missing record NOT_FOUND, a record that does not parse DATA_LOSS.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef DECISION_STORAGE_STORE_H_
+#define DECISION_STORAGE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/records.pb.h"
+
+namespace rocksdb {
+class ColumnFamilyHandle;
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace decision::storage {
+
+struct StoreOptions {
+  bool sync = false;  // fsync every write; see the header comment
+  bool create_if_missing = true;
+};
+
+class Store {
+ public:
+  // Opens (or creates) the store in directory `path`. INTERNAL if RocksDB cannot open it
+  // (e.g. another process holds its lock).
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                                     const StoreOptions& options);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Flushes and closes. Further calls fail. Called by the destructor if not called before.
+  absl::Status Close();
+
+  absl::Status PutProblem(uint32_t problem, const v1::ProblemRecord& record);
+  absl::Status ForEachProblem(
+      const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn);
+
+  absl::Status PutExpert(uint32_t problem, uint32_t expert, const v1::ExpertRecord& record);
+  absl::Status ForEachExpert(
+      uint32_t problem,
+      const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn);
+
+  // Records a new pending decision and indexes it by deadline, atomically.
+  absl::Status Decide(uint32_t problem, absl::string_view event_id,
+                      const v1::EventRecord& record);
+  // Overwrites an event record (no change to the pending index).
+  absl::Status PutEvent(uint32_t problem, absl::string_view event_id,
+                        const v1::EventRecord& record);
+  // Records that a pending event expired without being learned (dropped): writes the event
+  // and removes it from the pending index, atomically.
+  absl::Status Expire(uint32_t problem, absl::string_view event_id,
+                      const v1::EventRecord& record);
+  // Pending events in deadline order.
+  absl::Status ForEachPending(
+      uint32_t problem,
+      const std::function<absl::Status(int64_t deadline_ms, absl::string_view event_id)>& fn);
+  // NOT_FOUND if the event is unknown.
+  absl::StatusOr<v1::EventRecord> GetEvent(uint32_t problem, absl::string_view event_id);
+  absl::Status ForEachEvent(
+      uint32_t problem,
+      const std::function<absl::Status(absl::string_view, const v1::EventRecord&)>& fn);
+
+  // Joins a sample: writes the updated event, removes it from the pending index (by the
+  // event's deadline_ms) and writes the sample at `sequence`, atomically (one WriteBatch):
+  // after a crash either all of it is there or none.
+  absl::Status Join(uint32_t problem, absl::string_view event_id, const v1::EventRecord& event,
+                    int64_t sequence, const v1::SampleRecord& sample);
+  // Samples with sequence >= start, in order, until fn returns a non-OK status (which is
+  // returned) or `limit` samples (0: no limit) were visited.
+  absl::Status ForEachSample(
+      uint32_t problem, int64_t start, int64_t limit,
+      const std::function<absl::Status(int64_t, const v1::SampleRecord&)>& fn);
+
+  absl::Status PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t chunk,
+                                const v1::BackfillChunk& record);
+  absl::Status ForEachBackfillChunk(
+      uint32_t problem, uint32_t expert,
+      const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn);
+
+  absl::Status PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record);
+  // NOT_FOUND if the problem has no checkpoint yet.
+  absl::StatusOr<v1::CheckpointRecord> GetCheckpoint(uint32_t problem);
+
+  // Bytes on disk (SST files and WAL), approximately.
+  uint64_t ApproximateSizeBytes();
+
+ private:
+  Store() = default;
+  absl::Status Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
+                   const google::protobuf::MessageLite& record);
+  absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
+  template <typename Record>
+  absl::Status Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
+                    const std::string& start, int64_t limit,
+                    const std::function<absl::Status(absl::string_view, const Record&)>& fn);
+
+  StoreOptions options_;
+  rocksdb::DB* db_ = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::ColumnFamilyHandle* problems_ = nullptr;
+  rocksdb::ColumnFamilyHandle* experts_ = nullptr;
+  rocksdb::ColumnFamilyHandle* events_ = nullptr;
+  rocksdb::ColumnFamilyHandle* samples_ = nullptr;
+  rocksdb::ColumnFamilyHandle* backfill_ = nullptr;
+  rocksdb::ColumnFamilyHandle* checkpoints_ = nullptr;
+  rocksdb::ColumnFamilyHandle* pending_ = nullptr;
+};
+
+}  // namespace decision::storage
+
+#endif  // DECISION_STORAGE_STORE_H_

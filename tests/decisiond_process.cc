@@ -1,0 +1,151 @@
+#include "tests/decisiond_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <grpcpp/grpcpp.h>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace decision::testing {
+
+std::string MakeTempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string root = base != nullptr ? base : "/tmp";
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string dir = absl::StrCat(root, "/decisiond-test-", getpid(), "-", rd());
+    if (std::filesystem::create_directories(dir)) return dir;
+  }
+  return root + "/decisiond-test-fallback";
+}
+
+absl::StatusOr<std::unique_ptr<DecisiondProcess>> DecisiondProcess::Start(
+    const std::string& data_dir, const std::vector<std::string>& extra_flags) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return absl::InternalError("pipe failed");
+  std::vector<std::string> args = {DECISIOND_PATH, "--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0",
+                                   absl::StrCat("--data_dir=", data_dir)};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  std::unique_ptr<DecisiondProcess> p(new DecisiondProcess());
+  p->pid_ = pid;
+  p->stdout_fd_ = pipe_fds[0];
+  // Read the listening line.
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (line.find('\n') == std::string::npos) {
+    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          deadline - std::chrono::steady_clock::now())
+                                          .count());
+    if (left <= 0) return absl::DeadlineExceededError("decisiond did not start in 30 s");
+    pollfd pfd{p->stdout_fd_, POLLIN, 0};
+    if (poll(&pfd, 1, left) <= 0) continue;
+    char buf[256];
+    const ssize_t n = read(p->stdout_fd_, buf, sizeof(buf));
+    if (n <= 0) return absl::InternalError("decisiond exited before listening");
+    line.append(buf, n);
+  }
+  // "decisiond listening on HOST:PORT metrics on HOST:PORT"
+  const std::vector<std::string> words = absl::StrSplit(line.substr(0, line.find('\n')), ' ');
+  if (words.size() != 6 || words[1] != "listening") {
+    return absl::InternalError(absl::StrCat("unexpected start line: ", line));
+  }
+  p->address_ = words[3];
+  p->metrics_address_ = words[5];
+  return p;
+}
+
+DecisiondProcess::~DecisiondProcess() {
+  if (pid_ > 0) Kill();
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+std::unique_ptr<v1::DecisionService::Stub> DecisiondProcess::NewStub() const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return v1::DecisionService::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+}
+
+int DecisiondProcess::Terminate() {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return -WTERMSIG(status);
+}
+
+void DecisiondProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError("bad address " + address);
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError("cannot connect to " + address);
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::UnavailableError("write failed");
+  }
+  std::string response;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos) {
+    return absl::InternalError("not an HTTP response");
+  }
+  if (response.find(" 200 ") > body) return absl::InternalError("HTTP status is not 200");
+  return response.substr(body + 4);
+}
+
+}  // namespace decision::testing

@@ -1,0 +1,372 @@
+// DecisionService in-process, with a fake clock and the maintenance run by hand: the reward
+// join (wait time, default reward, late and duplicate rewards), idempotent Choose,
+// backfill of a runtime expert, retirement, restart, and the service's estimates against
+// the literal reference on the exported log.
+#include "server/decision_service.h"
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/estimator.h"
+#include "tests/decisiond_process.h"
+#include "tests/reference_estimators.h"
+
+namespace decision::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kArms = 4;
+constexpr int kFeatures = 3;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    Open();
+  }
+  void Open() {
+    ServiceOptions options;
+    options.data_dir = dir_;
+    options.seed = 7;
+    options.start_maintenance_thread = false;
+    auto s = DecisionService::Open(options, &clock_, &metrics_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    service_ = *std::move(s);
+  }
+  void Reopen() {
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    Open();
+  }
+
+  void CreateProblem(const std::string& id, int64_t wait_ms = 1000, bool drop = false) {
+    v1::CreateProblemRequest req;
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(kFeatures);
+    req.mutable_config()->set_reward_wait_ms(wait_ms);
+    req.mutable_config()->set_default_reward(0.25);
+    req.mutable_config()->set_drop_unrewarded(drop);
+    v1::Problem p;
+    ASSERT_TRUE(service_->CreateProblem(req, &p).ok());
+  }
+
+  // A linear softmax expert preferring arm = argmax of the first features.
+  int RegisterLinear(const std::string& problem, double strength) {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id(problem);
+    req.set_name("linear");
+    auto* l = req.mutable_model()->mutable_linear_softmax();
+    for (int a = 0; a < kArms; ++a) {
+      for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? strength : 0.0);
+      l->add_bias(0.0);
+    }
+    v1::Expert e;
+    EXPECT_TRUE(service_->RegisterExpert(req, &e).ok());
+    return e.expert_id();
+  }
+
+  void RunMaintenanceUntilActive(const std::string& problem) {
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_TRUE(service_->RunMaintenance().ok());
+      v1::ListExpertsRequest req;
+      req.set_problem_id(problem);
+      v1::ListExpertsResponse resp;
+      ASSERT_TRUE(service_->ListExperts(req, &resp).ok());
+      bool all = true;
+      for (const auto& e : resp.experts()) all &= e.status() != v1::EXPERT_STATUS_BACKFILLING;
+      if (all) return;
+    }
+    FAIL() << "backfill did not complete";
+  }
+
+  v1::ChooseResponse Choose(const std::string& problem, const std::string& event_id = "") {
+    v1::ChooseRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(event_id);
+    for (int f = 0; f < kFeatures; ++f) req.add_features(std::uniform_real_distribution<>(0, 1)(gen_));
+    v1::ChooseResponse resp;
+    absl::Status s = service_->Choose(req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    last_features_.assign(req.features().begin(), req.features().end());
+    return resp;
+  }
+  absl::Status Reward(const std::string& problem, const std::string& event_id, double value,
+                      bool* first = nullptr) {
+    v1::RewardRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(event_id);
+    req.set_value(value);
+    v1::RewardResponse resp;
+    absl::Status s = service_->Reward(req, &resp);
+    if (first != nullptr) *first = resp.first();
+    return s;
+  }
+  // Reward 1 when the arm is the argmax of the context's first features.
+  double Label() const {
+    return static_cast<double>(std::max_element(last_features_.begin(), last_features_.end()) -
+                               last_features_.begin());
+  }
+  v1::Problem GetProblem(const std::string& id) {
+    v1::GetProblemRequest req;
+    req.set_problem_id(id);
+    v1::Problem p;
+    EXPECT_TRUE(service_->GetProblem(req, &p).ok());
+    return p;
+  }
+  v1::Estimates Estimates(const std::string& id) {
+    v1::GetEstimatesRequest req;
+    req.set_problem_id(id);
+    v1::Estimates e;
+    EXPECT_TRUE(service_->GetEstimates(req, &e).ok());
+    return e;
+  }
+  std::vector<v1::LoggedSample> Export(const std::string& id) {
+    v1::ExportLogRequest req;
+    req.set_problem_id(id);
+    std::vector<v1::LoggedSample> out;
+    EXPECT_TRUE(service_->ExportLog(req, [&](const v1::LoggedSample& s) {
+                  out.push_back(s);
+                  return absl::OkStatus();
+                }).ok());
+    return out;
+  }
+  void PlayRounds(const std::string& problem, int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      const v1::ChooseResponse c = Choose(problem);
+      ASSERT_TRUE(Reward(problem, c.event_id(), c.arm() == Label() ? 1.0 : 0.0).ok());
+    }
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  Metrics metrics_;
+  std::unique_ptr<DecisionService> service_;
+  std::mt19937_64 gen_{42};
+  std::vector<double> last_features_;
+};
+
+TEST_F(ServiceTest, RewardWithinWaitIsLearnedOnceDuplicatesAreNotCounted) {
+  CreateProblem("p");
+  const v1::ChooseResponse c = Choose("p", "event-1");
+  EXPECT_EQ(c.event_id(), "event-1");
+  EXPECT_EQ(GetProblem("p").pending(), 1);
+  bool first = false;
+  ASSERT_TRUE(Reward("p", "event-1", 1.0, &first).ok());
+  EXPECT_TRUE(first);
+  ASSERT_TRUE(Reward("p", "event-1", 1.0, &first).ok());
+  EXPECT_FALSE(first);
+  ASSERT_TRUE(Reward("p", "event-1", 0.0, &first).ok());
+  EXPECT_FALSE(first);
+  const v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.samples(), 1);
+  EXPECT_EQ(p.pending(), 0);
+  const auto log = Export("p");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].reward(), 1.0);
+  EXPECT_FALSE(log[0].default_reward());
+  absl::Status unknown = Reward("p", "no-such-event", 1.0);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.message(), HasSubstr("no-such-event"));
+}
+
+TEST_F(ServiceTest, ChooseWithEventIdIsIdempotentBeforeAndAfterTheReward) {
+  CreateProblem("p");
+  const v1::ChooseResponse a = Choose("p", "e");
+  const v1::ChooseResponse b = Choose("p", "e");
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  ASSERT_TRUE(Reward("p", "e", 1.0).ok());
+  const v1::ChooseResponse c = Choose("p", "e");
+  EXPECT_EQ(a.SerializeAsString(), c.SerializeAsString());
+  EXPECT_EQ(GetProblem("p").decisions(), 1);
+  // Server-generated ids are distinct.
+  EXPECT_NE(Choose("p").event_id(), Choose("p").event_id());
+}
+
+TEST_F(ServiceTest, ExpiredDecisionGetsTheDefaultRewardAndALateRewardIsNotLearned) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  const v1::ChooseResponse c = Choose("p", "slow");
+  clock_.AdvanceMs(999);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").samples(), 0);  // not yet expired
+  clock_.AdvanceMs(2);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.samples(), 1);
+  EXPECT_EQ(p.pending(), 0);
+  auto log = Export("p");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_TRUE(log[0].default_reward());
+  EXPECT_EQ(log[0].reward(), 0.25);
+  absl::Status late = Reward("p", "slow", 1.0);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.message(), HasSubstr("late"));
+  EXPECT_EQ(Reward("p", "slow", 1.0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetProblem("p").samples(), 1);
+  EXPECT_EQ(Export("p")[0].reward(), 0.25);
+}
+
+TEST_F(ServiceTest, RewardAfterTheDeadlineBeforeExpiryRanIsLate) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  Choose("p", "e");
+  clock_.AdvanceMs(5000);  // no maintenance has run
+  EXPECT_EQ(Reward("p", "e", 1.0).code(), absl::StatusCode::kFailedPrecondition);
+  const auto log = Export("p");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_TRUE(log[0].default_reward());
+}
+
+TEST_F(ServiceTest, DroppedDecisionsAreNotLearned) {
+  CreateProblem("p", /*wait_ms=*/100, /*drop=*/true);
+  Choose("p", "e");
+  clock_.AdvanceMs(200);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.samples(), 0);
+  EXPECT_EQ(p.pending(), 0);
+  EXPECT_EQ(Reward("p", "e", 1.0).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ServiceTest, RuntimeExpertIsBackfilledAndEstimatedFromTheWholeHistory) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 3000);
+  const int linear = RegisterLinear("p", 8.0);
+  v1::ListExpertsRequest list;
+  list.set_problem_id("p");
+  v1::ListExpertsResponse experts;
+  ASSERT_TRUE(service_->ListExperts(list, &experts).ok());
+  EXPECT_EQ(experts.experts(linear).status(), v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(experts.experts(linear).backfill_total(), 3000);
+  // Samples joined while it backfills carry its propensity directly.
+  PlayRounds("p", 10);
+  RunMaintenanceUntilActive("p");
+  const v1::Estimates e = Estimates("p");
+  ASSERT_EQ(e.experts_size(), 2);
+  EXPECT_EQ(e.samples(), 3010);
+  EXPECT_GT(e.experts(linear).estimate(), e.experts(0).estimate() + 0.3);
+  EXPECT_GT(e.experts(linear).effective_sample_size(), 0.0);
+  // The new expert is now the one D-UCB follows.
+  int followed = 0;
+  for (int i = 0; i < 50; ++i) followed += Choose("p").expert_id() == linear;
+  EXPECT_GE(followed, 45);
+}
+
+TEST_F(ServiceTest, EstimatesEqualTheLiteralReferenceOnTheExportedLog) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 200);
+  RegisterLinear("p", 2.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  RegisterLinear("p", 6.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);  // crosses divergence refreshes (every 7 sqrt(t) samples)
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Estimates e = Estimates("p");
+  const auto log = Export("p");
+  ASSERT_EQ(static_cast<int64_t>(log.size()), e.samples());
+  SampleLog rebuilt(e.n());
+  for (const v1::LoggedSample& s : log) {
+    ASSERT_EQ(s.expert_propensities_size(), e.n());
+    ASSERT_TRUE(rebuilt
+                    .Append(s.expert_id(), s.reward(),
+                            std::vector<double>(s.expert_propensities().begin(),
+                                                s.expert_propensities().end()))
+                    .ok());
+  }
+  DivergenceMatrix d;
+  d.num_experts = e.n();
+  d.m.assign(e.m().begin(), e.m().end());
+  d.sigma.assign(e.sigma().begin(), e.sigma().end());
+  EXPECT_GT(d.M(1, 2), 1.0);  // a refresh happened: not the identity any more
+  EstimatorOptions options;  // the problem's defaults
+  for (int k = 0; k < e.n(); ++k) {
+    const ExpertEstimate ref = reference::Estimate(rebuilt, rebuilt.size(), d, options, k);
+    EXPECT_NEAR(e.experts(k).estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
+    EXPECT_NEAR(e.experts(k).width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
+  }
+}
+
+TEST_F(ServiceTest, RetiredExpertIsNeverSelectedButKeepsItsHistory) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int linear = RegisterLinear("p", 8.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 200);
+  v1::RetireExpertRequest retire;
+  retire.set_problem_id("p");
+  retire.set_expert_id(linear);
+  v1::Expert retired;
+  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  EXPECT_EQ(retired.status(), v1::EXPERT_STATUS_RETIRED);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(Choose("p").expert_id(), 0);
+  EXPECT_GT(Estimates("p").experts(linear).times_selected(), 0);
+  // The last selectable expert cannot be retired.
+  retire.set_expert_id(0);
+  EXPECT_EQ(service_->RetireExpert(retire, &retired).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ServiceTest, RestartRestoresEstimatesPendingDecisionsAndExperts) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 400);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::ChooseResponse open = Choose("p", "open-decision");
+  const std::string before = Estimates("p").SerializeAsString();
+  const auto log_before = Export("p");
+  Reopen();
+  EXPECT_EQ(Estimates("p").SerializeAsString(), before);
+  const auto log_after = Export("p");
+  ASSERT_EQ(log_after.size(), log_before.size());
+  for (size_t i = 0; i < log_after.size(); ++i) {
+    EXPECT_EQ(log_after[i].SerializeAsString(), log_before[i].SerializeAsString());
+  }
+  EXPECT_EQ(GetProblem("p").pending(), 1);
+  EXPECT_EQ(Choose("p", "open-decision").SerializeAsString(), open.SerializeAsString());
+  bool first = false;
+  ASSERT_TRUE(Reward("p", "open-decision", 1.0, &first).ok());
+  EXPECT_TRUE(first);
+  EXPECT_EQ(GetProblem("p").samples(), 401);
+}
+
+TEST_F(ServiceTest, RestartDuringBackfillResumesIt) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 9000);  // three backfill chunks
+  const int linear = RegisterLinear("p", 8.0);
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // backfills at least one chunk
+  Reopen();
+  RunMaintenanceUntilActive("p");
+  const v1::Estimates e = Estimates("p");
+  EXPECT_GT(e.experts(linear).estimate(), e.experts(0).estimate() + 0.3);
+  EXPECT_EQ(e.n(), 2);
+}
+
+TEST_F(ServiceTest, ProblemsAreListedAndKeptAcrossRestart) {
+  CreateProblem("b");
+  CreateProblem("a");
+  v1::ListProblemsResponse list;
+  ASSERT_TRUE(service_->ListProblems({}, &list).ok());
+  ASSERT_EQ(list.problems_size(), 2);
+  EXPECT_EQ(list.problems(0).problem_id(), "a");
+  EXPECT_EQ(list.problems(0).config().reward_wait_ms(), 1000);
+  EXPECT_EQ(list.problems(0).config().divergence_reservoir(), 2048);
+  Reopen();
+  v1::ListProblemsResponse again;
+  ASSERT_TRUE(service_->ListProblems({}, &again).ok());
+  EXPECT_EQ(again.SerializeAsString(), list.SerializeAsString());
+  v1::CreateProblemRequest dup;
+  dup.set_problem_id("a");
+  dup.mutable_config()->set_num_arms(2);
+  v1::Problem p;
+  EXPECT_EQ(service_->CreateProblem(dup, &p).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace decision::server
