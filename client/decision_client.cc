@@ -1,0 +1,178 @@
+#include "client/decision_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+namespace decision::client {
+namespace {
+
+std::string RandomEventId() {
+  static thread_local std::mt19937_64 gen(std::random_device{}() ^
+                                          (static_cast<uint64_t>(std::random_device{}()) << 32));
+  char buf[34];
+  std::snprintf(buf, sizeof(buf), "c%016llx%016llx", static_cast<unsigned long long>(gen()),
+                static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+DecisionClient::DecisionClient(const ClientOptions& options) : options_(options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  stub_ = v1::DecisionService::NewStub(
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args));
+}
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> DecisionClient::Unary(int attempts, Call&& call) {
+  int64_t backoff_ms = options_.initial_backoff_ms;
+  grpc::Status status;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(options_.deadline_ms));
+    Response response;
+    status = call(&ctx, &response);
+    if (status.ok()) return response;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= attempts) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms *= 2;
+  }
+  return FromGrpc(status);
+}
+
+absl::StatusOr<v1::Problem> DecisionClient::CreateProblem(const std::string& problem_id,
+                                                          const v1::ProblemConfig& config) {
+  v1::CreateProblemRequest request;
+  request.set_problem_id(problem_id);
+  *request.mutable_config() = config;
+  int calls = 0;
+  absl::StatusOr<v1::Problem> result =
+      Unary<v1::Problem>(options_.max_attempts, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+        ++calls;
+        return stub_->CreateProblem(ctx, request, r);
+      });
+  if (calls > 1 && absl::IsAlreadyExists(result.status())) return GetProblem(problem_id);
+  return result;
+}
+
+absl::StatusOr<v1::Problem> DecisionClient::GetProblem(const std::string& problem_id) {
+  v1::GetProblemRequest request;
+  request.set_problem_id(problem_id);
+  return Unary<v1::Problem>(options_.max_attempts, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+    return stub_->GetProblem(ctx, request, r);
+  });
+}
+
+absl::StatusOr<v1::ListProblemsResponse> DecisionClient::ListProblems() {
+  return Unary<v1::ListProblemsResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListProblemsResponse* r) {
+        return stub_->ListProblems(ctx, v1::ListProblemsRequest(), r);
+      });
+}
+
+absl::StatusOr<v1::Expert> DecisionClient::RegisterExpert(const std::string& problem_id,
+                                                          const std::string& name,
+                                                          const v1::ExpertModel& model) {
+  v1::RegisterExpertRequest request;
+  request.set_problem_id(problem_id);
+  request.set_name(name);
+  *request.mutable_model() = model;
+  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+    return stub_->RegisterExpert(ctx, request, r);
+  });
+}
+
+absl::StatusOr<v1::ListExpertsResponse> DecisionClient::ListExperts(
+    const std::string& problem_id) {
+  v1::ListExpertsRequest request;
+  request.set_problem_id(problem_id);
+  return Unary<v1::ListExpertsResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListExpertsResponse* r) {
+        return stub_->ListExperts(ctx, request, r);
+      });
+}
+
+absl::StatusOr<v1::Expert> DecisionClient::RetireExpert(const std::string& problem_id,
+                                                        int expert_id) {
+  v1::RetireExpertRequest request;
+  request.set_problem_id(problem_id);
+  request.set_expert_id(expert_id);
+  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+    return stub_->RetireExpert(ctx, request, r);
+  });
+}
+
+absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(const std::string& problem_id,
+                                                          absl::Span<const double> features,
+                                                          std::string event_id) {
+  v1::ChooseRequest request;
+  request.set_problem_id(problem_id);
+  request.mutable_features()->Add(features.begin(), features.end());
+  request.set_event_id(event_id.empty() ? RandomEventId() : std::move(event_id));
+  return Unary<v1::ChooseResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseResponse* r) {
+        return stub_->Choose(ctx, request, r);
+      });
+}
+
+absl::StatusOr<bool> DecisionClient::Reward(const std::string& problem_id,
+                                            const std::string& event_id, double value) {
+  v1::RewardRequest request;
+  request.set_problem_id(problem_id);
+  request.set_event_id(event_id);
+  request.set_value(value);
+  absl::StatusOr<v1::RewardResponse> r = Unary<v1::RewardResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::RewardResponse* resp) {
+        return stub_->Reward(ctx, request, resp);
+      });
+  if (!r.ok()) return r.status();
+  return r->first();
+}
+
+absl::StatusOr<v1::Estimates> DecisionClient::GetEstimates(const std::string& problem_id) {
+  v1::GetEstimatesRequest request;
+  request.set_problem_id(problem_id);
+  return Unary<v1::Estimates>(options_.max_attempts,
+                              [&](grpc::ClientContext* ctx, v1::Estimates* r) {
+                                return stub_->GetEstimates(ctx, request, r);
+                              });
+}
+
+absl::Status DecisionClient::ExportLog(
+    const std::string& problem_id, int64_t start, int64_t limit,
+    const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
+  v1::ExportLogRequest request;
+  request.set_problem_id(problem_id);
+  request.set_start(start);
+  request.set_limit(limit);
+  grpc::ClientContext ctx;
+  // A whole-log export can be long: the deadline scales with nothing we know, so give it an
+  // hour; cancel by returning an error from fn.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
+      stub_->ExportLog(&ctx, request);
+  v1::LoggedSample sample;
+  while (reader->Read(&sample)) {
+    if (absl::Status s = fn(sample); !s.ok()) {
+      ctx.TryCancel();
+      reader->Finish().ok();
+      return s;
+    }
+  }
+  return FromGrpc(reader->Finish());
+}
+
+}  // namespace decision::client

@@ -1,0 +1,73 @@
+// A C++ client of the decision service (decision.v1). Depends only on the generated API.
+//
+// Every call has a deadline. Calls that are safe to repeat are retried, with exponential
+// backoff, when the server is UNAVAILABLE (and only then): Choose (the client sends an
+// event id, so a retry returns the same decision), Reward (a repeated reward is not counted
+// twice), and all reads. CreateProblem is retried too and reports success if a retry finds
+// the problem its lost first attempt created. RegisterExpert and RetireExpert are not
+// retried: a lost response leaves the caller to check ListExperts.
+//
+// Thread safety: a DecisionClient may be used from any number of threads.
+#ifndef DECISION_CLIENT_DECISION_CLIENT_H_
+#define DECISION_CLIENT_DECISION_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "decision/v1/decision.grpc.pb.h"
+
+namespace decision::client {
+
+struct ClientOptions {
+  std::string address = "127.0.0.1:50051";
+  int64_t deadline_ms = 5000;      // per attempt
+  int max_attempts = 4;            // 1 = no retries
+  int64_t initial_backoff_ms = 50;  // doubled after each UNAVAILABLE
+  int64_t max_message_bytes = 64 << 20;
+};
+
+class DecisionClient {
+ public:
+  explicit DecisionClient(const ClientOptions& options);
+
+  absl::StatusOr<v1::Problem> CreateProblem(const std::string& problem_id,
+                                            const v1::ProblemConfig& config);
+  absl::StatusOr<v1::Problem> GetProblem(const std::string& problem_id);
+  absl::StatusOr<v1::ListProblemsResponse> ListProblems();
+  absl::StatusOr<v1::Expert> RegisterExpert(const std::string& problem_id,
+                                            const std::string& name,
+                                            const v1::ExpertModel& model);
+  absl::StatusOr<v1::ListExpertsResponse> ListExperts(const std::string& problem_id);
+  absl::StatusOr<v1::Expert> RetireExpert(const std::string& problem_id, int expert_id);
+  // An empty event_id is replaced by a random one, so that retries stay idempotent.
+  absl::StatusOr<v1::ChooseResponse> Choose(const std::string& problem_id,
+                                            absl::Span<const double> features,
+                                            std::string event_id = "");
+  // Returns true if this was the event's first reward.
+  absl::StatusOr<bool> Reward(const std::string& problem_id, const std::string& event_id,
+                              double value);
+  absl::StatusOr<v1::Estimates> GetEstimates(const std::string& problem_id);
+  // Streams samples [start, start + limit) (limit 0: all) to fn; stops at fn's first error.
+  // Not retried (a partial stream was already delivered).
+  absl::Status ExportLog(const std::string& problem_id, int64_t start, int64_t limit,
+                         const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+
+ private:
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> Unary(int attempts, Call&& call);
+
+  ClientOptions options_;
+  std::unique_ptr<v1::DecisionService::Stub> stub_;
+};
+
+// grpc::Status -> absl::Status (the client's one conversion point).
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace decision::client
+
+#endif  // DECISION_CLIENT_DECISION_CLIENT_H_

@@ -1,0 +1,445 @@
+// decisionctl: the command-line client of the decision service.
+//
+//   decisionctl [--server=HOST:PORT] COMMAND [ARGS] [--flags]
+//
+// Commands:
+//   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
+//                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
+//   list-problems
+//   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
+//                  | --uniform) [--smoothing=ETA]
+//       --linear: one line per arm: "bias w_1 ... w_D" (spaces or commas)
+//       --table:  one line per row: K probabilities; --key_feature picks the row
+//       --xgboost: a multi:softprob model saved by XGBoost (JSON or UBJSON)
+//   list-experts PROBLEM
+//   retire-expert PROBLEM EXPERT_ID
+//   estimates PROBLEM
+//   choose PROBLEM --x=x1,x2,... [--event_id=ID]
+//   reward PROBLEM EVENT_ID VALUE
+//   export PROBLEM [--format=csv|jsonl] [--output=FILE] [--start=N] [--limit=N]
+//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE]
+//       acts as an ad server over a labelled CSV (last column `label`): for each row,
+//       Choose with its features, reward 1 if the arm equals the label; prints the
+//       progressive loss as it goes.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/decision_client.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "decisiond address");
+ABSL_FLAG(int64_t, deadline_ms, 5000, "deadline of each RPC attempt");
+ABSL_FLAG(int, arms, 0, "create-problem: number of arms");
+ABSL_FLAG(int, features, 0, "create-problem: number of features");
+ABSL_FLAG(std::string, estimator, "median_of_means", "create-problem: median_of_means or clipped");
+ABSL_FLAG(int64_t, wait_ms, 0, "create-problem: reward wait time (0: server default 60000)");
+ABSL_FLAG(double, default_reward, 0.0, "create-problem: reward of decisions never rewarded");
+ABSL_FLAG(bool, drop_unrewarded, false, "create-problem: drop instead of default reward");
+ABSL_FLAG(std::string, name, "", "register-expert: expert name");
+ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
+ABSL_FLAG(std::string, linear, "", "register-expert: linear softmax weights file");
+ABSL_FLAG(std::string, table, "", "register-expert: probability table file");
+ABSL_FLAG(bool, uniform, false, "register-expert: the uniform expert");
+ABSL_FLAG(int, key_feature, 0, "register-expert --table: feature selecting the row");
+ABSL_FLAG(double, temperature, 1.0, "register-expert --linear: softmax temperature");
+ABSL_FLAG(double, smoothing, -1.0, "register-expert: smoothing eta (default: the problem's)");
+ABSL_FLAG(std::string, event_id, "", "choose: caller event id (default: generated)");
+ABSL_FLAG(std::string, format, "csv", "export: csv or jsonl");
+ABSL_FLAG(std::string, output, "", "export: output file (default: stdout)");
+ABSL_FLAG(int64_t, start, 0, "export: first sample");
+ABSL_FLAG(int64_t, limit, 0, "export: number of samples (0: all)");
+ABSL_FLAG(std::string, data, "", "replay: labelled CSV");
+ABSL_FLAG(std::string, order, "", "replay: row order file (default: file order)");
+ABSL_FLAG(int64_t, rounds, 0, "replay: stop after N rounds (0: all)");
+ABSL_FLAG(std::string, curve_csv, "", "replay: write the progressive loss per round");
+// The flag is named --features for create-problem; choose takes --x.
+ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
+
+namespace {
+
+using decision::client::DecisionClient;
+namespace v1 = decision::v1;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "decisionctl: %s\n", s.ToString().c_str());
+  return 1;
+}
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "decisionctl: %s (see decisionctl --help)\n", message.c_str());
+  return 2;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view text) {
+  std::vector<double> out;
+  for (absl::string_view cell :
+       absl::StrSplit(text, absl::ByAnyChar(", \t"), absl::SkipWhitespace())) {
+    double v;
+    if (!absl::SimpleAtod(cell, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("`", cell, "` is not a number"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<double>>> ReadMatrix(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<std::vector<double>> rows;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
+    absl::StatusOr<std::vector<double>> row = ParseNumbers(line);
+    if (!row.ok()) return row.status();
+    rows.push_back(*std::move(row));
+  }
+  return rows;
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string Number(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+const char* StatusName(v1::ExpertStatus s) {
+  switch (s) {
+    case v1::EXPERT_STATUS_BACKFILLING: return "backfilling";
+    case v1::EXPERT_STATUS_ACTIVE: return "active";
+    case v1::EXPERT_STATUS_RETIRED: return "retired";
+    default: return "?";
+  }
+}
+
+int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("create-problem needs ID");
+  v1::ProblemConfig config;
+  config.set_num_arms(absl::GetFlag(FLAGS_arms));
+  config.set_num_features(absl::GetFlag(FLAGS_features));
+  const std::string estimator = absl::GetFlag(FLAGS_estimator);
+  if (estimator == "clipped") {
+    config.mutable_estimator()->set_kind(v1::ESTIMATOR_KIND_CLIPPED);
+  } else if (estimator == "median_of_means") {
+    config.mutable_estimator()->set_kind(v1::ESTIMATOR_KIND_MEDIAN_OF_MEANS);
+  } else {
+    return Usage("--estimator must be median_of_means or clipped");
+  }
+  config.set_reward_wait_ms(absl::GetFlag(FLAGS_wait_ms));
+  config.set_default_reward(absl::GetFlag(FLAGS_default_reward));
+  config.set_drop_unrewarded(absl::GetFlag(FLAGS_drop_unrewarded));
+  auto p = c.CreateProblem(args[0], config);
+  if (!p.ok()) return Fail(p.status());
+  std::printf("created problem %s: %d arms, %d features, wait %lld ms\n",
+              p->problem_id().c_str(), p->config().num_arms(), p->config().num_features(),
+              static_cast<long long>(p->config().reward_wait_ms()));
+  return 0;
+}
+
+int ListProblems(DecisionClient& c) {
+  auto list = c.ListProblems();
+  if (!list.ok()) return Fail(list.status());
+  std::printf("%-24s %6s %8s %8s %10s %10s %8s\n", "problem", "arms", "features", "experts",
+              "decisions", "samples", "pending");
+  for (const v1::Problem& p : list->problems()) {
+    std::printf("%-24s %6d %8d %8d %10lld %10lld %8lld\n", p.problem_id().c_str(),
+                p.config().num_arms(), p.config().num_features(), p.experts(),
+                static_cast<long long>(p.decisions()), static_cast<long long>(p.samples()),
+                static_cast<long long>(p.pending()));
+  }
+  return 0;
+}
+
+int RegisterExpert(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("register-expert needs PROBLEM");
+  v1::ExpertModel model;
+  int kinds = 0;
+  if (const std::string f = absl::GetFlag(FLAGS_xgboost); !f.empty()) {
+    auto bytes = ReadFile(f);
+    if (!bytes.ok()) return Fail(bytes.status());
+    model.mutable_xgboost()->set_model(*bytes);
+    ++kinds;
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_linear); !f.empty()) {
+    auto rows = ReadMatrix(f);
+    if (!rows.ok()) return Fail(rows.status());
+    auto* l = model.mutable_linear_softmax();
+    for (const auto& row : *rows) {
+      if (row.empty()) continue;
+      l->add_bias(row[0]);
+      l->mutable_weights()->Add(row.begin() + 1, row.end());
+    }
+    l->set_temperature(absl::GetFlag(FLAGS_temperature));
+    ++kinds;
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_table); !f.empty()) {
+    auto rows = ReadMatrix(f);
+    if (!rows.ok()) return Fail(rows.status());
+    for (const auto& row : *rows) {
+      model.mutable_table()->add_rows()->mutable_probabilities()->Add(row.begin(), row.end());
+    }
+    model.mutable_table()->set_key_feature(absl::GetFlag(FLAGS_key_feature));
+    ++kinds;
+  }
+  if (absl::GetFlag(FLAGS_uniform)) {
+    model.mutable_uniform();
+    ++kinds;
+  }
+  if (kinds != 1) return Usage("give exactly one of --xgboost, --linear, --table, --uniform");
+  if (absl::GetFlag(FLAGS_smoothing) >= 0.0) model.set_smoothing(absl::GetFlag(FLAGS_smoothing));
+  auto e = c.RegisterExpert(args[0], absl::GetFlag(FLAGS_name), model);
+  if (!e.ok()) return Fail(e.status());
+  std::printf("registered expert %d (%s, %s): %s, %lld samples to backfill\n", e->expert_id(),
+              e->name().c_str(), e->kind().c_str(), StatusName(e->status()),
+              static_cast<long long>(e->backfill_total()));
+  return 0;
+}
+
+int ListExperts(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("list-experts needs PROBLEM");
+  auto list = c.ListExperts(args[0]);
+  if (!list.ok()) return Fail(list.status());
+  std::printf("%6s  %-20s %-15s %-12s %9s %21s\n", "expert", "name", "kind", "status",
+              "smoothing", "backfilled");
+  for (const v1::Expert& e : list->experts()) {
+    std::printf("%6d  %-20s %-15s %-12s %9.3f %10lld/%-10lld\n", e.expert_id(),
+                e.name().c_str(), e.kind().c_str(), StatusName(e.status()), e.smoothing(),
+                static_cast<long long>(e.backfilled()),
+                static_cast<long long>(e.backfill_total()));
+  }
+  return 0;
+}
+
+int RetireExpert(DecisionClient& c, const std::vector<char*>& args) {
+  int id;
+  if (args.size() != 2 || !absl::SimpleAtoi(args[1], &id)) {
+    return Usage("retire-expert needs PROBLEM EXPERT_ID");
+  }
+  auto e = c.RetireExpert(args[0], id);
+  if (!e.ok()) return Fail(e.status());
+  std::printf("expert %d is %s\n", e->expert_id(), StatusName(e->status()));
+  return 0;
+}
+
+int Estimates(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("estimates needs PROBLEM");
+  auto e = c.GetEstimates(args[0]);
+  if (!e.ok()) return Fail(e.status());
+  std::printf("problem %s: %lld samples, estimated regret %.1f\n", e->problem_id().c_str(),
+              static_cast<long long>(e->samples()), e->estimated_regret());
+  std::printf("%6s %-12s %10s %10s %10s %10s %12s\n", "expert", "status", "estimate", "width",
+              "ucb", "selected", "eff. samples");
+  for (const v1::ExpertEstimate& x : e->experts()) {
+    std::printf("%6d %-12s %10.4f %10.4f %10.4f %10lld %12.1f\n", x.expert_id(),
+                StatusName(x.status()), x.estimate(), x.width(), x.ucb(),
+                static_cast<long long>(x.times_selected()), x.effective_sample_size());
+  }
+  return 0;
+}
+
+int Choose(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("choose needs PROBLEM");
+  auto x = ParseNumbers(absl::GetFlag(FLAGS_x));
+  if (!x.ok()) return Fail(x.status());
+  auto r = c.Choose(args[0], *x, absl::GetFlag(FLAGS_event_id));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("event_id=%s arm=%d propensity=%.6f expert=%d\n", r->event_id().c_str(), r->arm(),
+              r->propensity(), r->expert_id());
+  return 0;
+}
+
+int Reward(DecisionClient& c, const std::vector<char*>& args) {
+  double value;
+  if (args.size() != 3 || !absl::SimpleAtod(args[2], &value)) {
+    return Usage("reward needs PROBLEM EVENT_ID VALUE");
+  }
+  auto first = c.Reward(args[0], args[1], value);
+  if (!first.ok()) return Fail(first.status());
+  std::printf(*first ? "reward recorded\n" : "duplicate: the event already had a reward\n");
+  return 0;
+}
+
+int Export(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("export needs PROBLEM");
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "csv" && format != "jsonl") return Usage("--format must be csv or jsonl");
+  std::ofstream file;
+  const std::string path = absl::GetFlag(FLAGS_output);
+  if (!path.empty()) {
+    file.open(path);
+    if (!file) return Fail(absl::InternalError("cannot write " + path));
+  }
+  std::ostream& out = path.empty() ? std::cout : file;
+  bool header = format == "csv";
+  absl::Status s = c.ExportLog(
+      args[0], absl::GetFlag(FLAGS_start), absl::GetFlag(FLAGS_limit),
+      [&](const v1::LoggedSample& x) {
+        if (format == "csv") {
+          if (header) {
+            out << "sequence,event_id,arm,expert_id,propensity,reward,default_reward,"
+                   "decided_at_ms,joined_at_ms";
+            for (int f = 0; f < x.features_size(); ++f) out << ",x" << f;
+            out << "\n";
+            header = false;
+          }
+          out << x.sequence() << "," << x.event_id() << "," << x.arm() << "," << x.expert_id()
+              << "," << Number(x.propensity()) << "," << Number(x.reward()) << ","
+              << (x.default_reward() ? 1 : 0) << "," << x.decided_at_ms() << ","
+              << x.joined_at_ms();
+          for (double f : x.features()) out << "," << Number(f);
+          out << "\n";
+        } else {
+          out << "{\"sequence\":" << x.sequence() << ",\"event_id\":" << JsonString(x.event_id())
+              << ",\"arm\":" << x.arm() << ",\"expert_id\":" << x.expert_id()
+              << ",\"propensity\":" << Number(x.propensity()) << ",\"reward\":"
+              << Number(x.reward()) << ",\"default_reward\":"
+              << (x.default_reward() ? "true" : "false")
+              << ",\"decided_at_ms\":" << x.decided_at_ms()
+              << ",\"joined_at_ms\":" << x.joined_at_ms() << ",\"features\":[";
+          for (int f = 0; f < x.features_size(); ++f) {
+            out << (f ? "," : "") << Number(x.features(f));
+          }
+          out << "],\"expert_propensities\":[";
+          for (int k = 0; k < x.expert_propensities_size(); ++k) {
+            out << (k ? "," : "") << Number(x.expert_propensities(k));
+          }
+          out << "]}\n";
+        }
+        return out ? absl::OkStatus() : absl::InternalError("write failed");
+      });
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+int Replay(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("replay needs PROBLEM");
+  auto rows = ReadFile(absl::GetFlag(FLAGS_data));
+  if (!rows.ok()) return Fail(rows.status());
+  std::vector<std::vector<double>> features;
+  std::vector<int> labels;
+  bool first_line = true;
+  for (absl::string_view line : absl::StrSplit(*rows, '\n', absl::SkipWhitespace())) {
+    if (first_line) {  // header
+      first_line = false;
+      continue;
+    }
+    auto values = ParseNumbers(line);
+    if (!values.ok() || values->size() < 2) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("bad data line: ", line)));
+    }
+    labels.push_back(static_cast<int>(values->back()));
+    values->pop_back();
+    features.push_back(*std::move(values));
+  }
+  std::vector<int> order;
+  if (const std::string f = absl::GetFlag(FLAGS_order); !f.empty()) {
+    auto text = ReadFile(f);
+    if (!text.ok()) return Fail(text.status());
+    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
+      int i;
+      if (!absl::SimpleAtoi(line, &i) || i < 0 || i >= static_cast<int>(labels.size())) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("bad order line: ", line)));
+      }
+      order.push_back(i);
+    }
+  } else {
+    for (size_t i = 0; i < labels.size(); ++i) order.push_back(static_cast<int>(i));
+  }
+  int64_t rounds = static_cast<int64_t>(order.size());
+  if (absl::GetFlag(FLAGS_rounds) > 0) rounds = std::min(rounds, absl::GetFlag(FLAGS_rounds));
+  std::ofstream curve;
+  if (const std::string f = absl::GetFlag(FLAGS_curve_csv); !f.empty()) {
+    curve.open(f);
+    curve << "round,progressive_loss\n";
+  }
+  double total = 0.0;
+  const bool tty = isatty(fileno(stderr));
+  for (int64_t t = 1; t <= rounds; ++t) {
+    const int row = order[t - 1];
+    auto d = c.Choose(args[0], features[row]);
+    if (!d.ok()) return Fail(d.status());
+    const double reward = d->arm() == labels[row] ? 1.0 : 0.0;
+    auto first = c.Reward(args[0], d->event_id(), reward);
+    if (!first.ok()) return Fail(first.status());
+    total += reward;
+    const double loss = 1.0 - total / t;
+    if (curve.is_open()) curve << t << "," << loss << "\n";
+    if (tty && (t % 50 == 0 || t == rounds)) {
+      const int width = 40;
+      const int filled = static_cast<int>(width * t / rounds);
+      std::fprintf(stderr, "\r[%s%s] %lld/%lld  progressive loss %.4f",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                   static_cast<long long>(t), static_cast<long long>(rounds), loss);
+    }
+    if (t % 1000 == 0 || t == rounds) {
+      if (tty) std::fprintf(stderr, "\n");
+      std::printf("round %lld progressive loss %.4f\n", static_cast<long long>(t), loss);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "decisionctl [--server=HOST:PORT] COMMAND ...\n"
+      "commands: create-problem, list-problems, register-expert, list-experts, "
+      "retire-expert, estimates, choose, reward, export, replay (see client/decisionctl.cc)");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2) return Usage("missing COMMAND");
+  const std::string command = positional[1];
+  const std::vector<char*> args(positional.begin() + 2, positional.end());
+  decision::client::ClientOptions options;
+  options.address = absl::GetFlag(FLAGS_server);
+  options.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  DecisionClient client(options);
+  if (command == "create-problem") return CreateProblem(client, args);
+  if (command == "list-problems") return ListProblems(client);
+  if (command == "register-expert") return RegisterExpert(client, args);
+  if (command == "list-experts") return ListExperts(client, args);
+  if (command == "retire-expert") return RetireExpert(client, args);
+  if (command == "estimates") return Estimates(client, args);
+  if (command == "choose") return Choose(client, args);
+  if (command == "reward") return Reward(client, args);
+  if (command == "export") return Export(client, args);
+  if (command == "replay") return Replay(client, args);
+  return Usage("unknown command " + command);
+}
