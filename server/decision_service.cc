@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +80,14 @@ absl::StatusOr<ExpertModelRecord> ModelRecordFromWire(const v1::ExpertModel& mod
 
 }  // namespace
 
+absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {
+  if (request.start() < 0 || request.limit() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start (", request.start(), ") and limit (",
+                                                   request.limit(), ") must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem_id,
                                                       const v1::ProblemConfig& c) {
   DECISION_RETURN_IF_ERROR(ValidateProblemId(problem_id));
@@ -120,9 +129,15 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
                      "; it must be in [1, divergence_reservoir] (0 for 16)"));
   }
   const v1::EstimatorConfig& e = c.estimator();
-  if (!v1::EstimatorKind_IsValid(e.kind()) || !v1::EpsilonRule_IsValid(e.epsilon_rule()) ||
-      !v1::WidthRule_IsValid(e.width_rule()) || !v1::ClipTest_IsValid(e.clip_test())) {
-    return absl::InvalidArgumentError("config.estimator has an unknown enum value");
+  for (const auto& [field, value, valid] :
+       {std::tuple<const char*, int, bool>{"kind", e.kind(), v1::EstimatorKind_IsValid(e.kind())},
+        {"epsilon_rule", e.epsilon_rule(), v1::EpsilonRule_IsValid(e.epsilon_rule())},
+        {"width_rule", e.width_rule(), v1::WidthRule_IsValid(e.width_rule())},
+        {"clip_test", e.clip_test(), v1::ClipTest_IsValid(e.clip_test())}}) {
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.estimator.", field, " is ", value, ", not a known value"));
+    }
   }
   EstimatorOptions o;
   o.kind = e.kind() == v1::ESTIMATOR_KIND_CLIPPED ? EstimatorKind::kClipped
@@ -248,7 +263,7 @@ absl::Status DecisionService::Shutdown() {
 }
 
 absl::StatusOr<Problem*> DecisionService::Find(const std::string& problem_id) {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the service is shutting down");
   if (problem_id.empty()) return absl::InvalidArgumentError("problem_id is empty");
   auto it = problems_.find(problem_id);
@@ -334,6 +349,10 @@ absl::Status DecisionService::ListExperts(const v1::ListExpertsRequest& request,
 absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& request,
                                            v1::Expert* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  if (request.expert_id() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_id is ", request.expert_id(), "; expert ids start at 0"));
+  }
   DECISION_ASSIGN_OR_RETURN(*response, p->RetireExpert(request.expert_id()));
   return absl::OkStatus();
 }
@@ -361,10 +380,7 @@ absl::Status DecisionService::ExportLog(
     const v1::ExportLogRequest& request,
     const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  if (request.start() < 0 || request.limit() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("start (", request.start(), ") and limit (",
-                                                   request.limit(), ") must be >= 0"));
-  }
+  DECISION_RETURN_IF_ERROR(ValidateExportLogRequest(request));
   return p->ExportLog(request.start(), request.limit(), fn);
 }
 

@@ -95,6 +95,8 @@ class DecisionService {
 absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
     const std::string& problem_id, const v1::ProblemConfig& config);
 v1::ProblemConfig ConfigFromRecord(const storage::v1::ProblemRecord& record);
+// INVALID_ARGUMENT for a negative start or limit.
+absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);
 
 }  // namespace decision::server
 

@@ -113,6 +113,11 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
       : service_(service), metrics_(metrics), request_(request),
         next_(request.start()),
         remaining_(request.limit() == 0 ? -1 : request.limit()) {
+    // The pages below are always valid requests: validate the caller's once, here.
+    if (absl::Status s = ValidateExportLogRequest(request); !s.ok()) {
+      Done(ToGrpcStatus(s));
+      return;
+    }
     NextPage();
   }
 

@@ -75,11 +75,11 @@ absl::StatusOr<std::unique_ptr<DecisiondProcess>> DecisiondProcess::Start(
   }
   // "decisiond listening on HOST:PORT metrics on HOST:PORT"
   const std::vector<std::string> words = absl::StrSplit(line.substr(0, line.find('\n')), ' ');
-  if (words.size() != 6 || words[1] != "listening") {
+  if (words.size() != 7 || words[1] != "listening") {
     return absl::InternalError(absl::StrCat("unexpected start line: ", line));
   }
   p->address_ = words[3];
-  p->metrics_address_ = words[5];
+  p->metrics_address_ = words[6];
   return p;
 }
 
