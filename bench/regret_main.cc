@@ -22,6 +22,8 @@ ABSL_FLAG(int64_t, rounds, 0, "stop after this many rounds (0: the whole order)"
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
 ABSL_FLAG(int, train_threads, 2, "threads for XGBoost training");
 ABSL_FLAG(std::string, curve_csv, "", "write the progressive-loss curve to this CSV file");
+ABSL_FLAG(std::string, grouping, "contiguous",
+          "median-of-means grouping: contiguous (the paper) or round_robin");
 ABSL_FLAG(double, c2, 4.0, "median-of-means group constant c2 (l = c2 * 2 log t)");
 ABSL_FLAG(double, c3, 2.0, "median-of-means width constant c3");
 ABSL_FLAG(double, big_c, 1.0, "clipped-estimator constant C");
@@ -53,6 +55,13 @@ int main(int argc, char** argv) {
     options.estimator.kind = EstimatorKind::kClipped;
   } else if (estimator != "median_of_means") {
     std::fprintf(stderr, "regret: --estimator must be median_of_means or clipped\n");
+    return 2;
+  }
+  const std::string grouping = absl::GetFlag(FLAGS_grouping);
+  if (grouping == "round_robin") {
+    options.estimator.grouping = MedianOfMeansGrouping::kRoundRobin;
+  } else if (grouping != "contiguous") {
+    std::fprintf(stderr, "regret: --grouping must be contiguous or round_robin\n");
     return 2;
   }
   options.estimator.constants.c2 = absl::GetFlag(FLAGS_c2);

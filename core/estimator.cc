@@ -23,13 +23,20 @@ absl::Status ValidateEstimatorOptions(const EstimatorOptions& o) {
   if (o.kind != EstimatorKind::kClipped && o.kind != EstimatorKind::kMedianOfMeans) {
     return absl::InvalidArgumentError("unknown estimator kind");
   }
+  if (o.grouping != MedianOfMeansGrouping::kContiguous &&
+      o.grouping != MedianOfMeansGrouping::kRoundRobin) {
+    return absl::InvalidArgumentError("unknown median-of-means grouping");
+  }
   return absl::OkStatus();
 }
 
 std::string DescribeEstimatorOptions(const EstimatorOptions& o) {
   const EstimatorConstants& c = o.constants;
   if (o.kind == EstimatorKind::kMedianOfMeans) {
-    return absl::StrCat("median_of_means(c2=", c.c2, ", c3=", c.c3, ")");
+    return absl::StrCat("median_of_means(c2=", c.c2, ", c3=", c.c3, ", grouping=",
+                        o.grouping == MedianOfMeansGrouping::kContiguous ? "contiguous"
+                                                                        : "round_robin",
+                        ")");
   }
   return absl::StrCat(
       "clipped(C=", c.C, ", c1=", c.c1,

@@ -18,7 +18,8 @@
 // Median-of-means estimator (eq. est2):
 //   l(t) = floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t] (the paper's l(t)
 //   exceeds t, or is 0, for very small t); m = floor(t / l); group r (0-based) holds samples
-//   r*m .. r*m + m - 1 in arrival order (the t - l*m newest samples are not used);
+//   r*m .. r*m + m - 1 in arrival order, or with round-robin grouping the samples
+//   s < l*m with s mod l = r (either way the t - l*m newest samples are not used);
 //   W_k(r) = sum_{s in r} 1/sigma_kj(s);
 //   mu_r[k] = 1/W_k(r) * sum_{s in r} (1/sigma_kj) Y_s r_kj(s);  mu_m[k] = median_r mu_r[k]
 //   (the mean of the two middle values for an even l);
@@ -55,6 +56,13 @@ enum class EstimatorKind { kClipped = 0, kMedianOfMeans = 1 };
 enum class EpsilonRule { kPaper = 0, kTwoOverT = 1 };
 enum class WidthRule { kPaper = 0, kAuthorsCode = 1 };
 enum class ClipTest { kRatio = 0, kRewardTimesRatio = 1 };
+// How the median-of-means estimator splits the first l m samples into l groups of m:
+// contiguous blocks in arrival order (the paper), or round-robin (group r holds the samples
+// with s mod l = r). Both are fixed in advance of the data, which the variance argument
+// needs. Round-robin mixes every period of the log into every group, so a policy that
+// changed over time (early poor experts, later good ones) does not make whole groups
+// unrepresentative.
+enum class MedianOfMeansGrouping { kContiguous = 0, kRoundRobin = 1 };
 
 // The constants of the analysis. Practical() is the set the paper's experiments use for
 // every data set (and the default); Analysis() is the set the regret proof uses, which
@@ -77,6 +85,8 @@ struct EstimatorOptions {
   EpsilonRule epsilon_rule = EpsilonRule::kPaper;
   WidthRule width_rule = WidthRule::kPaper;
   ClipTest clip_test = ClipTest::kRatio;
+  // Median-of-means variant; the default is the paper's.
+  MedianOfMeansGrouping grouping = MedianOfMeansGrouping::kContiguous;
 };
 absl::Status ValidateEstimatorOptions(const EstimatorOptions& options);
 std::string DescribeEstimatorOptions(const EstimatorOptions& options);

@@ -7,6 +7,10 @@
 // samples read from the log, added in the same order as the running sum, so the result is
 // bit-identical to a prefix kept at every sample.
 //
+// Round-robin grouping (group r = samples s < l m with s mod l = r) keeps per-residue sums
+// instead, extended as l m grows and rebuilt from the log when l changes (l grows like
+// log t, so rebuilds are O(N t) at geometrically spaced t: O(N) amortised).
+//
 // The groups depend only on (l(t), m(t)); a new sample that leaves them unchanged lands in
 // the unused tail and changes no estimate. The medians are recomputed, in O(N l), only when
 // (l, m) changes: every ~l samples, so O(N) amortised per sample.
@@ -113,7 +117,9 @@ class MedianOfMeansEstimator final : public Estimator {
   void Append(const SampleLog& log, int64_t s) {
     AddSample(log, s, running_.data());
     t_ = s + 1;
-    if (t_ % kBlock == 0) std::copy(running_.begin(), running_.end(), blocks_.AppendRow());
+    if (t_ % kBlock == 0 && options_.grouping == MedianOfMeansGrouping::kContiguous) {
+      std::copy(running_.begin(), running_.end(), blocks_.AppendRow());
+    }
   }
 
   // The 2N prefix values at position `pos` (<= t_) into `out`.
@@ -128,22 +134,40 @@ class MedianOfMeansEstimator final : public Estimator {
     const int64_t l = MedianOfMeansGroups(options_, t_);
     const int64_t m = t_ / l;
     if (!force && l == groups_ && m == group_size_) return;
-    groups_ = l;
-    group_size_ = m;
     const int num = n();
     const size_t width = 2 * static_cast<size_t>(num);
-    boundaries_.resize((l + 1) * width);
-    for (int64_t r = 0; r <= l; ++r) PrefixAt(log, r * m, &boundaries_[r * width]);
-    // Group means into a [k][r] matrix, reading the boundary rows in order.
+    group_sums_.resize(l * width);
+    if (options_.grouping == MedianOfMeansGrouping::kContiguous) {
+      // Group r is [r m, (r + 1) m): a difference of prefix rows.
+      boundaries_.resize((l + 1) * width);
+      for (int64_t r = 0; r <= l; ++r) PrefixAt(log, r * m, &boundaries_[r * width]);
+      for (size_t i = 0; i < l * width; ++i) {
+        group_sums_[i] = boundaries_[i + width] - boundaries_[i];
+      }
+    } else {
+      // Group r is {s < l m : s mod l = r}: per-residue sums, extended as l m grows and
+      // rebuilt when l changes.
+      if (force || l != groups_) {
+        residues_.assign(l * width, 0.0);
+        residues_used_ = 0;
+      }
+      for (int64_t s = residues_used_; s < l * m; ++s) {
+        AddSample(log, s, &residues_[(s % l) * width]);
+      }
+      residues_used_ = l * m;
+      std::copy(residues_.begin(), residues_.end(), group_sums_.begin());
+    }
+    groups_ = l;
+    group_size_ = m;
+    // Group means into a [k][r] matrix, then one median per expert.
     group_means_.resize(static_cast<size_t>(num) * l);
     std::fill(inv_min_weight_.begin(), inv_min_weight_.end(), 0.0);
     const double inv_m = 1.0 / static_cast<double>(m);
     for (int64_t r = 0; r < l; ++r) {
-      const double* lo = &boundaries_[r * width];
-      const double* hi = lo + width;
+      const double* sums = &group_sums_[r * width];
       for (int k = 0; k < num; ++k) {
-        const double w = hi[num + k] - lo[num + k];
-        group_means_[static_cast<size_t>(k) * l + r] = (hi[k] - lo[k]) / w;
+        const double w = sums[num + k];
+        group_means_[static_cast<size_t>(k) * l + r] = sums[k] / w;
         // Track max 1/W_k(r) = 1 / min W_k(r).
         inv_min_weight_[k] = std::max(inv_min_weight_[k], 1.0 / (w * inv_m));
       }
@@ -163,7 +187,10 @@ class MedianOfMeansEstimator final : public Estimator {
   int64_t group_size_ = 0;       // m of the cached medians
   std::vector<double> mean_;
   std::vector<double> inv_min_weight_;  // 1 / W_k(t)
-  std::vector<double> boundaries_;      // scratch: prefix rows at r * m
+  std::vector<double> boundaries_;      // scratch: prefix rows at r * m (contiguous)
+  std::vector<double> residues_;        // per-residue sums over [0, residues_used_)
+  int64_t residues_used_ = 0;
+  std::vector<double> group_sums_;      // scratch: [r][2N]
   std::vector<double> group_means_;     // scratch: [k][r]
 };
 

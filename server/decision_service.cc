@@ -133,7 +133,8 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
        {std::tuple<const char*, int, bool>{"kind", e.kind(), v1::EstimatorKind_IsValid(e.kind())},
         {"epsilon_rule", e.epsilon_rule(), v1::EpsilonRule_IsValid(e.epsilon_rule())},
         {"width_rule", e.width_rule(), v1::WidthRule_IsValid(e.width_rule())},
-        {"clip_test", e.clip_test(), v1::ClipTest_IsValid(e.clip_test())}}) {
+        {"clip_test", e.clip_test(), v1::ClipTest_IsValid(e.clip_test())},
+        {"grouping", e.grouping(), v1::MedianOfMeansGrouping_IsValid(e.grouping())}}) {
     if (!valid) {
       return absl::InvalidArgumentError(
           absl::StrCat("config.estimator.", field, " is ", value, ", not a known value"));
@@ -152,6 +153,9 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
                                                                : WidthRule::kPaper;
   o.clip_test = e.clip_test() == v1::CLIP_TEST_REWARD_TIMES_RATIO ? ClipTest::kRewardTimesRatio
                                                                   : ClipTest::kRatio;
+  o.grouping = e.grouping() == v1::MEDIAN_OF_MEANS_GROUPING_ROUND_ROBIN
+                   ? MedianOfMeansGrouping::kRoundRobin
+                   : MedianOfMeansGrouping::kContiguous;
   if (absl::Status s = ValidateEstimatorOptions(o); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.estimator: ", s.message()));
   }
@@ -168,6 +172,7 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
   er->set_epsilon_rule(static_cast<int>(o.epsilon_rule));
   er->set_width_rule(static_cast<int>(o.width_rule));
   er->set_clip_test(static_cast<int>(o.clip_test));
+  er->set_grouping(static_cast<int>(o.grouping));
   r.set_reward_wait_ms(c.reward_wait_ms() == 0 ? kDefaultWaitMs : c.reward_wait_ms());
   r.set_default_reward(c.default_reward());
   r.set_drop_unrewarded(c.drop_unrewarded());
@@ -200,6 +205,9 @@ v1::ProblemConfig ConfigFromRecord(const ProblemRecord& r) {
   e->set_clip_test(er.clip_test() == static_cast<int>(ClipTest::kRewardTimesRatio)
                        ? v1::CLIP_TEST_REWARD_TIMES_RATIO
                        : v1::CLIP_TEST_RATIO);
+  e->set_grouping(er.grouping() == static_cast<int>(MedianOfMeansGrouping::kRoundRobin)
+                      ? v1::MEDIAN_OF_MEANS_GROUPING_ROUND_ROBIN
+                      : v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);
   c.set_reward_wait_ms(r.reward_wait_ms());
   c.set_default_reward(r.default_reward());
   c.set_drop_unrewarded(r.drop_unrewarded());

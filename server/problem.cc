@@ -96,6 +96,7 @@ EstimatorOptions EstimatorOptionsOf(const ProblemRecord& record) {
   o.epsilon_rule = static_cast<EpsilonRule>(e.epsilon_rule());
   o.width_rule = static_cast<WidthRule>(e.width_rule());
   o.clip_test = static_cast<ClipTest>(e.clip_test());
+  o.grouping = static_cast<MedianOfMeansGrouping>(e.grouping());
   return o;
 }
 

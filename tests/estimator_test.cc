@@ -138,6 +138,12 @@ std::vector<Variant> AllVariants() {
   EstimatorOptions mom_analysis = mom;
   mom_analysis.constants = EstimatorConstants::Analysis(2.0, 0.1, 2.0);
   v.push_back({"mom_analysisConstants", mom_analysis});
+  EstimatorOptions mom_rr = mom;
+  mom_rr.grouping = MedianOfMeansGrouping::kRoundRobin;
+  v.push_back({"mom_roundRobin", mom_rr});
+  EstimatorOptions mom_rr_few = mom_rr;
+  mom_rr_few.constants.c2 = 0.5;
+  v.push_back({"mom_roundRobinFewGroups", mom_rr_few});
   EstimatorOptions mom_c2 = mom;
   mom_c2.constants.c2 = 0.5;  // few groups: even and odd group counts both occur
   v.push_back({"mom_fewGroups", mom_c2});

@@ -76,11 +76,13 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
   const int64_t m = t / l;
   std::vector<double> group_means;
   double min_weight = std::numeric_limits<double>::infinity();
+  const bool round_robin = o.grouping == MedianOfMeansGrouping::kRoundRobin;
   for (int64_t r = 0; r < l; ++r) {
-    // Group r: samples r*m .. r*m + m - 1.
+    // Group r: samples r*m .. r*m + m - 1, or round-robin: r, r + l, ..., r + (m-1) l.
     std::vector<int64_t> n_r(log.num_experts(), 0);
     double numerator = 0.0;
-    for (int64_t s = r * m; s < (r + 1) * m; ++s) {
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t s = round_robin ? r + i * l : r * m + i;
       const int j = log.chooser(s);
       ++n_r[j];
       numerator += (1.0 / d.Sigma(k, j)) * log.reward(s) * Ratio(log, k, s);

@@ -1,0 +1,938 @@
+// End-to-end tests of the real decisiond binary on loopback (port 0, a temporary data
+// directory per test), driven through the generated client: the Choose -> Reward loop,
+// runtime registration with backfill, estimates across a restart, the Prometheus endpoint,
+// the standard health service and a clean SIGTERM.
+//
+// Every RPC carries a deadline (kRpcTimeout). Every random draw comes from a seeded
+// std::mt19937_64 and decisiond runs with --seed=1. Background work (backfill, divergence
+// refresh, metrics export) is awaited by polling for the state with a generous timeout
+// (kPollTimeout); nothing asserts on elapsed time.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/xgboost_trainer.h"
+#include "decision/v1/decision.grpc.pb.h"
+#include "tests/decisiond_process.h"
+
+namespace decision {
+namespace {
+
+using testing::DecisiondProcess;
+using testing::HttpGet;
+using testing::MakeTempDir;
+
+constexpr int kArms = 4;
+constexpr int kFeatures = 3;
+constexpr auto kRpcTimeout = std::chrono::seconds(10);
+constexpr auto kPollTimeout = std::chrono::seconds(30);
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// The default smoothing of the problem (ProblemConfig.smoothing unset).
+constexpr double kSmoothing = 0.05;
+// The linear expert's weights: strong enough that it plays the argmax arm most of the time.
+constexpr double kLinearStrength = 12.0;
+
+#define ASSERT_GRPC_OK(expr)                                                          \
+  do {                                                                                \
+    const ::grpc::Status grpc_status_ = (expr);                                       \
+    ASSERT_TRUE(grpc_status_.ok())                                                    \
+        << #expr << ": code " << grpc_status_.error_code() << ": "                    \
+        << grpc_status_.error_message();                                              \
+  } while (0)
+
+#define EXPECT_GRPC_OK(expr)                                                          \
+  do {                                                                                \
+    const ::grpc::Status grpc_status_ = (expr);                                       \
+    EXPECT_TRUE(grpc_status_.ok())                                                    \
+        << #expr << ": code " << grpc_status_.error_code() << ": "                    \
+        << grpc_status_.error_message();                                              \
+  } while (0)
+
+using Stub = v1::DecisionService::Stub;
+
+// One unary RPC with a deadline.
+template <typename Req, typename Resp>
+grpc::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                  Stub* stub, const Req& request, Resp* response) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  return (stub->*method)(&ctx, request, response);
+}
+
+std::vector<double> RandomFeatures(std::mt19937_64& gen) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<double> x(kFeatures);
+  for (double& v : x) v = u(gen);
+  return x;
+}
+
+int ArgMax(const std::vector<double>& x) {
+  return static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());
+}
+
+// The reward of the test world: 1 if the arm is the index of the largest feature.
+double ArgMaxReward(const std::vector<double>& x, int arm) { return arm == ArgMax(x) ? 1.0 : 0.0; }
+
+// W[a][f] = strength if a == f: prefers arm argmax(x); arm 3 (no feature) is never best.
+v1::ExpertModel LinearArgMaxModel() {
+  v1::ExpertModel model;
+  auto* l = model.mutable_linear_softmax();
+  for (int a = 0; a < kArms; ++a) {
+    for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? kLinearStrength : 0.0);
+    l->add_bias(0.0);
+  }
+  return model;
+}
+
+// pi'(arm | x) of LinearArgMaxModel under the default smoothing, computed here
+// independently of the server: (1 - eta) softmax(W x)[arm] + eta / K.
+double LinearArgMaxPropensity(const std::vector<double>& x, int arm) {
+  std::vector<double> z(kArms, 0.0);
+  for (int a = 0; a < kFeatures; ++a) z[a] = kLinearStrength * x[a];
+  const double top = *std::max_element(z.begin(), z.end());
+  double sum = 0.0;
+  for (double v : z) sum += std::exp(v - top);
+  return (1.0 - kSmoothing) * std::exp(z[arm] - top) / sum + kSmoothing / kArms;
+}
+
+// An XGBoost multi:softprob model trained with the project's trainer on synthetic data
+// labelled with the argmax arm (seeded data and seeded training).
+std::string TrainArgMaxXgboost() {
+  std::mt19937_64 gen(42);
+  TrainingSet set;
+  set.num_features = kFeatures;
+  for (int i = 0; i < 2000; ++i) {
+    const std::vector<double> x = RandomFeatures(gen);
+    set.Add(x, ArgMax(x), 1.0, 1.0);
+  }
+  XgboostTrainOptions options;
+  options.rounds = 20;
+  options.max_depth = 4;
+  options.seed = 1;
+  absl::StatusOr<std::string> model = TrainXgboostModel(set, kArms, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : std::string();
+}
+
+// Polls `done` every kPollInterval until it returns true or kPollTimeout passes.
+bool PollUntil(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kPollTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return done();
+}
+
+// One parsed sample of the Prometheus text format.
+struct MetricSample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0.0;
+};
+
+// Parses `name{k="v",...} value [timestamp]` lines; skips comments and blank lines.
+// Label values here never contain '"', ',' or '}' (problem ids are [A-Za-z0-9_.-]).
+std::vector<MetricSample> ParsePrometheusText(const std::string& text) {
+  std::vector<MetricSample> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    MetricSample sample;
+    size_t value_start;
+    const size_t brace = line.find('{');
+    const size_t space = line.find(' ');
+    if (brace != absl::string_view::npos && brace < space) {
+      const size_t close = line.find('}', brace);
+      if (close == absl::string_view::npos) continue;
+      sample.name = std::string(line.substr(0, brace));
+      const absl::string_view labels = line.substr(brace + 1, close - brace - 1);
+      for (absl::string_view pair : absl::StrSplit(labels, ',', absl::SkipEmpty())) {
+        const size_t eq = pair.find('=');
+        if (eq == absl::string_view::npos) continue;
+        absl::string_view value = pair.substr(eq + 1);
+        if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+          value = value.substr(1, value.size() - 2);
+        }
+        sample.labels[std::string(pair.substr(0, eq))] = std::string(value);
+      }
+      value_start = close + 1;
+    } else {
+      if (space == absl::string_view::npos) continue;
+      sample.name = std::string(line.substr(0, space));
+      value_start = space;
+    }
+    std::string rest(line.substr(value_start));
+    std::istringstream fields(rest);
+    std::string value;
+    fields >> value;
+    // strtod reads "+Inf", "-Inf" and "NaN" as the text format writes them.
+    char* end = nullptr;
+    sample.value = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size()) continue;
+    out.push_back(std::move(sample));
+  }
+  return out;
+}
+
+class ScrapedMetrics {
+ public:
+  explicit ScrapedMetrics(std::vector<MetricSample> samples) : samples_(std::move(samples)) {}
+  // The value of the one series called `name` whose labels are exactly `labels`.
+  std::optional<double> Get(const std::string& name,
+                            const std::map<std::string, std::string>& labels) const {
+    for (const MetricSample& s : samples_) {
+      if (s.name == name && s.labels == labels) return s.value;
+    }
+    return std::nullopt;
+  }
+  // Every series called `name` whose labels include `labels`.
+  std::vector<MetricSample> All(const std::string& name,
+                                const std::map<std::string, std::string>& labels) const {
+    std::vector<MetricSample> out;
+    for (const MetricSample& s : samples_) {
+      if (s.name != name) continue;
+      bool match = true;
+      for (const auto& [k, v] : labels) {
+        auto it = s.labels.find(k);
+        match = match && it != s.labels.end() && it->second == v;
+      }
+      if (match) out.push_back(s);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<MetricSample> samples_;
+};
+
+std::optional<ScrapedMetrics> Scrape(const DecisiondProcess& process) {
+  absl::StatusOr<std::string> body = HttpGet(process.metrics_address(), "/metrics");
+  if (!body.ok()) return std::nullopt;
+  return ScrapedMetrics(ParsePrometheusText(*body));
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = MakeTempDir(); }
+  void TearDown() override {
+    process_.reset();  // SIGKILL if a test left it running
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // Starts decisiond on dir_ (seed 1) and a client stub for it.
+  void StartServer() {
+    absl::StatusOr<std::unique_ptr<DecisiondProcess>> p =
+        DecisiondProcess::Start(dir_, {"--seed=1"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    process_ = *std::move(p);
+    stub_ = process_->NewStub();
+  }
+
+  // SIGTERM; returns decisiond's exit code. The client channel is closed first: an idle
+  // client channel is only polled every few seconds by gRPC's backup poller, so an open one
+  // would hold the server's graceful shutdown for up to its grace period.
+  int Terminate() {
+    stub_.reset();
+    return process_->Terminate();
+  }
+
+  v1::Problem CreateProblem(const std::string& id) {
+    v1::CreateProblemRequest request;
+    request.set_problem_id(id);
+    request.mutable_config()->set_num_arms(kArms);
+    request.mutable_config()->set_num_features(kFeatures);
+    v1::Problem problem;
+    EXPECT_GRPC_OK(Call(&Stub::CreateProblem, stub_.get(), request, &problem));
+    return problem;
+  }
+
+  v1::Expert Register(const std::string& problem, const std::string& name,
+                      const v1::ExpertModel& model) {
+    v1::RegisterExpertRequest request;
+    request.set_problem_id(problem);
+    request.set_name(name);
+    *request.mutable_model() = model;
+    v1::Expert expert;
+    EXPECT_GRPC_OK(Call(&Stub::RegisterExpert, stub_.get(), request, &expert));
+    return expert;
+  }
+
+  std::vector<v1::Expert> ListExperts(const std::string& problem) {
+    v1::ListExpertsRequest request;
+    request.set_problem_id(problem);
+    v1::ListExpertsResponse response;
+    EXPECT_GRPC_OK(Call(&Stub::ListExperts, stub_.get(), request, &response));
+    return {response.experts().begin(), response.experts().end()};
+  }
+
+  // Waits until every expert of the problem is ACTIVE.
+  void WaitAllActive(const std::string& problem) {
+    std::vector<v1::Expert> last;
+    const bool active = PollUntil([&] {
+      last = ListExperts(problem);
+      return std::all_of(last.begin(), last.end(), [](const v1::Expert& e) {
+        return e.status() == v1::EXPERT_STATUS_ACTIVE;
+      });
+    });
+    ASSERT_TRUE(active) << "experts not ACTIVE after " << kPollTimeout.count() << " s; last: "
+                        << (last.empty() ? "" : last.back().DebugString());
+  }
+
+  v1::Problem GetProblem(const std::string& problem) {
+    v1::GetProblemRequest request;
+    request.set_problem_id(problem);
+    v1::Problem response;
+    EXPECT_GRPC_OK(Call(&Stub::GetProblem, stub_.get(), request, &response));
+    return response;
+  }
+
+  v1::Estimates GetEstimates(const std::string& problem) {
+    v1::GetEstimatesRequest request;
+    request.set_problem_id(problem);
+    v1::Estimates response;
+    EXPECT_GRPC_OK(Call(&Stub::GetEstimates, stub_.get(), request, &response));
+    return response;
+  }
+
+  std::vector<v1::LoggedSample> ExportLog(const std::string& problem) {
+    v1::ExportLogRequest request;
+    request.set_problem_id(problem);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+    std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
+        stub_->ExportLog(&ctx, request);
+    std::vector<v1::LoggedSample> out;
+    v1::LoggedSample sample;
+    while (reader->Read(&sample)) out.push_back(sample);
+    EXPECT_GRPC_OK(reader->Finish());
+    return out;
+  }
+
+  v1::ChooseResponse Choose(const std::string& problem, const std::vector<double>& x,
+                            const std::string& event_id) {
+    v1::ChooseRequest request;
+    request.set_problem_id(problem);
+    request.mutable_features()->Add(x.begin(), x.end());
+    request.set_event_id(event_id);
+    v1::ChooseResponse response;
+    EXPECT_GRPC_OK(Call(&Stub::Choose, stub_.get(), request, &response));
+    return response;
+  }
+
+  v1::RewardResponse Reward(const std::string& problem, const std::string& event_id,
+                            double value) {
+    v1::RewardRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id(event_id);
+    request.set_value(value);
+    v1::RewardResponse response;
+    EXPECT_GRPC_OK(Call(&Stub::Reward, stub_.get(), request, &response));
+    return response;
+  }
+
+  // `rounds` Choose + Reward(ArgMaxReward) pairs with caller-supplied event ids
+  // prefix-0, prefix-1, ...; checks each response. Returns the sum of the rewards.
+  double RunRounds(const std::string& problem, const std::string& prefix, int rounds,
+                   std::mt19937_64& gen, int num_experts) {
+    double sum = 0.0;
+    for (int i = 0; i < rounds; ++i) {
+      const std::vector<double> x = RandomFeatures(gen);
+      const v1::ChooseResponse c = Choose(problem, x, absl::StrCat(prefix, "-", i));
+      EXPECT_GE(c.arm(), 0);
+      EXPECT_LT(c.arm(), kArms);
+      EXPECT_GE(c.expert_id(), 0);
+      EXPECT_LT(c.expert_id(), num_experts);
+      const double value = ArgMaxReward(x, c.arm());
+      EXPECT_TRUE(Reward(problem, c.event_id(), value).first());
+      sum += value;
+    }
+    return sum;
+  }
+
+  std::string dir_;
+  std::unique_ptr<DecisiondProcess> process_;
+  std::unique_ptr<Stub> stub_;
+};
+
+const v1::ExpertEstimate& EstimateOf(const v1::Estimates& estimates, int expert_id) {
+  for (const v1::ExpertEstimate& e : estimates.experts()) {
+    if (e.expert_id() == expert_id) return e;
+  }
+  ADD_FAILURE() << "no estimate for expert " << expert_id << " in " << estimates.DebugString();
+  static const v1::ExpertEstimate kNone;
+  return kNone;
+}
+
+// 1. The full loop: a linear expert that knows the world is learned to be better than the
+// uniform one and followed most of the time; Choose is idempotent on caller event ids and
+// a repeated Reward is acknowledged but not counted.
+TEST_F(IntegrationTest, ChooseRewardLoopLearnsTheBetterExpert) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string problem = "loop";
+  const v1::Problem created = CreateProblem(problem);
+  EXPECT_EQ(created.config().num_arms(), kArms);
+  EXPECT_EQ(created.config().num_features(), kFeatures);
+  EXPECT_EQ(created.experts(), 1);
+
+  const v1::Expert linear = Register(problem, "linear", LinearArgMaxModel());
+  EXPECT_EQ(linear.expert_id(), 1);
+  EXPECT_EQ(linear.kind(), "linear_softmax");
+  EXPECT_EQ(linear.status(), v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(linear.backfill_total(), 0);
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+
+  constexpr int kRounds = 2000;
+  std::mt19937_64 gen(1);
+  std::vector<v1::ChooseResponse> decisions;
+  std::vector<std::vector<double>> contexts;
+  std::set<std::string> event_ids;
+  for (int i = 0; i < kRounds; ++i) {
+    const std::vector<double> x = RandomFeatures(gen);
+    // Even rounds supply their event id, odd rounds let the server generate one.
+    const std::string requested = i % 2 == 0 ? absl::StrCat("loop-", i) : std::string();
+    const v1::ChooseResponse c = Choose(problem, x, requested);
+    ASSERT_FALSE(c.event_id().empty());
+    if (!requested.empty()) {
+      EXPECT_EQ(c.event_id(), requested);
+    }
+    EXPECT_TRUE(event_ids.insert(c.event_id()).second) << "event id reused: " << c.event_id();
+    ASSERT_GE(c.arm(), 0);
+    ASSERT_LT(c.arm(), kArms);
+    ASSERT_TRUE(c.expert_id() == 0 || c.expert_id() == 1) << c.expert_id();
+    EXPECT_GT(c.propensity(), 0.0);
+    EXPECT_LE(c.propensity(), 1.0);
+    // The propensity is the followed expert's probability of the arm.
+    const double expected = c.expert_id() == 0 ? 1.0 / kArms : LinearArgMaxPropensity(x, c.arm());
+    EXPECT_NEAR(c.propensity(), expected, 1e-9) << "round " << i;
+    EXPECT_TRUE(Reward(problem, c.event_id(), ArgMaxReward(x, c.arm())).first()) << "round " << i;
+    decisions.push_back(c);
+    contexts.push_back(x);
+  }
+
+  const v1::Problem after = GetProblem(problem);
+  EXPECT_EQ(after.samples(), kRounds);
+  EXPECT_EQ(after.pending(), 0);
+  EXPECT_EQ(after.decisions(), kRounds);
+  EXPECT_EQ(after.experts(), 2);
+
+  const v1::Estimates estimates = GetEstimates(problem);
+  EXPECT_EQ(estimates.samples(), kRounds);
+  ASSERT_EQ(estimates.experts_size(), 2);
+  const v1::ExpertEstimate& uniform = EstimateOf(estimates, 0);
+  const v1::ExpertEstimate& learned = EstimateOf(estimates, 1);
+  // The uniform expert earns exactly 1/4 in expectation and the linear one (which puts about
+  // 0.9 on the argmax arm, minus smoothing) well over 0.7; with 2000 samples both estimates
+  // are within a few hundredths of that, so a 0.3 gap is a wide margin.
+  EXPECT_NEAR(uniform.estimate(), 0.25, 0.1);
+  EXPECT_GT(learned.estimate(), uniform.estimate() + 0.3);
+  EXPECT_EQ(uniform.times_selected() + learned.times_selected(), kRounds);
+  EXPECT_GT(learned.times_selected(), kRounds * 3 / 4);
+  for (const v1::ExpertEstimate& e : estimates.experts()) {
+    EXPECT_EQ(e.status(), v1::EXPERT_STATUS_ACTIVE);
+    EXPECT_GT(e.effective_sample_size(), 0.0);
+    EXPECT_GE(e.width(), 0.0);
+    EXPECT_DOUBLE_EQ(e.ucb(), e.estimate() + e.width());
+  }
+  EXPECT_EQ(estimates.n(), 2);
+  EXPECT_EQ(estimates.m_size(), 4);
+  EXPECT_EQ(estimates.sigma_size(), 4);
+
+  // Idempotent Choose: a retry with a used event id (and other features) returns the
+  // identical decision, for caller ids and for ids the server generated.
+  std::mt19937_64 other(99);
+  for (int i : {0, 1, 1000, 1001, kRounds - 2, kRounds - 1}) {
+    const v1::ChooseResponse retry = Choose(problem, RandomFeatures(other), decisions[i].event_id());
+    EXPECT_EQ(retry.SerializeAsString(), decisions[i].SerializeAsString())
+        << "retry of round " << i << ": " << retry.DebugString() << " vs "
+        << decisions[i].DebugString();
+  }
+
+  // A second reward for a joined event is acknowledged, not counted.
+  EXPECT_FALSE(Reward(problem, decisions[0].event_id(), 1.0).first());
+  EXPECT_FALSE(Reward(problem, decisions[1].event_id(), 0.0).first());
+  const v1::Problem final_problem = GetProblem(problem);
+  EXPECT_EQ(final_problem.samples(), kRounds);
+  EXPECT_EQ(final_problem.decisions(), kRounds);
+  EXPECT_EQ(final_problem.pending(), 0);
+  EXPECT_EQ(GetEstimates(problem).samples(), kRounds);
+
+  // The log holds each decision once, in join order, with the rewards that were sent.
+  const std::vector<v1::LoggedSample> log = ExportLog(problem);
+  ASSERT_EQ(log.size(), static_cast<size_t>(kRounds));
+  for (int i = 0; i < kRounds; ++i) {
+    EXPECT_EQ(log[i].sequence(), i);
+    EXPECT_EQ(log[i].event_id(), decisions[i].event_id());
+    EXPECT_EQ(log[i].arm(), decisions[i].arm());
+    EXPECT_EQ(log[i].expert_id(), decisions[i].expert_id());
+    EXPECT_EQ(log[i].propensity(), decisions[i].propensity());
+    EXPECT_EQ(log[i].reward(), ArgMaxReward(contexts[i], decisions[i].arm()));
+    EXPECT_FALSE(log[i].default_reward());
+    ASSERT_EQ(log[i].expert_propensities_size(), 2);
+    EXPECT_EQ(log[i].expert_propensities(decisions[i].expert_id()), decisions[i].propensity());
+  }
+}
+
+// 2. Experts registered after 1500 samples are backfilled over the whole log and estimated
+// from it before any new sample arrives.
+TEST_F(IntegrationTest, RuntimeRegistrationBackfillsTheWholeHistory) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string problem = "backfill";
+  CreateProblem(problem);
+  constexpr int kRounds = 1500;
+  std::mt19937_64 gen(2);
+  std::vector<std::vector<double>> contexts;
+  for (int i = 0; i < kRounds; ++i) {
+    const std::vector<double> x = RandomFeatures(gen);
+    const v1::ChooseResponse c = Choose(problem, x, absl::StrCat("bf-", i));
+    ASSERT_EQ(c.expert_id(), 0);
+    ASSERT_EQ(c.propensity(), 1.0 / kArms);
+    ASSERT_TRUE(Reward(problem, c.event_id(), ArgMaxReward(x, c.arm())).first());
+    contexts.push_back(x);
+  }
+  ASSERT_EQ(GetProblem(problem).samples(), kRounds);
+
+  const std::string xgboost_bytes = TrainArgMaxXgboost();
+  ASSERT_FALSE(xgboost_bytes.empty());
+  v1::ExpertModel xgboost;
+  xgboost.mutable_xgboost()->set_model(xgboost_bytes);
+
+  const v1::Expert linear = Register(problem, "linear", LinearArgMaxModel());
+  const v1::Expert trees = Register(problem, "xgboost", xgboost);
+  EXPECT_EQ(linear.expert_id(), 1);
+  EXPECT_EQ(trees.expert_id(), 2);
+  EXPECT_EQ(linear.kind(), "linear_softmax");
+  EXPECT_EQ(trees.kind(), "xgboost");
+  EXPECT_EQ(linear.status(), v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(trees.status(), v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(linear.backfill_total(), kRounds);
+  EXPECT_EQ(trees.backfill_total(), kRounds);
+
+  {
+    const std::vector<v1::Expert> listed = ListExperts(problem);
+    ASSERT_EQ(listed.size(), 3u);
+    EXPECT_EQ(listed[1].backfill_total(), kRounds);
+    EXPECT_EQ(listed[2].backfill_total(), kRounds);
+    for (const v1::Expert& e : listed) {
+      EXPECT_GE(e.backfilled(), 0);
+      EXPECT_LE(e.backfilled(), e.backfill_total());
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+  for (const v1::Expert& e : ListExperts(problem)) {
+    EXPECT_EQ(e.backfilled(), e.backfill_total()) << e.DebugString();
+    if (e.expert_id() > 0) {
+      EXPECT_EQ(e.backfill_total(), kRounds) << e.DebugString();
+    }
+  }
+
+  // Estimates from the whole history, with no new sample.
+  const v1::Estimates estimates = GetEstimates(problem);
+  EXPECT_EQ(estimates.samples(), kRounds);
+  ASSERT_EQ(estimates.experts_size(), 3);
+  EXPECT_EQ(estimates.n(), 3);
+  EXPECT_EQ(estimates.m_size(), 9);
+  EXPECT_EQ(estimates.sigma_size(), 9);
+  const v1::ExpertEstimate& uniform = EstimateOf(estimates, 0);
+  EXPECT_EQ(uniform.times_selected(), kRounds);
+  // Under the uniform logging policy the uniform expert's estimate is the plain mean of
+  // 1500 Bernoulli(1/4) rewards: within 0.1 of 0.25 (over 4 standard deviations).
+  EXPECT_NEAR(uniform.estimate(), 0.25, 0.1);
+  for (int k : {1, 2}) {
+    const v1::ExpertEstimate& e = EstimateOf(estimates, k);
+    EXPECT_EQ(e.status(), v1::EXPERT_STATUS_ACTIVE);
+    EXPECT_EQ(e.times_selected(), 0);
+    EXPECT_GT(e.effective_sample_size(), 0.0) << "expert " << k;
+    // Both experts play the argmax arm with probability about 0.9 (true value >= 0.7); the
+    // importance-weighted estimate from 1500 uniform samples is within about 0.1 of it.
+    EXPECT_GT(e.estimate(), uniform.estimate() + 0.25) << "expert " << k;
+    EXPECT_TRUE(std::isfinite(e.width())) << "expert " << k;
+  }
+
+  // The backfilled propensities are the experts' probabilities of the logged arms.
+  const std::vector<v1::LoggedSample> log = ExportLog(problem);
+  ASSERT_EQ(log.size(), static_cast<size_t>(kRounds));
+  for (int i = 0; i < kRounds; ++i) {
+    ASSERT_EQ(log[i].expert_propensities_size(), 3) << "sample " << i;
+    EXPECT_EQ(log[i].expert_propensities(0), 1.0 / kArms);
+    EXPECT_NEAR(log[i].expert_propensities(1), LinearArgMaxPropensity(contexts[i], log[i].arm()),
+                1e-9)
+        << "sample " << i;
+    EXPECT_GT(log[i].expert_propensities(2), 0.0);
+    EXPECT_LE(log[i].expert_propensities(2), 1.0);
+  }
+
+  // The backfill progress metric of both reaches 1.
+  std::optional<ScrapedMetrics> metrics;
+  const bool done = PollUntil([&] {
+    metrics = Scrape(*process_);
+    if (!metrics) return false;
+    for (const char* expert : {"1", "2"}) {
+      const std::optional<double> v = metrics->Get("decision_expert_backfill_progress",
+                                                   {{"problem", problem}, {"expert", expert}});
+      if (!v || *v != 1.0) return false;
+    }
+    return true;
+  });
+  EXPECT_TRUE(done) << "decision_expert_backfill_progress did not reach 1 for experts 1, 2";
+}
+
+// 3. A clean restart restores exactly the same estimates, log and counters, and the
+// service carries on from there.
+TEST_F(IntegrationTest, EstimatesAreIdenticalAfterRestart) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string problem = "restart";
+  CreateProblem(problem);
+  Register(problem, "linear", LinearArgMaxModel());
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+  std::mt19937_64 gen(3);
+  RunRounds(problem, "a", 200, gen, 2);
+  // A context-free table expert registered mid-way: backfilled over the first 200.
+  v1::ExpertModel table;
+  auto* row = table.mutable_table()->add_rows();
+  for (double p : {0.1, 0.2, 0.3, 0.4}) row->add_probabilities(p);
+  EXPECT_EQ(Register(problem, "table", table).backfill_total(), 200);
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+  RunRounds(problem, "b", 200, gen, 3);
+  // Five decisions left pending across the restart.
+  std::vector<std::pair<std::string, std::vector<double>>> pending;
+  for (int i = 0; i < 5; ++i) {
+    const std::vector<double> x = RandomFeatures(gen);
+    const v1::ChooseResponse c = Choose(problem, x, absl::StrCat("pending-", i));
+    pending.emplace_back(c.event_id(), x);
+  }
+
+  // Wait until the background thread has nothing left to change.
+  v1::Estimates before;
+  const bool stable = PollUntil([&] {
+    const v1::Estimates first = GetEstimates(problem);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    before = GetEstimates(problem);
+    return first.SerializeAsString() == before.SerializeAsString();
+  });
+  ASSERT_TRUE(stable) << "estimates kept changing without traffic";
+  const std::vector<v1::LoggedSample> log_before = ExportLog(problem);
+  const v1::Problem problem_before = GetProblem(problem);
+  const std::vector<v1::Expert> experts_before = ListExperts(problem);
+  EXPECT_EQ(problem_before.samples(), 400);
+  EXPECT_EQ(problem_before.pending(), 5);
+  EXPECT_EQ(problem_before.decisions(), 405);
+  ASSERT_EQ(before.n(), 3);
+
+  ASSERT_EQ(Terminate(), 0);
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+
+  const v1::Estimates after = GetEstimates(problem);
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString())
+      << "before:\n" << before.DebugString() << "after:\n" << after.DebugString();
+  // The same, field by field, for a readable failure.
+  ASSERT_EQ(after.experts_size(), before.experts_size());
+  for (int k = 0; k < before.experts_size(); ++k) {
+    EXPECT_EQ(after.experts(k).estimate(), before.experts(k).estimate()) << "expert " << k;
+    EXPECT_EQ(after.experts(k).width(), before.experts(k).width()) << "expert " << k;
+    EXPECT_EQ(after.experts(k).times_selected(), before.experts(k).times_selected());
+    EXPECT_EQ(after.experts(k).effective_sample_size(),
+              before.experts(k).effective_sample_size()) << "expert " << k;
+  }
+  EXPECT_EQ(std::vector<double>(after.m().begin(), after.m().end()),
+            std::vector<double>(before.m().begin(), before.m().end()));
+  EXPECT_EQ(std::vector<double>(after.sigma().begin(), after.sigma().end()),
+            std::vector<double>(before.sigma().begin(), before.sigma().end()));
+  EXPECT_EQ(after.estimated_regret(), before.estimated_regret());
+
+  const std::vector<v1::LoggedSample> log_after = ExportLog(problem);
+  ASSERT_EQ(log_after.size(), log_before.size());
+  for (size_t i = 0; i < log_before.size(); ++i) {
+    EXPECT_EQ(log_after[i].SerializeAsString(), log_before[i].SerializeAsString())
+        << "sample " << i << " before:\n" << log_before[i].DebugString() << "after:\n"
+        << log_after[i].DebugString();
+  }
+  EXPECT_EQ(GetProblem(problem).SerializeAsString(), problem_before.SerializeAsString())
+      << GetProblem(problem).DebugString() << " vs " << problem_before.DebugString();
+  const std::vector<v1::Expert> experts_after = ListExperts(problem);
+  ASSERT_EQ(experts_after.size(), experts_before.size());
+  for (size_t k = 0; k < experts_before.size(); ++k) {
+    EXPECT_EQ(experts_after[k].SerializeAsString(), experts_before[k].SerializeAsString())
+        << experts_after[k].DebugString() << " vs " << experts_before[k].DebugString();
+  }
+
+  // The pending decisions survived and can be rewarded; the log continues at 400.
+  for (const auto& [event_id, x] : pending) {
+    EXPECT_TRUE(Reward(problem, event_id, 1.0).first()) << event_id;
+  }
+  RunRounds(problem, "c", 50, gen, 3);
+  const v1::Problem continued = GetProblem(problem);
+  EXPECT_EQ(continued.samples(), 455);
+  EXPECT_EQ(continued.decisions(), 455);
+  EXPECT_EQ(continued.pending(), 0);
+  const std::vector<v1::LoggedSample> log_continued = ExportLog(problem);
+  ASSERT_EQ(log_continued.size(), 455u);
+  for (size_t i = 0; i < log_continued.size(); ++i) EXPECT_EQ(log_continued[i].sequence(), i);
+  EXPECT_EQ(log_continued[400].event_id(), "pending-0");
+}
+
+// 4. The Prometheus endpoint exports the documented series with consistent values.
+TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string problem = "metrics";
+  CreateProblem(problem);
+  Register(problem, "linear", LinearArgMaxModel());
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+
+  constexpr int kRounds = 300;
+  const double kValues[] = {0.0, 0.25, 0.5, 1.0};  // exact in binary: the sum is exact
+  std::mt19937_64 gen(4);
+  double reward_sum = 0.0;
+  for (int i = 0; i < kRounds; ++i) {
+    const v1::ChooseResponse c = Choose(problem, RandomFeatures(gen), absl::StrCat("m-", i));
+    const double value = kValues[i % 4];
+    ASSERT_TRUE(Reward(problem, c.event_id(), value).first());
+    reward_sum += value;
+  }
+  // Three decisions left pending.
+  for (int i = 0; i < 3; ++i) Choose(problem, RandomFeatures(gen), absl::StrCat("p-", i));
+
+  // Polls until the exported state catches up: counters, the estimates and the divergences
+  // of the latest export (the first divergence refresh runs after 3K samples). The text format
+  // prints doubles with limited precision: estimates match to 1e-9.
+  const std::map<std::string, std::string> by_problem = {{"problem", problem}};
+  std::optional<ScrapedMetrics> m;
+  const bool ready = PollUntil([&] {
+    const v1::Estimates estimates = GetEstimates(problem);
+    m = Scrape(*process_);
+    if (!m) return false;
+    const auto decisions = m->Get("decision_decisions_total", by_problem);
+    const auto samples = m->Get("decision_samples", by_problem);
+    const auto pending = m->Get("decision_pending", by_problem);
+    const auto estimate =
+        m->Get("decision_expert_estimate", {{"problem", problem}, {"expert", "1"}});
+    // M_10 from a refresh over the contexts seen: the linear expert differs from the
+    // uniform one, so D_f1 > 0 and M_10 > 1 (the identity before the first refresh is 1).
+    const auto m10 = m->Get("decision_divergence_m",
+                            {{"problem", problem}, {"expert_i", "1"}, {"expert_j", "0"}});
+    const bool refreshed = estimates.n() == 2 && estimates.m_size() == 4 && estimates.m(2) > 1.0;
+    return decisions == kRounds + 3 && samples == kRounds && pending == 3 && estimate &&
+           std::abs(*estimate - EstimateOf(estimates, 1).estimate()) < 1e-9 && refreshed &&
+           m10 && std::abs(*m10 - estimates.m(2)) < 1e-9 * estimates.m(2);
+  });
+  ASSERT_TRUE(ready) << "metrics did not reach the expected values in "
+                     << kPollTimeout.count() << " s";
+
+  EXPECT_EQ(m->Get("decision_decisions_total", by_problem), kRounds + 3);
+  EXPECT_EQ(m->Get("decision_rewards_total", {{"problem", problem}, {"outcome", "learned"}}),
+            kRounds);
+  EXPECT_EQ(m->Get("decision_rewards_total", {{"problem", problem}, {"outcome", "duplicate"}}),
+            0.0);
+  EXPECT_EQ(m->Get("decision_reward_sum_total", by_problem), reward_sum);
+  EXPECT_EQ(m->Get("decision_pending", by_problem), 3.0);
+  EXPECT_EQ(m->Get("decision_samples", by_problem), kRounds);
+
+  const std::optional<double> regret = m->Get("decision_estimated_regret", by_problem);
+  ASSERT_TRUE(regret.has_value());
+  EXPECT_TRUE(std::isfinite(*regret));
+  EXPECT_GE(*regret, -1e-9);  // t max_k estimate_k >= sum_j n_j estimate_j
+
+  double selected = 0.0;
+  for (const char* expert : {"0", "1"}) {
+    const std::map<std::string, std::string> labels = {{"problem", problem}, {"expert", expert}};
+    const std::optional<double> estimate = m->Get("decision_expert_estimate", labels);
+    ASSERT_TRUE(estimate.has_value()) << "expert " << expert;
+    EXPECT_GE(*estimate, 0.0);
+    EXPECT_LE(*estimate, 1.0);
+    const std::optional<double> ucb = m->Get("decision_expert_ucb", labels);
+    ASSERT_TRUE(ucb.has_value()) << "expert " << expert;
+    EXPECT_GE(*ucb, *estimate);
+    const std::optional<double> count = m->Get("decision_expert_selected_total", labels);
+    ASSERT_TRUE(count.has_value()) << "expert " << expert;
+    selected += *count;
+    EXPECT_EQ(m->Get("decision_expert_backfill_progress", labels), 1.0);
+  }
+  EXPECT_EQ(selected, kRounds + 3);
+
+  // Divergences between the two active experts, both directions.
+  for (const char* name : {"decision_divergence_m", "decision_divergence_sigma"}) {
+    const std::vector<MetricSample> pairs = m->All(name, by_problem);
+    EXPECT_EQ(pairs.size(), 2u) << name;
+    for (const MetricSample& s : pairs) {
+      EXPECT_TRUE(s.labels.count("expert_i") && s.labels.count("expert_j")) << name;
+      EXPECT_NE(s.labels.at("expert_i"), s.labels.at("expert_j")) << name;
+      EXPECT_GE(s.value, 1.0) << name;
+      EXPECT_TRUE(std::isfinite(s.value)) << name;
+    }
+  }
+
+  // RPC latency histogram of Choose: kRounds + 3 calls, the +Inf bucket holds them all.
+  const std::map<std::string, std::string> choose = {{"method", "Choose"}};
+  EXPECT_EQ(m->Get("decision_rpc_latency_seconds_count", choose), kRounds + 3);
+  EXPECT_EQ(m->Get("decision_rpc_latency_seconds_bucket", {{"method", "Choose"}, {"le", "+Inf"}}),
+            kRounds + 3);
+  EXPECT_GT(m->All("decision_rpc_latency_seconds_bucket", choose).size(), 2u);
+  const std::optional<double> choose_sum = m->Get("decision_rpc_latency_seconds_sum", choose);
+  ASSERT_TRUE(choose_sum.has_value());
+  EXPECT_GT(*choose_sum, 0.0);
+  EXPECT_EQ(m->Get("decision_rpc_latency_seconds_count", {{"method", "Reward"}}), kRounds);
+
+  const std::optional<double> writes = m->Get("decision_storage_write_latency_seconds_count", {});
+  ASSERT_TRUE(writes.has_value());
+  // At least one durable write per decision and per join.
+  EXPECT_GE(*writes, 2 * kRounds + 3);
+  const std::optional<double> size = m->Get("decision_storage_size_bytes", {});
+  ASSERT_TRUE(size.has_value());
+  EXPECT_GT(*size, 0.0);
+}
+
+// The gRPC health protocol by hand (Debian ships no generated health stubs):
+// HealthCheckRequest { string service = 1; } and HealthCheckResponse { enum status = 1; }.
+std::string EncodeHealthCheckRequest(const std::string& service) {
+  std::string out;
+  if (service.empty()) return out;
+  out.push_back(0x0a);  // field 1, length-delimited
+  out.push_back(static_cast<char>(service.size()));  // REQUIRES: < 128 bytes
+  out += service;
+  return out;
+}
+
+// The status field of a HealthCheckResponse (0 UNKNOWN, 1 SERVING, 2 NOT_SERVING), or -1.
+int DecodeHealthCheckStatus(const std::string& bytes) {
+  if (bytes.empty()) return 0;  // proto3: the default value is not sent
+  if (bytes.size() == 2 && bytes[0] == 0x08) return static_cast<unsigned char>(bytes[1]);
+  return -1;
+}
+
+grpc::Status HealthCheck(const std::string& address, const std::string& service, int* status) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string request_bytes = EncodeHealthCheckRequest(service);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  grpc::Status result = done.get_future().get();
+  if (result.ok()) {
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    *status = DecodeHealthCheckStatus(bytes);
+  }
+  return result;
+}
+
+// 5. The standard grpc.health.v1 service answers SERVING for the server as a whole.
+TEST_F(IntegrationTest, HealthServiceAnswersServing) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  int status = -1;
+  ASSERT_GRPC_OK(HealthCheck(process_->address(), "", &status));
+  EXPECT_EQ(status, 1) << "expected SERVING";
+  // An unknown service name is NOT_FOUND, as the health protocol specifies.
+  const grpc::Status unknown = HealthCheck(process_->address(), "no.such.Service", &status);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
+}
+
+// Redirects this process's stderr to a file while a child is started (the child inherits
+// it), then restores it.
+class StderrToFile {
+ public:
+  explicit StderrToFile(const std::string& path) {
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  ~StderrToFile() {
+    std::fflush(stderr);
+    dup2(saved_, STDERR_FILENO);
+    close(saved_);
+  }
+
+ private:
+  int saved_ = -1;
+};
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// 6. SIGTERM after traffic: exit code 0, only the two shutdown lines on stderr, and the
+// next start serves the same state.
+TEST_F(IntegrationTest, SigtermExitsCleanlyAndRestarts) {
+  const std::string log_path = dir_ + ".stderr";
+  {
+    StderrToFile redirect(log_path);
+    ASSERT_NO_FATAL_FAILURE(StartServer());
+  }
+  const std::string problem = "sigterm";
+  CreateProblem(problem);
+  std::mt19937_64 gen(6);
+  RunRounds(problem, "s", 100, gen, 1);
+  Choose(problem, RandomFeatures(gen), "left-pending");
+  const v1::Problem before = GetProblem(problem);
+  EXPECT_EQ(before.samples(), 100);
+  EXPECT_EQ(before.pending(), 1);
+
+  ASSERT_EQ(Terminate(), 0);
+  const std::vector<std::string> lines = ReadLines(log_path);
+  std::filesystem::remove(log_path);
+  // The drain and the clean stop are announced, and nothing else looks like trouble: no
+  // error, warning or failure from decisiond, RocksDB or gRPC (whose log lines start with
+  // E or W and the date, e.g. "E1125 ...").
+  ASSERT_GE(lines.size(), 2u) << absl::StrJoin(lines, "\n");
+  EXPECT_EQ(lines.front(), "decisiond: signal 15: draining");
+  EXPECT_EQ(lines.back(), "decisiond: stopped cleanly");
+  for (const std::string& line : lines) {
+    const std::string lower = absl::AsciiStrToLower(line);
+    for (const char* alarming : {"error", "fail", "warn", "abort", "cannot", "corrupt", "loss",
+                                 "maintenance:", "shutdown:", "not learned"}) {
+      EXPECT_EQ(lower.find(alarming), std::string::npos) << "decisiond said: " << line;
+    }
+    const bool grpc_log = line.size() > 5 && (line[0] == 'E' || line[0] == 'W') &&
+                          std::all_of(line.begin() + 1, line.begin() + 5, ::isdigit);
+    EXPECT_FALSE(grpc_log) << "decisiond said: " << line;
+  }
+
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  EXPECT_EQ(GetProblem(problem).SerializeAsString(), before.SerializeAsString());
+  EXPECT_TRUE(Reward(problem, "left-pending", 0.5).first());
+  RunRounds(problem, "t", 10, gen, 1);
+  EXPECT_EQ(GetProblem(problem).samples(), 111);
+  EXPECT_EQ(Terminate(), 0);
+}
+
+}  // namespace
+}  // namespace decision
