@@ -22,7 +22,7 @@ ABSL_FLAG(int64_t, rounds, 0, "stop after this many rounds (0: the whole order)"
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
 ABSL_FLAG(int, train_threads, 2, "threads for XGBoost training");
 ABSL_FLAG(std::string, curve_csv, "", "write the progressive-loss curve to this CSV file");
-ABSL_FLAG(std::string, grouping, "contiguous",
+ABSL_FLAG(std::string, grouping, "round_robin",
           "median-of-means grouping: contiguous (the paper) or round_robin");
 ABSL_FLAG(double, c2, 4.0, "median-of-means group constant c2 (l = c2 * 2 log t)");
 ABSL_FLAG(double, c3, 2.0, "median-of-means width constant c3");

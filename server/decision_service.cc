@@ -153,9 +153,9 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
                                                                : WidthRule::kPaper;
   o.clip_test = e.clip_test() == v1::CLIP_TEST_REWARD_TIMES_RATIO ? ClipTest::kRewardTimesRatio
                                                                   : ClipTest::kRatio;
-  o.grouping = e.grouping() == v1::MEDIAN_OF_MEANS_GROUPING_ROUND_ROBIN
-                   ? MedianOfMeansGrouping::kRoundRobin
-                   : MedianOfMeansGrouping::kContiguous;
+  o.grouping = e.grouping() == v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS
+                   ? MedianOfMeansGrouping::kContiguous
+                   : MedianOfMeansGrouping::kRoundRobin;
   if (absl::Status s = ValidateEstimatorOptions(o); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.estimator: ", s.message()));
   }

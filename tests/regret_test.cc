@@ -132,10 +132,12 @@ TEST(Regret, DUcbBeatsUcb1OverExpertsAndGrowsSublinearly) {
   std::printf("mean pseudo-regret at T=%d: D-UCB %.1f, UCB1 %.1f, ratio %.3f; "
               "D-UCB regret(2T)/regret(T) = %.3f\n",
               kT, ducb_sum / 3, ucb1_sum / 3, ratio, ducb_2t / ducb_t);
-  // Measured with these seeds (printed above): regret 34.5 vs 1651, ratio 0.021, growth 1.010.
-  // Other seed triples (21-23, 31-33, 41-43) gave ratios 0.028-0.046 and growth 1.04-1.17.
-  EXPECT_LT(ratio, 0.25);  // measured 0.021
-  EXPECT_LT(ducb_2t / ducb_t, 1.5);  // measured 1.010 (linear growth would be 2)
+  // Measured with these seeds (printed above), default estimator (median of means,
+  // round-robin groups): regret 50.6 vs 1651, ratio 0.031, growth 1.021. With contiguous
+  // groups: 34.5, ratio 0.021, growth 1.010; other seed triples (21-23, 31-33, 41-43) gave
+  // ratios 0.028-0.046 and growth 1.04-1.17.
+  EXPECT_LT(ratio, 0.25);  // measured 0.031
+  EXPECT_LT(ducb_2t / ducb_t, 1.5);  // measured 1.021 (linear growth would be 2)
 }
 
 }  // namespace
