@@ -149,23 +149,8 @@ class Simulation {
     const int old_n = num_experts();
     const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;
     for (int i = 0; i < count; ++i) {
-      XgboostTrainOptions train;
-      train.linear = i >= o_.tree_experts_per_batch;
-      train.threads = o_.train_threads;
-      train.seed = absl::Uniform<uint32_t>(gen_);
-      if (train.linear) {
-        static constexpr double kL2[] = {0.01, 0.1, 1.0, 10.0};
-        train.l2 = kL2[absl::Uniform<int>(gen_, 0, 4)];
-        train.rounds = 30;
-        train.learning_rate = 0.5;
-      } else {
-        static constexpr int kDepth[] = {3, 6, 10};
-        static constexpr int kRounds[] = {20, 40, 80};
-        train.learning_rate = 0.1;
-        train.max_depth = kDepth[absl::Uniform<int>(gen_, 0, 3)];
-        train.rounds = kRounds[absl::Uniform<int>(gen_, 0, 3)];
-        train.colsample_bytree = absl::Bernoulli(gen_, 0.5) ? 0.6 : 0.8;
-      }
+      const XgboostTrainOptions train =
+          SampleExpertOptions(i >= o_.tree_experts_per_batch, o_.train_threads, gen_);
       const TrainingSet sample = Bootstrap(training_, gen_);
       DECISION_ASSIGN_OR_RETURN(std::string model, TrainXgboostModel(sample, k_, train));
       DECISION_ASSIGN_OR_RETURN(

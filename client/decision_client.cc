@@ -151,6 +151,18 @@ absl::StatusOr<v1::Estimates> DecisionClient::GetEstimates(const std::string& pr
                               });
 }
 
+absl::StatusOr<v1::TrainExpertsResponse> DecisionClient::TrainExperts(
+    const std::string& problem_id, int tree_experts, int linear_experts) {
+  v1::TrainExpertsRequest request;
+  request.set_problem_id(problem_id);
+  request.set_tree_experts(tree_experts);
+  request.set_linear_experts(linear_experts);
+  return Unary<v1::TrainExpertsResponse>(
+      1, [&](grpc::ClientContext* ctx, v1::TrainExpertsResponse* r) {
+        return stub_->TrainExperts(ctx, request, r);
+      });
+}
+
 absl::Status DecisionClient::ExportLog(
     const std::string& problem_id, int64_t start, int64_t limit,
     const std::function<absl::Status(const v1::LoggedSample&)>& fn) {

@@ -52,6 +52,10 @@ class DecisionClient {
   absl::StatusOr<bool> Reward(const std::string& problem_id, const std::string& event_id,
                               double value);
   absl::StatusOr<v1::Estimates> GetEstimates(const std::string& problem_id);
+  // Queues training of new experts from the log (0, 0: the defaults, 3 trees + 1 linear).
+  // Not retried: a lost response may already have queued the job.
+  absl::StatusOr<v1::TrainExpertsResponse> TrainExperts(const std::string& problem_id,
+                                                        int tree_experts, int linear_experts);
   // Streams samples [start, start + limit) (limit 0: all) to fn; stops at fn's first error.
   // Not retried (a partial stream was already delivered).
   absl::Status ExportLog(const std::string& problem_id, int64_t start, int64_t limit,

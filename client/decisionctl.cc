@@ -17,6 +17,9 @@
 //   choose PROBLEM --x=x1,x2,... [--event_id=ID]
 //   reward PROBLEM EVENT_ID VALUE
 //   export PROBLEM [--format=csv|jsonl] [--output=FILE] [--start=N] [--limit=N]
+//   train PROBLEM [--tree_experts=3] [--linear_experts=1]
+//       queues training of experts from the problem's log on the server (they then
+//       backfill and become selectable like registered ones)
 //   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
@@ -48,6 +51,10 @@ ABSL_FLAG(std::string, estimator, "median_of_means", "create-problem: median_of_
 ABSL_FLAG(int64_t, wait_ms, 0, "create-problem: reward wait time (0: server default 60000)");
 ABSL_FLAG(double, default_reward, 0.0, "create-problem: reward of decisions never rewarded");
 ABSL_FLAG(bool, drop_unrewarded, false, "create-problem: drop instead of default reward");
+ABSL_FLAG(bool, auto_train, false,
+          "create-problem: train experts from the log at every batch boundary");
+ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
+ABSL_FLAG(int, linear_experts, 0, "train, create-problem: linear experts per batch (0: 1)");
 ABSL_FLAG(std::string, name, "", "register-expert: expert name");
 ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
 ABSL_FLAG(std::string, linear, "", "register-expert: linear softmax weights file");
@@ -164,6 +171,9 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.set_reward_wait_ms(absl::GetFlag(FLAGS_wait_ms));
   config.set_default_reward(absl::GetFlag(FLAGS_default_reward));
   config.set_drop_unrewarded(absl::GetFlag(FLAGS_drop_unrewarded));
+  config.mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
+  config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
+  config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
   auto p = c.CreateProblem(args[0], config);
   if (!p.ok()) return Fail(p.status());
   std::printf("created problem %s: %d arms, %d features, wait %lld ms\n",
@@ -347,6 +357,15 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
   return 0;
 }
 
+int Train(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("train needs PROBLEM");
+  auto r = c.TrainExperts(args[0], absl::GetFlag(FLAGS_tree_experts),
+                          absl::GetFlag(FLAGS_linear_experts));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("training queued (%d job(s) waiting); watch list-experts\n", r->queued_jobs());
+  return 0;
+}
+
 int Replay(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("replay needs PROBLEM");
   auto rows = ReadFile(absl::GetFlag(FLAGS_data));
@@ -422,7 +441,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, estimates, choose, reward, export, replay (see client/decisionctl.cc)");
+      "retire-expert, estimates, choose, reward, export, train, replay (see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("missing COMMAND");
   const std::string command = positional[1];
@@ -440,6 +459,7 @@ int main(int argc, char** argv) {
   if (command == "choose") return Choose(client, args);
   if (command == "reward") return Reward(client, args);
   if (command == "export") return Export(client, args);
+  if (command == "train") return Train(client, args);
   if (command == "replay") return Replay(client, args);
   return Usage("unknown command " + command);
 }

@@ -51,6 +51,27 @@ TrainingSet Bootstrap(const TrainingSet& set, absl::BitGenRef gen) {
   return out;
 }
 
+XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen) {
+  XgboostTrainOptions train;
+  train.linear = linear;
+  train.threads = threads;
+  train.seed = absl::Uniform<uint32_t>(gen);
+  if (linear) {
+    static constexpr double kL2[] = {0.01, 0.1, 1.0, 10.0};
+    train.l2 = kL2[absl::Uniform<int>(gen, 0, 4)];
+    train.rounds = 30;
+    train.learning_rate = 0.5;
+  } else {
+    static constexpr int kDepth[] = {3, 6, 10};
+    static constexpr int kRounds[] = {10, 20, 40};
+    train.max_depth = kDepth[absl::Uniform<int>(gen, 0, 3)];
+    train.rounds = kRounds[absl::Uniform<int>(gen, 0, 3)];
+    train.learning_rate = 0.3;
+    train.colsample_bytree = absl::Bernoulli(gen, 0.5) ? 0.6 : 0.8;
+  }
+  return train;
+}
+
 absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
                                               const XgboostTrainOptions& o) {
   if (set.size() == 0) {
@@ -98,9 +119,11 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
       {"nthread", std::to_string(o.threads)},
       {"seed", std::to_string(o.seed % 2147483647)},
       {"verbosity", "0"},
+      {"tree_method", "hist"},
   };
   for (const auto& [name, value] : params) {
-    if (o.linear && (name == "max_depth" || name == "colsample_bytree" || name == "subsample")) {
+    if (o.linear && (name == "max_depth" || name == "colsample_bytree" || name == "subsample" ||
+                     name == "tree_method")) {
       continue;
     }
     if (XGBoosterSetParam(h.booster, name.c_str(), value.c_str()) != 0) {

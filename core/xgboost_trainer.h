@@ -51,6 +51,11 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
 // A bootstrap resample of `set` (size() draws with replacement).
 TrainingSet Bootstrap(const TrainingSet& set, absl::BitGenRef gen);
 
+// The varied hyper-parameters of one expert of a batch, after the paper's recipe (trees of
+// depth 3, 6 or 10 with 10, 20 or 40 boosting rounds and column sampling 0.6 or 0.8; or a
+// gblinear logistic regression with L2 penalty 0.01 .. 10).
+XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen);
+
 }  // namespace decision
 
 #endif  // DECISION_CORE_XGBOOST_TRAINER_H_

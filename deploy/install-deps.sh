@@ -17,6 +17,7 @@ build_packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libxgboost-dev xgboost
+  gnuplot-nox
   curl ca-certificates
 )
 runtime_packages=(

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/estimator.h"
 #include "core/status_macros.h"
+#include "server/trainer.h"
 
 namespace decision::server {
 namespace {
@@ -159,8 +160,22 @@ absl::StatusOr<ProblemRecord> ProblemRecordFromConfig(const std::string& problem
   if (absl::Status s = ValidateEstimatorOptions(o); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.estimator: ", s.message()));
   }
+  const v1::AutoTrainConfig& at = c.auto_train();
+  if (at.tree_experts() < 0 || at.linear_experts() < 0 ||
+      at.tree_experts() + at.linear_experts() > 16 || at.max_active_experts() < 0 ||
+      at.max_active_experts() > kMaxExpertsPerProblem) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.auto_train: tree_experts (", at.tree_experts(), ") and linear_experts (",
+        at.linear_experts(), ") must be >= 0 with at most 16 in all, max_active_experts (",
+        at.max_active_experts(), ") in [0, ", kMaxExpertsPerProblem, "]"));
+  }
   ProblemRecord r;
   r.set_problem_id(problem_id);
+  r.set_auto_train(at.enabled());
+  const bool default_counts = at.tree_experts() == 0 && at.linear_experts() == 0;
+  r.set_auto_train_trees(default_counts ? 3 : at.tree_experts());
+  r.set_auto_train_linear(default_counts ? 1 : at.linear_experts());
+  r.set_max_active_experts(at.max_active_experts() == 0 ? 32 : at.max_active_experts());
   r.set_num_arms(c.num_arms());
   r.set_num_features(c.num_features());
   auto* er = r.mutable_estimator();
@@ -215,6 +230,10 @@ v1::ProblemConfig ConfigFromRecord(const ProblemRecord& r) {
   c.set_batch_multiplier(r.batch_multiplier());
   c.set_divergence_reservoir(r.divergence_reservoir());
   c.set_divergence_groups(r.divergence_groups());
+  c.mutable_auto_train()->set_enabled(r.auto_train());
+  c.mutable_auto_train()->set_tree_experts(r.auto_train_trees());
+  c.mutable_auto_train()->set_linear_experts(r.auto_train_linear());
+  c.mutable_auto_train()->set_max_active_experts(r.max_active_experts());
   return c;
 }
 
@@ -232,6 +251,8 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   DECISION_ASSIGN_OR_RETURN(service->store_,
                             storage::Store::Open(options.data_dir, store_options));
   const uint64_t seed = options.seed != 0 ? options.seed : std::random_device{}();
+  service->trainer_ = std::make_unique<Trainer>(
+      /*background=*/!options.inline_maintenance, std::max(1, options.training_threads), seed);
   Problem::Env env{service->store_.get(), clock, metrics, seed};
   {
     absl::MutexLock lock(&service->mu_);
@@ -260,6 +281,7 @@ absl::Status DecisionService::Shutdown() {
   }
   stop_.Notify();
   if (maintenance_.joinable()) maintenance_.join();
+  trainer_->Stop();
   absl::Status status = absl::OkStatus();
   absl::MutexLock lock(&mu_);
   for (auto& [id, problem] : problems_) {
@@ -374,7 +396,35 @@ absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
 absl::Status DecisionService::Reward(const v1::RewardRequest& request,
                                      v1::RewardResponse* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  return p->Reward(request, response);
+  absl::Status s = p->Reward(request, response);
+  if (options_.inline_maintenance) {
+    absl::MutexLock round(&maintenance_mu_);
+    absl::Status m = MaintainProblem(p, std::chrono::hours(1));
+    if (m.ok()) m = trainer_->RunPending();
+    if (!m.ok()) std::fprintf(stderr, "decisiond: maintenance: %s\n", m.ToString().c_str());
+  }
+  return s;
+}
+
+absl::Status DecisionService::TrainExperts(const v1::TrainExpertsRequest& request,
+                                           v1::TrainExpertsResponse* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  int trees = request.tree_experts(), linear = request.linear_experts();
+  if (trees < 0 || linear < 0 || trees + linear > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("tree_experts (", trees, ") and linear_experts (",
+                                                   linear, ") must be >= 0, at most 16 in all"));
+  }
+  if (trees == 0 && linear == 0) {
+    trees = 3;
+    linear = 1;
+  }
+  if (p->Summary().samples() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("problem ", p->id(), " has no joined sample to train on"));
+  }
+  response->set_queued_jobs(trainer_->Enqueue(p, trees, linear));
+  if (options_.inline_maintenance) return trainer_->RunPending();
+  return absl::OkStatus();
 }
 
 absl::Status DecisionService::GetEstimates(const v1::GetEstimatesRequest& request,
@@ -406,15 +456,7 @@ absl::Status DecisionService::RunMaintenance() {
   const auto now = std::chrono::steady_clock::now();
   const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
   for (Problem* p : problems) {
-    keep(p->ExpireDue());
-    // Backfill for up to ~100 ms per round, one chunk at a time.
-    bool worked = true;
-    while (worked && std::chrono::steady_clock::now() - now < std::chrono::milliseconds(100)) {
-      absl::Status s = p->StepBackfill(&worked);
-      keep(s);
-      if (!s.ok()) break;
-    }
-    keep(p->MaybeRefreshDivergences());
+    keep(MaintainProblem(p, std::chrono::milliseconds(100)));
     if (export_metrics) p->ExportMetrics();
   }
   if (export_metrics) {
@@ -422,6 +464,25 @@ absl::Status DecisionService::RunMaintenance() {
     metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
   }
   return status;
+}
+
+absl::Status DecisionService::MaintainProblem(Problem* p,
+                                              std::chrono::milliseconds backfill_budget) {
+  DECISION_RETURN_IF_ERROR(p->ExpireDue());
+  // Backfill one chunk at a time, within the budget.
+  const auto start = std::chrono::steady_clock::now();
+  bool worked = true;
+  while (worked && std::chrono::steady_clock::now() - start < backfill_budget) {
+    DECISION_RETURN_IF_ERROR(p->StepBackfill(&worked));
+  }
+  const ProblemRecord& r = p->record();
+  if (r.auto_train()) DECISION_RETURN_IF_ERROR(p->RetireDominated(r.max_active_experts()));
+  bool batch_boundary = false;
+  DECISION_RETURN_IF_ERROR(p->MaybeRefreshDivergences(&batch_boundary));
+  if (batch_boundary && r.auto_train()) {
+    trainer_->Enqueue(p, r.auto_train_trees(), r.auto_train_linear());
+  }
+  return absl::OkStatus();
 }
 
 void DecisionService::MaintenanceLoop() {

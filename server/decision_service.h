@@ -24,6 +24,7 @@
 #include "server/clock.h"
 #include "server/metrics.h"
 #include "server/problem.h"
+#include "server/trainer.h"
 #include "storage/store.h"
 
 namespace decision::server {
@@ -35,6 +36,13 @@ struct ServiceOptions {
   // How often the maintenance thread expires decisions, backfills and refreshes.
   int maintenance_interval_ms = 20;
   bool start_maintenance_thread = true;
+  // Run a problem's maintenance (expiry, the whole backfill, divergence refresh, training)
+  // synchronously after every Reward instead of on the background threads. Slower, but the
+  // decisions become a deterministic function of the seed and the request sequence: for
+  // tests and reproducible replays.
+  bool inline_maintenance = false;
+  // Threads each XGBoost training job uses.
+  int training_threads = 1;
 };
 
 class DecisionService {
@@ -63,6 +71,8 @@ class DecisionService {
   absl::Status GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response);
   absl::Status ExportLog(const v1::ExportLogRequest& request,
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+  absl::Status TrainExperts(const v1::TrainExpertsRequest& request,
+                            v1::TrainExpertsResponse* response);
 
   // One round of maintenance for every problem: expiry, one backfill chunk, divergence
   // refresh, metrics. The maintenance thread calls it; tests with start_maintenance_thread
@@ -74,11 +84,14 @@ class DecisionService {
       : options_(options), clock_(clock), metrics_(metrics) {}
   absl::StatusOr<Problem*> Find(const std::string& problem_id);
   void MaintenanceLoop();
+  // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
+  absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget);
 
   const ServiceOptions options_;
   const Clock* clock_;
   Metrics* metrics_;
   std::unique_ptr<storage::Store> store_;
+  std::unique_ptr<Trainer> trainer_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Problem>> problems_ ABSL_GUARDED_BY(mu_);

@@ -101,6 +101,12 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(
   return Unary(ctx, "GetEstimates", [&] { return service_->GetEstimates(*request, response); });
 }
 
+grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(
+    grpc::CallbackServerContext* ctx, const v1::TrainExpertsRequest* request,
+    v1::TrainExpertsResponse* response) {
+  return Unary(ctx, "TrainExperts", [&] { return service_->TrainExperts(*request, response); });
+}
+
 namespace {
 
 // Streams the log a page at a time: reads up to kPage samples from the store, writes them

@@ -46,6 +46,9 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
   grpc::ServerUnaryReactor* GetEstimates(grpc::CallbackServerContext* ctx,
                                          const v1::GetEstimatesRequest* request,
                                          v1::Estimates* response) override;
+  grpc::ServerUnaryReactor* TrainExperts(grpc::CallbackServerContext* ctx,
+                                         const v1::TrainExpertsRequest* request,
+                                         v1::TrainExpertsResponse* response) override;
   grpc::ServerWriteReactor<v1::LoggedSample>* ExportLog(
       grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
 

@@ -36,6 +36,11 @@ ABSL_FLAG(uint64_t, seed, 0, "random seed of the decisions (0: from the OS)");
 ABSL_FLAG(int, maintenance_interval_ms, 20,
           "period of the background work: expiry, backfill, divergence refresh, metrics");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "how long SIGTERM waits for RPCs in flight");
+ABSL_FLAG(bool, inline_maintenance, false,
+          "run expiry, backfill, divergence refresh and training synchronously after each "
+          "Reward: slower, but decisions are a deterministic function of --seed and the "
+          "request sequence (for tests and reproducible replays)");
+ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
 
 namespace {
 
@@ -55,6 +60,9 @@ int Run() {
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.maintenance_interval_ms = absl::GetFlag(FLAGS_maintenance_interval_ms);
+  options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
+  options.start_maintenance_thread = !options.inline_maintenance;
+  options.training_threads = absl::GetFlag(FLAGS_training_threads);
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");

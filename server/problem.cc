@@ -761,7 +761,61 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   return out;
 }
 
-absl::Status Problem::MaybeRefreshDivergences() {
+absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog() {
+  TrainingSet set;
+  set.num_features = record_.num_features();
+  DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+      index_, 0, 0, [&](int64_t, const SampleRecord& s) {
+        set.Add(absl::MakeConstSpan(s.features().data(), s.features_size()), s.arm(),
+                s.reward(), s.propensity());
+        return absl::OkStatus();
+      }));
+  if (set.size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", id(), " has no joined sample with a positive reward to train on"));
+  }
+  if (set.size() > kMaxTrainingSamples) {
+    const size_t drop = set.size() - kMaxTrainingSamples;
+    set.labels.erase(set.labels.begin(), set.labels.begin() + drop);
+    set.weights.erase(set.weights.begin(), set.weights.begin() + drop);
+    set.rows.erase(set.rows.begin(), set.rows.begin() + drop * set.num_features);
+  }
+  return set;
+}
+
+absl::Status Problem::RetireDominated(int max_active) {
+  absl::MutexLock lock(&mu_);
+  if (ducb_.log().size() == 0) return absl::OkStatus();
+  std::vector<std::pair<double, int>> active;  // (ucb, expert)
+  double best_lower = -std::numeric_limits<double>::infinity();
+  for (int k = 0; k < ducb_.num_experts(); ++k) {
+    if (!ducb_.selectable(k)) continue;
+    const ExpertEstimate e = ducb_.Estimate(k);
+    active.push_back({e.mean + e.width, k});
+    best_lower = std::max(best_lower, e.mean - e.width);
+  }
+  std::sort(active.begin(), active.end());
+  size_t keep_from = 0;
+  while (keep_from + 1 < active.size() &&
+         (active[keep_from].first < best_lower ||
+          active.size() - keep_from > static_cast<size_t>(std::max(1, max_active)))) {
+    ++keep_from;
+  }
+  for (size_t i = 0; i < keep_from; ++i) {
+    const int k = active[i].second;
+    storage::v1::ExpertRecord updated = experts_[k].record;
+    updated.set_status(kStateStatusRetired);
+    DECISION_RETURN_IF_ERROR(Timed([&] {
+      return env_.store->PutExpert(index_, static_cast<uint32_t>(k), updated);
+    }));
+    experts_[k].record = std::move(updated);
+    ducb_.SetSelectable(k, false);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Problem::MaybeRefreshDivergences(bool* refreshed) {
+  if (refreshed != nullptr) *refreshed = false;
   std::vector<std::shared_ptr<const Expert>> models;
   std::vector<double> contexts;
   DivergenceMatrix previous;
@@ -777,6 +831,7 @@ absl::Status Problem::MaybeRefreshDivergences() {
   absl::MutexLock lock(&mu_);
   DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
   next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
+  if (refreshed != nullptr) *refreshed = true;
   return Timed([&] { return env_.store->PutCheckpoint(index_, CheckpointLocked()); });
 }
 

@@ -27,6 +27,7 @@
 #include "core/divergence.h"
 #include "core/expert.h"
 #include "core/policy.h"
+#include "core/xgboost_trainer.h"
 #include "decision/v1/decision.pb.h"
 #include "server/clock.h"
 #include "server/metrics.h"
@@ -38,6 +39,7 @@ namespace decision::server {
 inline constexpr int kMaxExpertsPerProblem = 256;
 inline constexpr size_t kMaxEventIdBytes = 128;
 inline constexpr int64_t kBackfillChunk = 4096;  // samples per backfill chunk on disk
+inline constexpr size_t kMaxTrainingSamples = 200'000;
 
 // Builds the core expert of a stored model record.
 absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const storage::v1::ExpertModelRecord& model,
@@ -83,6 +85,16 @@ class Problem {
   absl::Status ExportLog(int64_t start, int64_t limit,
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn);
 
+  // Training support (the Trainer's thread).
+  // The joined samples with a positive reward, as an importance-weighted training set
+  // (label: the arm, weight: reward / propensity); at most the newest kMaxTrainingSamples.
+  // FAILED_PRECONDITION if there is none.
+  absl::StatusOr<TrainingSet> TrainingSetFromLog();
+  // Retires active experts whose UCB is below the best lower confidence bound
+  // (mean - width), then the lowest-UCB ones until at most max_active are selectable.
+  // Never retires the last selectable expert.
+  absl::Status RetireDominated(int max_active);
+
   // Maintenance (one thread).
   // Joins decisions whose wait time has passed with the default reward (or drops them).
   absl::Status ExpireDue();
@@ -90,7 +102,8 @@ class Problem {
   // Returns true in *worked if it did anything.
   absl::Status StepBackfill(bool* worked);
   // Re-estimates all divergences when the log has grown past the batch boundary.
-  absl::Status MaybeRefreshDivergences();
+  // Sets *refreshed when a refresh (a batch boundary) happened.
+  absl::Status MaybeRefreshDivergences(bool* refreshed = nullptr);
   absl::Status Checkpoint();
   void ExportMetrics();
 

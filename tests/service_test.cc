@@ -36,6 +36,7 @@ class ServiceTest : public ::testing::Test {
     options.data_dir = dir_;
     options.seed = 7;
     options.start_maintenance_thread = false;
+    options.inline_maintenance = inline_maintenance_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -46,8 +47,13 @@ class ServiceTest : public ::testing::Test {
     Open();
   }
 
-  void CreateProblem(const std::string& id, int64_t wait_ms = 1000, bool drop = false) {
+  void CreateProblem(const std::string& id, int64_t wait_ms = 1000, bool drop = false,
+                     int auto_train_max_active = 0) {
     v1::CreateProblemRequest req;
+    if (auto_train_max_active > 0) {
+      req.mutable_config()->mutable_auto_train()->set_enabled(true);
+      req.mutable_config()->mutable_auto_train()->set_max_active_experts(auto_train_max_active);
+    }
     req.set_problem_id(id);
     req.mutable_config()->set_num_arms(kArms);
     req.mutable_config()->set_num_features(kFeatures);
@@ -145,6 +151,7 @@ class ServiceTest : public ::testing::Test {
     }
   }
 
+  bool inline_maintenance_ = false;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
@@ -346,6 +353,53 @@ TEST_F(ServiceTest, RestartDuringBackfillResumesIt) {
   const v1::Estimates e = Estimates("p");
   EXPECT_GT(e.experts(linear).estimate(), e.experts(0).estimate() + 0.3);
   EXPECT_EQ(e.n(), 2);
+}
+
+TEST_F(ServiceTest, AutoTrainingAddsExpertsFromTheLogAndBoundsTheActiveOnes) {
+  inline_maintenance_ = true;  // training runs after each Reward, deterministically
+  Reopen();
+  CreateProblem("p", /*wait_ms=*/1'000'000, /*drop=*/false, /*auto_train_max_active=*/3);
+  PlayRounds("p", 600);
+  v1::ListExpertsRequest list;
+  list.set_problem_id("p");
+  v1::ListExpertsResponse experts;
+  ASSERT_TRUE(service_->ListExperts(list, &experts).ok());
+  // Batches start at 3K = 12 samples, then every 7 sqrt(t): about 10 batches of 4 experts.
+  EXPECT_GT(experts.experts_size(), 20);
+  int active = 0, trained_active = 0;
+  for (const v1::Expert& e : experts.experts()) {
+    if (e.status() != v1::EXPERT_STATUS_ACTIVE) continue;
+    ++active;
+    if (e.kind() == "xgboost") ++trained_active;
+  }
+  EXPECT_LE(active, 3);
+  EXPECT_GE(trained_active, 1);
+  // The trained experts learnt the rule (reward 1 iff arm = argmax of the features).
+  const v1::Estimates e = Estimates("p");
+  double best_trained = 0.0;
+  for (const v1::ExpertEstimate& x : e.experts()) {
+    if (x.expert_id() > 0) best_trained = std::max(best_trained, x.estimate());
+  }
+  EXPECT_GT(best_trained, e.experts(0).estimate() + 0.3);
+  // TrainExperts on demand queues (and, inline, runs) one more batch.
+  v1::TrainExpertsRequest train;
+  train.set_problem_id("p");
+  train.set_tree_experts(1);
+  v1::TrainExpertsResponse queued;
+  ASSERT_TRUE(service_->TrainExperts(train, &queued).ok());
+  v1::ListExpertsResponse after;
+  ASSERT_TRUE(service_->ListExperts(list, &after).ok());
+  EXPECT_EQ(after.experts_size(), experts.experts_size() + 1);
+  train.set_tree_experts(20);
+  EXPECT_EQ(service_->TrainExperts(train, &queued).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, TrainingNeedsAPositiveReward) {
+  CreateProblem("p");
+  v1::TrainExpertsRequest train;
+  train.set_problem_id("p");
+  v1::TrainExpertsResponse queued;
+  EXPECT_EQ(service_->TrainExperts(train, &queued).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(ServiceTest, ProblemsAreListedAndKeptAcrossRestart) {
