@@ -54,10 +54,11 @@ void ContextReservoir::Reset(std::vector<double> rows, int64_t seen) {
   seen_ = seen;
 }
 
-double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
-  // log sum_v exp(log pi_i(v) + z_v - 1), z_v = pi_i(v) / pi_j(v).
-  double max_term = -HUGE_VAL;
-  const size_t k = pi_i.size();
+namespace {
+
+// log sum_v exp(log pi_i(v) + pi_i(v)/pi_j(v) - 1), with log pi_i given.
+double LogF1TermWithLog(const double* pi_i, const double* log_pi_i, const double* pi_j,
+                        size_t k) {
   double terms[64];
   std::vector<double> heap_terms;
   double* t = terms;
@@ -65,13 +66,22 @@ double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
     heap_terms.resize(k);
     t = heap_terms.data();
   }
+  double max_term = -HUGE_VAL;
   for (size_t v = 0; v < k; ++v) {
-    t[v] = pi_i[v] > 0.0 ? std::log(pi_i[v]) + pi_i[v] / pi_j[v] - 1.0 : -HUGE_VAL;
+    t[v] = pi_i[v] > 0.0 ? log_pi_i[v] + pi_i[v] / pi_j[v] - 1.0 : -HUGE_VAL;
     max_term = std::max(max_term, t[v]);
   }
   double s = 0.0;
   for (size_t v = 0; v < k; ++v) s += std::exp(t[v] - max_term);
   return max_term + std::log(s);
+}
+
+}  // namespace
+
+double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
+  std::vector<double> log_pi_i(pi_i.size());
+  for (size_t v = 0; v < pi_i.size(); ++v) log_pi_i[v] = std::log(pi_i[v]);
+  return LogF1TermWithLog(pi_i.data(), log_pi_i.data(), pi_j.data(), pi_i.size());
 }
 
 double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
@@ -114,6 +124,14 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
   }
   const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
   const size_t group_size = rows / groups;
+  // log pi once per expert, context and arm (not once per pair).
+  std::vector<std::vector<double>> log_predictions(n);
+  for (int e = 0; e < n; ++e) {
+    log_predictions[e].resize(predictions[e].size());
+    for (size_t i = 0; i < predictions[e].size(); ++i) {
+      log_predictions[e][i] = std::log(predictions[e][i]);
+    }
+  }
 
   DivergenceMatrix d = DivergenceMatrix::Identity(n);
   std::vector<double> log_means(groups), means(groups);
@@ -131,10 +149,11 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
         double f2_sum = 0.0;
         for (size_t r = 0; r < group_size; ++r) {
           const size_t row = g * group_size + r;
-          const auto pi_i = absl::MakeConstSpan(predictions[i]).subspan(row * num_arms, num_arms);
-          const auto pi_j = absl::MakeConstSpan(predictions[j]).subspan(row * num_arms, num_arms);
-          log_terms[r] = LogF1Term(pi_i, pi_j);
-          f2_sum += F2Term(pi_i, pi_j);
+          const size_t at = row * num_arms;
+          log_terms[r] = LogF1TermWithLog(&predictions[i][at], &log_predictions[i][at],
+                                          &predictions[j][at], num_arms);
+          f2_sum += F2Term(absl::MakeConstSpan(&predictions[i][at], num_arms),
+                           absl::MakeConstSpan(&predictions[j][at], num_arms));
         }
         log_means[g] = LogSumExp(log_terms) - std::log(static_cast<double>(group_size));
         means[g] = f2_sum / group_size;

@@ -478,7 +478,8 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   const ProblemRecord& r = p->record();
   if (r.auto_train()) DECISION_RETURN_IF_ERROR(p->RetireDominated(r.max_active_experts()));
   bool batch_boundary = false;
-  DECISION_RETURN_IF_ERROR(p->MaybeRefreshDivergences(&batch_boundary));
+  DECISION_RETURN_IF_ERROR(p->MaybeRefreshDivergences(
+      &batch_boundary, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
   if (batch_boundary && r.auto_train()) {
     trainer_->Enqueue(p, r.auto_train_trees(), r.auto_train_linear());
   }

@@ -41,6 +41,11 @@ struct ServiceOptions {
   // decisions become a deterministic function of the seed and the request sequence: for
   // tests and reproducible replays.
   bool inline_maintenance = false;
+  // Batch boundaries (divergence refresh, auto-training) closer than this in wall time are
+  // merged: the boundary waits. The refresh costs O(N^2 R K) and, at thousands of rewards
+  // per second, the paper's b sqrt(t) schedule would refresh several times a second.
+  // Ignored with inline_maintenance (the schedule then follows the samples only).
+  int64_t min_refresh_interval_ms = 10'000;
   // Threads each XGBoost training job uses.
   int training_threads = 1;
 };

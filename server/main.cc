@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/exposer.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
+ABSL_FLAG(int64_t, min_refresh_interval_ms, 10000,
+          "batch boundaries (divergence refresh, auto-training) closer than this in wall time "
+          "are merged");
 
 namespace {
 
@@ -63,6 +67,7 @@ int Run() {
   options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
+  options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
@@ -125,6 +130,8 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built with deadlock detection on: it costs a graph update per lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage("decisiond: contextual-bandit decisions with stochastic experts");
   absl::ParseCommandLine(argc, argv);
   return Run();

@@ -254,7 +254,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
       index, [&](int64_t deadline, absl::string_view event_id) -> absl::Status {
         DECISION_ASSIGN_OR_RETURN(EventRecord event, env.store->GetEvent(index, event_id));
         if (event.state() != kEventPending) return absl::OkStatus();
-        p->pending_[std::string(event_id)] = Pending{event, false};
+        p->pending_[std::string(event_id)] = Pending{event, false, true};
         p->deadlines_.insert({deadline, std::string(event_id)});
         return absl::OkStatus();
       }));
@@ -345,19 +345,31 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
   event.set_deadline_ms(now + record_.reward_wait_ms());
   event.set_state(kEventPending);
   event.set_sequence(-1);
-  absl::MutexLock lock(&mu_);
-  if (caller_id) {
-    // A concurrent Choose with the same event id may have won the race.
-    auto it = pending_.find(event_id);
-    if (it != pending_.end()) {
-      FillResponse(event_id, it->second.record, response);
-      return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (caller_id) {
+      // A concurrent Choose with the same event id may have won the race.
+      auto it = pending_.find(event_id);
+      if (it != pending_.end()) {
+        FillResponse(event_id, it->second.record, response);
+        return absl::OkStatus();
+      }
     }
+    // Visible at once (a concurrent retry returns this decision), joinable once durable.
+    pending_[event_id] = Pending{event, /*joining=*/false, /*durable=*/false};
   }
-  DECISION_RETURN_IF_ERROR(Timed([&] { return env_.store->Decide(index_, event_id, event); }));
+  // The durable write runs outside mu_, so that concurrent decisions share RocksDB's
+  // group commit instead of queueing on the problem's lock.
+  const absl::Status written =
+      Timed([&] { return env_.store->Decide(index_, event_id, event); });
+  absl::MutexLock lock(&mu_);
+  if (!written.ok()) {
+    pending_.erase(event_id);
+    return written;
+  }
+  pending_[event_id].durable = true;
   deadlines_.insert({event.deadline_ms(), event_id});
   FillResponse(event_id, event, response);
-  pending_[event_id] = Pending{std::move(event), false};
   ++decisions_;
   metrics_.decisions->Increment();
   experts_[expert].metrics.selected->Increment();
@@ -403,6 +415,10 @@ absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardRespons
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(event_id);
     if (it != pending_.end()) {
+      if (!it->second.durable) {
+        return absl::UnavailableError(absl::StrCat(
+            "the decision of event ", event_id, " is still being stored; retry the reward"));
+      }
       if (it->second.joining) {
         response->set_first(false);
         metrics_.rewards_duplicate->Increment();
@@ -522,8 +538,10 @@ absl::Status Problem::ExpireOne(const std::string& event_id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(event_id);
-    // Already joined, or being joined by a reward or another expiry.
-    if (it == pending_.end() || it->second.joining) return absl::OkStatus();
+    // Already joined, being joined by a reward or another expiry, or not yet stored.
+    if (it == pending_.end() || it->second.joining || !it->second.durable) {
+      return absl::OkStatus();
+    }
     it->second.joining = true;
     event = it->second.record;
     snapshot = SnapshotLocked();
@@ -814,7 +832,7 @@ absl::Status Problem::RetireDominated(int max_active) {
   return absl::OkStatus();
 }
 
-absl::Status Problem::MaybeRefreshDivergences(bool* refreshed) {
+absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_interval_ms) {
   if (refreshed != nullptr) *refreshed = false;
   std::vector<std::shared_ptr<const Expert>> models;
   std::vector<double> contexts;
@@ -822,6 +840,9 @@ absl::Status Problem::MaybeRefreshDivergences(bool* refreshed) {
   {
     absl::MutexLock lock(&mu_);
     if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
+    if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
+      return absl::OkStatus();
+    }
     for (int k = 0; k < ducb_.num_experts(); ++k) models.push_back(experts_[k].model);
     contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
     previous = ducb_.estimator().divergences();
@@ -831,6 +852,7 @@ absl::Status Problem::MaybeRefreshDivergences(bool* refreshed) {
   absl::MutexLock lock(&mu_);
   DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
   next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
+  last_refresh_ms_ = env_.clock->NowMs();
   if (refreshed != nullptr) *refreshed = true;
   return Timed([&] { return env_.store->PutCheckpoint(index_, CheckpointLocked()); });
 }

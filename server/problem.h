@@ -6,9 +6,10 @@
 // called from one thread at a time (the service's maintenance thread); they are the only
 // ones that change the expert set D-UCB estimates and the divergences.
 //
-// Locking: mu_ guards the in-memory state. Model evaluations run outside mu_; the durable
-// write of a decision or a join runs inside it, so that join order in the store equals
-// join order in memory.
+// Locking: mu_ guards the in-memory state. Model evaluations and the durable write of a
+// decision run outside mu_ (a decision is visible to a concurrent Choose retry at once and
+// joinable once stored); the durable write of a join runs inside it, so that join order in
+// the store equals join order in memory.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
@@ -101,9 +102,10 @@ class Problem {
   // Backfills up to one chunk of the oldest backfilling expert; completes it when done.
   // Returns true in *worked if it did anything.
   absl::Status StepBackfill(bool* worked);
-  // Re-estimates all divergences when the log has grown past the batch boundary.
-  // Sets *refreshed when a refresh (a batch boundary) happened.
-  absl::Status MaybeRefreshDivergences(bool* refreshed = nullptr);
+  // Re-estimates all divergences when the log has grown past the batch boundary, unless the
+  // last refresh is less than min_interval_ms old (then the boundary waits). Sets
+  // *refreshed when a refresh (a batch boundary) happened.
+  absl::Status MaybeRefreshDivergences(bool* refreshed = nullptr, int64_t min_interval_ms = 0);
   absl::Status Checkpoint();
   void ExportMetrics();
 
@@ -120,6 +122,7 @@ class Problem {
   struct Pending {
     storage::v1::EventRecord record;
     bool joining = false;  // a reward or the expiry is being joined
+    bool durable = true;   // false while Choose is still writing it
   };
   struct Snapshot {
     std::vector<std::shared_ptr<const Expert>> models;  // every expert, by id
@@ -165,6 +168,7 @@ class Problem {
   std::set<std::pair<int64_t, std::string>> deadlines_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
 };
 

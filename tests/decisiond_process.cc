@@ -34,14 +34,11 @@ std::string MakeTempDir() {
   return root + "/decisiond-test-fallback";
 }
 
-absl::StatusOr<std::unique_ptr<DecisiondProcess>> DecisiondProcess::Start(
-    const std::string& data_dir, const std::vector<std::string>& extra_flags) {
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
+    const std::vector<std::string>& argv_in, std::string* first_line) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return absl::InternalError("pipe failed");
-  std::vector<std::string> args = {DECISIOND_PATH, "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0",
-                                   absl::StrCat("--data_dir=", data_dir)};
-  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  std::vector<std::string> args = argv_in;
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
@@ -55,48 +52,33 @@ absl::StatusOr<std::unique_ptr<DecisiondProcess>> DecisiondProcess::Start(
     _exit(127);
   }
   close(pipe_fds[1]);
-  std::unique_ptr<DecisiondProcess> p(new DecisiondProcess());
+  std::unique_ptr<ChildProcess> p(new ChildProcess());
   p->pid_ = pid;
   p->stdout_fd_ = pipe_fds[0];
-  // Read the listening line.
   std::string line;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (line.find('\n') == std::string::npos) {
     const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           deadline - std::chrono::steady_clock::now())
                                           .count());
-    if (left <= 0) return absl::DeadlineExceededError("decisiond did not start in 30 s");
+    if (left <= 0) return absl::DeadlineExceededError(args[0] + " did not start in 30 s");
     pollfd pfd{p->stdout_fd_, POLLIN, 0};
     if (poll(&pfd, 1, left) <= 0) continue;
     char buf[256];
     const ssize_t n = read(p->stdout_fd_, buf, sizeof(buf));
-    if (n <= 0) return absl::InternalError("decisiond exited before listening");
+    if (n <= 0) return absl::InternalError(args[0] + " exited before printing its first line");
     line.append(buf, n);
   }
-  // "decisiond listening on HOST:PORT metrics on HOST:PORT"
-  const std::vector<std::string> words = absl::StrSplit(line.substr(0, line.find('\n')), ' ');
-  if (words.size() != 7 || words[1] != "listening") {
-    return absl::InternalError(absl::StrCat("unexpected start line: ", line));
-  }
-  p->address_ = words[3];
-  p->metrics_address_ = words[6];
+  *first_line = line.substr(0, line.find('\n'));
   return p;
 }
 
-DecisiondProcess::~DecisiondProcess() {
+ChildProcess::~ChildProcess() {
   if (pid_ > 0) Kill();
   if (stdout_fd_ >= 0) close(stdout_fd_);
 }
 
-std::unique_ptr<v1::DecisionService::Stub> DecisiondProcess::NewStub() const {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  return v1::DecisionService::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
-}
-
-int DecisiondProcess::Terminate() {
+int ChildProcess::Terminate() {
   if (pid_ <= 0) return -1;
   kill(pid_, SIGTERM);
   int status = 0;
@@ -106,12 +88,43 @@ int DecisiondProcess::Terminate() {
   return -WTERMSIG(status);
 }
 
-void DecisiondProcess::Kill() {
+void ChildProcess::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;
+}
+
+absl::StatusOr<std::unique_ptr<DecisiondProcess>> DecisiondProcess::Start(
+    const std::string& data_dir, const std::vector<std::string>& extra_flags) {
+  std::vector<std::string> args = {DECISIOND_PATH, "--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0",
+                                   absl::StrCat("--data_dir=", data_dir)};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  std::string line;
+  std::unique_ptr<DecisiondProcess> p(new DecisiondProcess());
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(args, &line);
+  if (!child.ok()) return child.status();
+  p->child_ = *std::move(child);
+  // "decisiond listening on HOST:PORT metrics on HOST:PORT"
+  const std::vector<std::string> words = absl::StrSplit(line, ' ');
+  if (words.size() != 7 || words[1] != "listening") {
+    return absl::InternalError(absl::StrCat("unexpected start line: ", line));
+  }
+  p->address_ = words[3];
+  p->metrics_address_ = words[6];
+  return p;
+}
+
+DecisiondProcess::~DecisiondProcess() = default;
+
+std::unique_ptr<v1::DecisionService::Stub> DecisiondProcess::NewStub() const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return v1::DecisionService::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
 }
 
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {

@@ -17,6 +17,26 @@ namespace decision::testing {
 // A fresh empty directory under $TEST_TMPDIR or /tmp.
 std::string MakeTempDir();
 
+// A child process started with its stdout on a pipe, returned once it printed its first
+// line (servers print their address there).
+class ChildProcess {
+ public:
+  // Runs argv (argv[0] is the path) and waits up to 30 s for the first stdout line.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
+      const std::vector<std::string>& argv, std::string* first_line);
+  ~ChildProcess();  // SIGKILL if still running
+  pid_t pid() const { return pid_; }
+  // SIGTERM, then waits; returns the exit status (or -signal if killed by a signal).
+  int Terminate();
+  // SIGKILL, then waits.
+  void Kill();
+
+ private:
+  ChildProcess() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+};
+
 class DecisiondProcess {
  public:
   // Starts decisiond with --data_dir=data_dir, loopback ports chosen by the OS, and the
@@ -27,18 +47,17 @@ class DecisiondProcess {
 
   const std::string& address() const { return address_; }
   const std::string& metrics_address() const { return metrics_address_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_->pid(); }
   std::unique_ptr<v1::DecisionService::Stub> NewStub() const;
 
   // SIGTERM, then waits; returns the exit status (or -signal if killed by a signal).
-  int Terminate();
+  int Terminate() { return child_->Terminate(); }
   // SIGKILL, then waits.
-  void Kill();
+  void Kill() { child_->Kill(); }
 
  private:
   DecisiondProcess() = default;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::unique_ptr<ChildProcess> child_;
   std::string address_;
   std::string metrics_address_;
 };
