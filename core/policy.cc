@@ -19,6 +19,20 @@ absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_exper
   return DUcb(*std::move(estimator), num_experts);
 }
 
+absl::StatusOr<DUcb> DUcb::FromLog(const EstimatorOptions& options, SampleLog log,
+                                    const DivergenceMatrix& divergences) {
+  const int n = log.num_experts();
+  absl::StatusOr<std::unique_ptr<Estimator>> estimator = MakeEstimator(options, n);
+  if (!estimator.ok()) return estimator.status();
+  DUcb ducb(*std::move(estimator), n);
+  ducb.log_ = std::move(log);
+  // Divergences first (on an estimator that has seen nothing: no rebuild), then one pass.
+  SampleLog empty(n);
+  if (absl::Status s = ducb.estimator_->SetDivergences(empty, divergences); !s.ok()) return s;
+  if (absl::Status s = ducb.estimator_->Update(ducb.log_); !s.ok()) return s;
+  return ducb;
+}
+
 int DUcb::SelectExpert(absl::BitGenRef gen) const {
   if (log_.size() > 0) return estimator_->ArgmaxUcb(selectable_, gen);
   // No samples yet: a uniformly random selectable expert.

@@ -206,35 +206,65 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
   for (int id = n_est; id < static_cast<int>(p->experts_.size()); ++id) {
     p->experts_[id].backfill = columns[id];
   }
-  // The sample log.
-  DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::Create(options, n_est));
-  DECISION_RETURN_IF_ERROR(ducb.SetDivergences(d));
-  std::vector<double> row(n_est);
-  DECISION_RETURN_IF_ERROR(env.store->ForEachSample(
-      index, 0, 0, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
-        if (seq != ducb.log().size()) {
-          return absl::DataLossError(
-              absl::StrCat("problem ", r.problem_id(), ": sample ", seq, " is out of order"));
+  // The sample log: complete chunks from their LogChunk records, the samples after the last
+  // chunk re-scored from their SampleRecord (the models are deterministic).
+  const size_t num_experts = p->experts_.size();
+  SampleLog log(n_est);
+  std::vector<double> row(num_experts);
+  // Appends sample `seq` with row[k] = pi_k for every expert k (NaN: look in its backfill).
+  auto append = [&](int64_t seq, int chooser, double reward) -> absl::Status {
+    for (size_t k = 0; k < num_experts; ++k) {
+      const int64_t backfill_total = p->experts_[k].record.backfill_total();
+      if (std::isnan(row[k]) && seq < static_cast<int64_t>(columns[k].size())) {
+        row[k] = columns[k][seq];
+      }
+      if (static_cast<int>(k) >= n_est && seq >= backfill_total) {
+        p->experts_[k].tail.push_back(row[k]);
+      }
+      if (static_cast<int>(k) < n_est && std::isnan(row[k])) {
+        return absl::DataLossError(absl::StrCat("problem ", r.problem_id(), ": sample ", seq,
+                                                " has no propensity for expert ", k));
+      }
+    }
+    return log.Append(chooser, reward, absl::MakeConstSpan(row).subspan(0, n_est));
+  };
+  DECISION_RETURN_IF_ERROR(env.store->ForEachLogChunk(
+      index, [&](uint64_t chunk, const storage::v1::LogChunk& c) -> absl::Status {
+        if (static_cast<int64_t>(chunk) * kLogChunk != log.size()) {
+          return absl::DataLossError(absl::StrCat("problem ", r.problem_id(), ": log chunk ",
+                                                  chunk, " is out of order"));
         }
-        for (int k = 0; k < n_est; ++k) {
-          if (k < s.propensities_size()) {
-            row[k] = s.propensities(k);
-          } else if (seq < static_cast<int64_t>(columns[k].size())) {
-            row[k] = columns[k][seq];
-          } else {
-            return absl::DataLossError(absl::StrCat("problem ", r.problem_id(), ": sample ", seq,
-                                                    " has no propensity for expert ", k));
+        const int width = c.num_experts();
+        for (int i = 0; i < c.chooser_size(); ++i) {
+          for (size_t k = 0; k < num_experts; ++k) {
+            row[k] = static_cast<int>(k) < width ? c.propensities(i * width + k) : NAN;
           }
-        }
-        DECISION_RETURN_IF_ERROR(ducb.Learn(s.expert_id(), s.reward(), row));
-        for (size_t k = n_est; k < p->experts_.size(); ++k) {
-          if (seq >= p->experts_[k].record.backfill_total() &&
-              static_cast<int>(k) < s.propensities_size()) {
-            p->experts_[k].tail.push_back(s.propensities(k));
-          }
+          DECISION_RETURN_IF_ERROR(append(log.size(), c.chooser(i), c.reward(i)));
         }
         return absl::OkStatus();
       }));
+  {
+    std::vector<SampleRecord> tail;
+    DECISION_RETURN_IF_ERROR(env.store->ForEachSample(
+        index, log.size(), 0, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
+          if (seq != log.size() + static_cast<int64_t>(tail.size())) {
+            return absl::DataLossError(
+                absl::StrCat("problem ", r.problem_id(), ": sample ", seq, " is out of order"));
+          }
+          tail.push_back(s);
+          return absl::OkStatus();
+        }));
+    std::vector<double> probs(r.num_arms());
+    for (const SampleRecord& s : tail) {
+      const absl::Span<const double> x(s.features().data(), s.features_size());
+      for (size_t k = 0; k < num_experts; ++k) {
+        DECISION_RETURN_IF_ERROR(p->experts_[k].model->Predict(x, absl::MakeSpan(probs)));
+        row[k] = probs[s.arm()];
+      }
+      DECISION_RETURN_IF_ERROR(append(log.size(), s.expert_id(), s.reward()));
+    }
+  }
+  DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::FromLog(options, std::move(log), d));
   for (int k = 0; k < n_est; ++k) {
     ducb.SetSelectable(k, p->experts_[k].record.status() == kStateStatusActive);
   }
@@ -499,7 +529,6 @@ absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event,
   sample.set_default_reward(is_default);
   sample.set_decided_at_ms(event.decided_at_ms());
   sample.set_joined_at_ms(env_.clock->NowMs());
-  *sample.mutable_propensities() = {propensities.begin(), propensities.end()};
   event.set_state(is_default ? kEventExpired : kEventJoined);
   event.set_reward(reward);
   event.set_sequence(seq);
@@ -519,6 +548,14 @@ absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event,
                  static_cast<long long>(seq), learned.ToString().c_str());
   }
   for (size_t k = n_est; k < experts_.size(); ++k) experts_[k].tail.push_back(propensities[k]);
+  if (ducb_.log().size() % kLogChunk == 0) {
+    // A failed chunk write loses nothing: a restart re-scores samples without a chunk.
+    absl::Status chunk = WriteLogChunkLocked(ducb_.log().size() / kLogChunk - 1);
+    if (!chunk.ok()) {
+      std::fprintf(stderr, "decisiond: problem %s: log chunk not written: %s\n", id().c_str(),
+                   chunk.ToString().c_str());
+    }
+  }
   deadlines_.erase({event.deadline_ms(), event_id});
   pending_.erase(event_id);
   if (is_default) {
@@ -530,6 +567,26 @@ absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event,
   metrics_.pending->Set(static_cast<double>(pending_.size()));
   metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
   return absl::OkStatus();
+}
+
+absl::Status Problem::WriteLogChunkLocked(int64_t chunk) {
+  const SampleLog& log = ducb_.log();
+  const int n_est = ducb_.num_experts();
+  const int width = static_cast<int>(experts_.size());
+  storage::v1::LogChunk c;
+  c.set_num_experts(width);
+  c.mutable_propensities()->Reserve(kLogChunk * width);
+  for (int64_t s = chunk * kLogChunk; s < (chunk + 1) * kLogChunk; ++s) {
+    c.add_chooser(log.chooser(s));
+    c.add_reward(log.reward(s));
+    const double* row = log.propensities(s);
+    c.mutable_propensities()->Add(row, row + n_est);
+    for (int k = n_est; k < width; ++k) {
+      const int64_t from = experts_[k].record.backfill_total();
+      c.add_propensities(s >= from ? experts_[k].tail[s - from] : NAN);
+    }
+  }
+  return Timed([&] { return env_.store->PutLogChunk(index_, chunk, c); });
 }
 
 absl::Status Problem::ExpireOne(const std::string& event_id) {

@@ -40,6 +40,7 @@ namespace decision::server {
 inline constexpr int kMaxExpertsPerProblem = 256;
 inline constexpr size_t kMaxEventIdBytes = 128;
 inline constexpr int64_t kBackfillChunk = 4096;  // samples per backfill chunk on disk
+inline constexpr int64_t kLogChunk = 4096;       // samples per log chunk on disk
 inline constexpr size_t kMaxTrainingSamples = 200'000;
 
 // Builds the core expert of a stored model record.
@@ -144,6 +145,8 @@ class Problem {
   absl::Status JoinLocked(const std::string& event_id, storage::v1::EventRecord event,
                           double reward, bool is_default, std::vector<double> propensities)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
+  absl::Status WriteLogChunkLocked(int64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins or drops a decision whose wait time passed. REQUIRES: pending, not joining.
   absl::Status ExpireOne(const std::string& event_id);
   // Divergences over the reservoir for experts [0, n), keeping pairs among [0, keep) from

@@ -11,8 +11,8 @@
 namespace decision::storage {
 namespace {
 
-constexpr const char* kFamilies[] = {"problems", "experts",     "events", "samples",
-                                     "backfill", "checkpoints", "pending"};
+constexpr const char* kFamilies[] = {"problems",    "experts", "events",   "samples",
+                                     "backfill",    "checkpoints", "pending", "logchunks"};
 
 // The one place where rocksdb::Status becomes absl::Status.
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   store->backfill_ = store->handles_[5];
   store->checkpoints_ = store->handles_[6];
   store->pending_ = store->handles_[7];
+  store->logchunks_ = store->handles_[8];
   return store;
 }
 
@@ -258,6 +259,20 @@ absl::Status Store::ForEachBackfillChunk(
   return Scan<v1::BackfillChunk>(
       backfill_, prefix, prefix, 0,
       [&](absl::string_view key, const v1::BackfillChunk& r) { return fn(ReadU64(key), r); });
+}
+
+absl::Status Store::PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogChunk& record) {
+  std::string key = Key32(problem);
+  AppendU64(&key, chunk);
+  return Put(logchunks_, key, record);
+}
+
+absl::Status Store::ForEachLogChunk(
+    uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn) {
+  const std::string prefix = Key32(problem);
+  return Scan<v1::LogChunk>(
+      logchunks_, prefix, prefix, 0,
+      [&](absl::string_view key, const v1::LogChunk& r) { return fn(ReadU64(key), r); });
 }
 
 absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record) {

@@ -9,6 +9,7 @@
 //   samples      u32 problem, u64 sequence    -> SampleRecord (the joined log, join order)
 //   backfill     u32 problem, u32 expert, u64 chunk -> BackfillChunk (per-expert columns)
 //   checkpoints  u32 problem                  -> CheckpointRecord (divergences, reservoir)
+//   logchunks    u32 problem, u64 chunk       -> LogChunk (the estimators' view, 4096 samples)
 // Do not change the key layouts or family names: they are part of the on-disk format.
 //
 // Durability (StoreOptions::sync): every write goes to RocksDB's write-ahead log first.
@@ -109,6 +110,10 @@ class Store {
       uint32_t problem, uint32_t expert,
       const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn);
 
+  absl::Status PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogChunk& record);
+  absl::Status ForEachLogChunk(
+      uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn);
+
   absl::Status PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record);
   // NOT_FOUND if the problem has no checkpoint yet.
   absl::StatusOr<v1::CheckpointRecord> GetCheckpoint(uint32_t problem);
@@ -136,6 +141,7 @@ class Store {
   rocksdb::ColumnFamilyHandle* backfill_ = nullptr;
   rocksdb::ColumnFamilyHandle* checkpoints_ = nullptr;
   rocksdb::ColumnFamilyHandle* pending_ = nullptr;
+  rocksdb::ColumnFamilyHandle* logchunks_ = nullptr;
 };
 
 }  // namespace decision::storage

@@ -94,6 +94,37 @@ TEST(DUcb, NewExpertIsEstimatedFromTheWholeHistoryAtOnce) {
   EXPECT_EQ(ducb->SelectExpert(gen), 1);
 }
 
+TEST(DUcb, FromLogEqualsLearningOneByOne) {
+  for (auto kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
+    EstimatorOptions o;
+    o.kind = kind;
+    DivergenceMatrix d = DivergenceMatrix::Identity(3);
+    d.m = {1, 1.5, 2, 1.2, 1, 1.1, 3, 1.4, 1};
+    d.sigma = {1, 2, 1.5, 1.3, 1, 2.5, 1.1, 1.7, 1};
+    auto one_by_one = DUcb::Create(o, 3);
+    ASSERT_TRUE(one_by_one.ok());
+    ASSERT_TRUE(one_by_one->SetDivergences(d).ok());
+    SampleLog log(3);
+    std::mt19937_64 gen(9);
+    std::uniform_real_distribution<double> p(0.05, 1.0);
+    for (int s = 0; s < 3000; ++s) {
+      const std::vector<double> props = {p(gen), p(gen), p(gen)};
+      const int chooser = s % 3;
+      const double reward = std::bernoulli_distribution(0.4)(gen) ? 1.0 : 0.0;
+      ASSERT_TRUE(one_by_one->Learn(chooser, reward, props).ok());
+      ASSERT_TRUE(log.Append(chooser, reward, props).ok());
+    }
+    auto built = DUcb::FromLog(o, std::move(log), d);
+    ASSERT_TRUE(built.ok()) << built.status();
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_NEAR(built->Estimate(k).mean, one_by_one->Estimate(k).mean, 1e-12);
+      EXPECT_NEAR(built->Estimate(k).width, one_by_one->Estimate(k).width, 1e-12);
+    }
+    EXPECT_EQ(DUcb::FromLog(o, SampleLog(2), d).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(BatchSchedule, WarmupThenBatchesOfSqrtT) {
   BatchSchedule schedule(4, BatchOptions{3, 2.0});
   for (int t = 1; t <= 12; ++t) EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kWarmup);

@@ -1,0 +1,215 @@
+// scale: the costs that grow with the log, measured on the service in-process
+// (DecisionService without gRPC, the maintenance thread running as in production).
+//
+//   build/bench/scale --samples=1000000 --experts=32
+//
+// It fills a problem (K arms, d features, N experts: the uniform one plus N-1 linear softmax
+// experts) with Choose+Reward pairs and reports:
+//   - Choose+Reward pairs per second over the first and the last 10k samples (the ratio says
+//     whether the service slows down as the log grows);
+//   - resident memory, and RocksDB bytes per sample, at the end;
+//   - the time to backfill a newly registered linear expert over the whole log;
+//   - the time to restart (reopen the store and rebuild every estimator) and whether the
+//     estimates after the restart are identical.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <unistd.h>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "server/clock.h"
+#include "server/decision_service.h"
+#include "server/metrics.h"
+
+ABSL_FLAG(int64_t, samples, 1'000'000, "joined samples to fill the log with");
+ABSL_FLAG(int, experts, 32, "experts (the uniform one plus linear ones)");
+ABSL_FLAG(int, arms, 26, "arms K");
+ABSL_FLAG(int, features, 16, "features d");
+ABSL_FLAG(std::string, data_dir, "", "store directory (default: a fresh temporary one)");
+ABSL_FLAG(uint64_t, seed, 1, "seed");
+
+namespace {
+
+namespace v1 = decision::v1;
+using decision::server::DecisionService;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+int64_t DirectoryBytes(const std::string& dir) {
+  int64_t total = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) total += static_cast<int64_t>(entry.file_size());
+  }
+  return total;
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "scale: %s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+v1::ExpertModel LinearModel(std::mt19937_64& gen) {
+  const int k = absl::GetFlag(FLAGS_arms), d = absl::GetFlag(FLAGS_features);
+  std::normal_distribution<double> weight(0.0, 1.0);
+  v1::ExpertModel model;
+  auto* l = model.mutable_linear_softmax();
+  for (int i = 0; i < k * d; ++i) l->add_weights(weight(gen));
+  for (int i = 0; i < k; ++i) l->add_bias(0.0);
+  return model;
+}
+
+bool AllActive(DecisionService& service) {
+  v1::ListExpertsRequest req;
+  req.set_problem_id("scale");
+  v1::ListExpertsResponse resp;
+  Check(service.ListExperts(req, &resp), "ListExperts");
+  for (const v1::Expert& e : resp.experts()) {
+    if (e.status() == v1::EXPERT_STATUS_BACKFILLING) return false;
+  }
+  return true;
+}
+
+void WaitAllActive(DecisionService& service) {
+  while (!AllActive(service)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int64_t samples = absl::GetFlag(FLAGS_samples);
+  const int d = absl::GetFlag(FLAGS_features);
+  std::string dir = absl::GetFlag(FLAGS_data_dir);
+  if (dir.empty()) {
+    dir = (std::filesystem::temp_directory_path() /
+           absl::StrCat("decision-scale-", getpid()))
+              .string();
+  }
+  std::filesystem::remove_all(dir);
+  decision::server::SystemClock clock;
+  decision::server::Metrics metrics;
+  decision::server::ServiceOptions options;
+  options.data_dir = dir;
+  options.seed = absl::GetFlag(FLAGS_seed);
+  auto opened = DecisionService::Open(options, &clock, &metrics);
+  Check(opened.status(), "Open");
+  std::unique_ptr<DecisionService> service = *std::move(opened);
+
+  v1::CreateProblemRequest create;
+  create.set_problem_id("scale");
+  create.mutable_config()->set_num_arms(absl::GetFlag(FLAGS_arms));
+  create.mutable_config()->set_num_features(d);
+  create.mutable_config()->set_reward_wait_ms(3'600'000);
+  v1::Problem problem;
+  Check(service->CreateProblem(create, &problem), "CreateProblem");
+  std::mt19937_64 gen(absl::GetFlag(FLAGS_seed));
+  for (int e = 1; e < absl::GetFlag(FLAGS_experts); ++e) {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id("scale");
+    req.set_name(absl::StrCat("linear-", e));
+    *req.mutable_model() = LinearModel(gen);
+    v1::Expert expert;
+    Check(service->RegisterExpert(req, &expert), "RegisterExpert");
+  }
+  WaitAllActive(*service);
+
+  // Fill.
+  std::printf("filling %lld samples: %d experts, K = %d, d = %d\n",
+              static_cast<long long>(samples), absl::GetFlag(FLAGS_experts),
+              absl::GetFlag(FLAGS_arms), d);
+  std::uniform_real_distribution<double> feature(0.0, 1.0);
+  v1::ChooseRequest choose;
+  choose.set_problem_id("scale");
+  for (int f = 0; f < d; ++f) choose.add_features(0.0);
+  v1::RewardRequest reward;
+  reward.set_problem_id("scale");
+  constexpr int64_t kWindow = 10'000;
+  double first_rate = 0.0, last_rate = 0.0;
+  auto window_start = Clock::now();
+  const auto fill_start = Clock::now();
+  for (int64_t t = 0; t < samples; ++t) {
+    if (t == kWindow) first_rate = kWindow / Seconds(window_start);
+    if (t == samples - kWindow) window_start = Clock::now();
+    for (int f = 0; f < d; ++f) choose.set_features(f, feature(gen));
+    choose.set_event_id(absl::StrCat("e", t));
+    v1::ChooseResponse decision;
+    Check(service->Choose(choose, &decision), "Choose");
+    reward.set_event_id(decision.event_id());
+    reward.set_value(std::bernoulli_distribution(0.3)(gen) ? 1.0 : 0.0);
+    v1::RewardResponse ack;
+    Check(service->Reward(reward, &ack), "Reward");
+    if ((t + 1) % 100'000 == 0) {
+      std::printf("  %lld samples, %.0f s\n", static_cast<long long>(t + 1), Seconds(fill_start));
+      std::fflush(stdout);
+    }
+  }
+  last_rate = kWindow / Seconds(window_start);
+  const double fill_seconds = Seconds(fill_start);
+  const int64_t rss = ResidentBytes();
+
+  // Backfill of a new expert over the whole log.
+  v1::RegisterExpertRequest extra;
+  extra.set_problem_id("scale");
+  extra.set_name("late-linear");
+  *extra.mutable_model() = LinearModel(gen);
+  v1::Expert expert;
+  const auto backfill_start = Clock::now();
+  Check(service->RegisterExpert(extra, &expert), "RegisterExpert");
+  WaitAllActive(*service);
+  const double backfill_seconds = Seconds(backfill_start);
+
+  // Restart.
+  v1::GetEstimatesRequest estimates_request;
+  estimates_request.set_problem_id("scale");
+  v1::Estimates before, after;
+  Check(service->GetEstimates(estimates_request, &before), "GetEstimates");
+  Check(service->Shutdown(), "Shutdown");
+  service.reset();
+  const int64_t store_bytes = DirectoryBytes(dir);
+  const auto restart_start = Clock::now();
+  opened = DecisionService::Open(options, &clock, &metrics);
+  Check(opened.status(), "reopen");
+  service = *std::move(opened);
+  const double restart_seconds = Seconds(restart_start);
+  Check(service->GetEstimates(estimates_request, &after), "GetEstimates after restart");
+  const bool identical = before.SerializeAsString() == after.SerializeAsString();
+
+  std::printf("\n| measure | value |\n|---|---|\n");
+  std::printf("| fill: %lld Choose+Reward pairs | %.1f s (%.0f pairs/s) |\n",
+              static_cast<long long>(samples), fill_seconds, samples / fill_seconds);
+  std::printf("| pairs/s, first 10k samples | %.0f |\n", first_rate);
+  std::printf("| pairs/s, last 10k samples | %.0f |\n", last_rate);
+  std::printf("| last / first | %.2f |\n", last_rate / first_rate);
+  std::printf("| resident memory at %lld samples | %.0f MiB |\n", static_cast<long long>(samples),
+              rss / 1048576.0);
+  std::printf("| RocksDB size | %.0f MiB (%.0f bytes/sample) |\n", store_bytes / 1048576.0,
+              static_cast<double>(store_bytes) / samples);
+  std::printf("| backfill of a new linear expert over %lld samples | %.2f s |\n",
+              static_cast<long long>(samples), backfill_seconds);
+  std::printf("| restart (reopen + rebuild %d estimators' state) | %.2f s |\n",
+              before.n(), restart_seconds);
+  std::printf("| estimates identical after restart | %s |\n", identical ? "yes" : "NO");
+  Check(service->Shutdown(), "Shutdown");
+  std::filesystem::remove_all(dir);
+  return identical ? 0 : 1;
+}
