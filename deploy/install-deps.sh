@@ -19,10 +19,14 @@ build_packages=(
   libxgboost-dev xgboost
   gnuplot-nox
   curl ca-certificates
+  prometheus jq
 )
+# The packages of every library decisiond and decisionctl link directly (readelf -d NEEDED,
+# mapped with dpkg -S); the rest comes with them as Debian dependencies.
 runtime_packages=(
-  libgrpc++1.51 libprotobuf32 libabsl20220623 librocksdb7.8
+  libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 librocksdb7.8
   libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 libxgboost0
+  libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g
 )
 
 packages=("${build_packages[@]}")

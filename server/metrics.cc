@@ -74,11 +74,11 @@ Metrics::Metrics()
                            .Help("Decisions that followed an expert")
                            .Register(*registry_)),
       divergence_m_(prometheus::BuildGauge()
-                        .Name("decision_divergence_m")
+                        .Name("decision_divergence_mij")
                         .Help("M_ij = 1 + log(1 + D_f1(pi_i || pi_j)) between active experts")
                         .Register(*registry_)),
       divergence_sigma_(prometheus::BuildGauge()
-                            .Name("decision_divergence_sigma")
+                            .Name("decision_divergence_sigmaij")
                             .Help("sigma_ij = sqrt(1 + D_f2(pi_i || pi_j)) between active experts")
                             .Register(*registry_)) {
   storage_write_latency_ = &prometheus::BuildHistogram()

@@ -735,7 +735,7 @@ TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
         m->Get("decision_expert_estimate", {{"problem", problem}, {"expert", "1"}});
     // M_10 from a refresh over the contexts seen: the linear expert differs from the
     // uniform one, so D_f1 > 0 and M_10 > 1 (the identity before the first refresh is 1).
-    const auto m10 = m->Get("decision_divergence_m",
+    const auto m10 = m->Get("decision_divergence_mij",
                             {{"problem", problem}, {"expert_i", "1"}, {"expert_j", "0"}});
     const bool refreshed = estimates.n() == 2 && estimates.m_size() == 4 && estimates.m(2) > 1.0;
     return decisions == kRounds + 3 && samples == kRounds && pending == 3 && estimate &&
@@ -777,7 +777,7 @@ TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
   EXPECT_EQ(selected, kRounds + 3);
 
   // Divergences between the two active experts, both directions.
-  for (const char* name : {"decision_divergence_m", "decision_divergence_sigma"}) {
+  for (const char* name : {"decision_divergence_mij", "decision_divergence_sigmaij"}) {
     const std::vector<MetricSample> pairs = m->All(name, by_problem);
     EXPECT_EQ(pairs.size(), 2u) << name;
     for (const MetricSample& s : pairs) {
