@@ -532,6 +532,9 @@ absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event,
   event.set_state(is_default ? kEventExpired : kEventJoined);
   event.set_reward(reward);
   event.set_sequence(seq);
+  // The features now live in the sample; the event keeps what idempotent Choose and
+  // duplicate detection need.
+  event.clear_features();
   absl::Status written =
       Timed([&] { return env_.store->Join(index_, event_id, event, seq, sample); });
   if (!written.ok()) {
