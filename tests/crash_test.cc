@@ -37,6 +37,7 @@ namespace {
 using testing::DecisiondProcess;
 using testing::MakeTempDir;
 using Stub = v1::DecisionService::Stub;
+using ::decision::testing::Call;
 
 constexpr int kArms = 4;
 constexpr int kFeatures = 3;
@@ -45,22 +46,6 @@ constexpr int kKills = 10;
 constexpr double kRewardValues[] = {0.0, 0.25, 0.5, 1.0};
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kPollTimeout = std::chrono::seconds(30);
-
-template <typename Req, typename Resp>
-grpc::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
-                  Stub* stub, const Req& request, Resp* response) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
-  return (stub->*method)(&ctx, request, response);
-}
-
-#define ASSERT_GRPC_OK(expr)                                                          \
-  do {                                                                                \
-    const ::grpc::Status grpc_status_ = (expr);                                       \
-    ASSERT_TRUE(grpc_status_.ok())                                                    \
-        << #expr << ": code " << grpc_status_.error_code() << ": "                    \
-        << grpc_status_.error_message();                                              \
-  } while (0)
 
 // What the client learned from the servers, across all kills.
 struct ClientRecord {

@@ -5,9 +5,12 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "decision/v1/decision.grpc.pb.h"
@@ -61,6 +64,26 @@ class DecisiondProcess {
   std::string address_;
   std::string metrics_address_;
 };
+
+// One unary RPC with a deadline (tests put one on every call).
+template <typename Req, typename Resp>
+grpc::Status Call(grpc::Status (v1::DecisionService::Stub::*method)(grpc::ClientContext*,
+                                                                    const Req&, Resp*),
+                  v1::DecisionService::Stub* stub, const Req& request, Resp* response,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  return (stub->*method)(&ctx, request, response);
+}
+
+#define DECISION_GRPC_CHECK_(check, expr)                                          \
+  do {                                                                             \
+    const ::grpc::Status grpc_status_ = (expr);                                    \
+    check(grpc_status_.ok()) << #expr << ": code " << grpc_status_.error_code()    \
+                             << ": " << grpc_status_.error_message();              \
+  } while (0)
+#define ASSERT_GRPC_OK(expr) DECISION_GRPC_CHECK_(ASSERT_TRUE, expr)
+#define EXPECT_GRPC_OK(expr) DECISION_GRPC_CHECK_(EXPECT_TRUE, expr)
 
 // GET http://address/path over a plain socket; returns the body.
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);

@@ -59,32 +59,8 @@ constexpr double kSmoothing = 0.05;
 // The linear expert's weights: strong enough that it plays the argmax arm most of the time.
 constexpr double kLinearStrength = 12.0;
 
-#define ASSERT_GRPC_OK(expr)                                                          \
-  do {                                                                                \
-    const ::grpc::Status grpc_status_ = (expr);                                       \
-    ASSERT_TRUE(grpc_status_.ok())                                                    \
-        << #expr << ": code " << grpc_status_.error_code() << ": "                    \
-        << grpc_status_.error_message();                                              \
-  } while (0)
-
-#define EXPECT_GRPC_OK(expr)                                                          \
-  do {                                                                                \
-    const ::grpc::Status grpc_status_ = (expr);                                       \
-    EXPECT_TRUE(grpc_status_.ok())                                                    \
-        << #expr << ": code " << grpc_status_.error_code() << ": "                    \
-        << grpc_status_.error_message();                                              \
-  } while (0)
-
 using Stub = v1::DecisionService::Stub;
-
-// One unary RPC with a deadline.
-template <typename Req, typename Resp>
-grpc::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
-                  Stub* stub, const Req& request, Resp* response) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
-  return (stub->*method)(&ctx, request, response);
-}
+using ::decision::testing::Call;
 
 std::vector<double> RandomFeatures(std::mt19937_64& gen) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
