@@ -221,9 +221,33 @@ absl::StatusOr<Decision> FollowExpert(int k, int num_arms, DistributionFn distri
   return d;
 }
 
-class Ucb1Policy final : public Policy {
+// Baselines that follow one expert per decision and learn only from their own samples.
+class OneExpertPolicy : public Policy {
  public:
-  explicit Ucb1Policy(int n) : stats_(n) {}
+  explicit OneExpertPolicy(int n) : stats_(n) {}
+  absl::Status Learn(const Decision& d, double reward, absl::Span<const double>) override {
+    return stats_.Learn(d, reward);
+  }
+  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
+    stats_.Grow(backfill.size());
+    return absl::OkStatus();
+  }
+
+ protected:
+  absl::StatusOr<Decision> Follow(int k, int num_arms, DistributionFn distribution,
+                                  absl::BitGenRef gen) {
+    if (k < 0) return absl::FailedPreconditionError("no experts");
+    return FollowExpert(k, num_arms, distribution, gen, scratch_);
+  }
+  PerExpertMeans stats_;
+
+ private:
+  std::vector<double> scratch_;
+};
+
+class Ucb1Policy final : public OneExpertPolicy {
+ public:
+  explicit Ucb1Policy(int n) : OneExpertPolicy(n) {}
   std::string name() const override { return "ucb1-over-experts"; }
   absl::StatusOr<Decision> Decide(int, int num_arms, DistributionFn distribution,
                                   absl::BitGenRef gen) override {
@@ -234,25 +258,13 @@ class Ucb1Policy final : public Policy {
           [&](size_t e) { return stats_.mean(e) + std::sqrt(2.0 * log_t / stats_.pulls(e)); },
           gen);
     }
-    if (k < 0) return absl::FailedPreconditionError("no experts");
-    return FollowExpert(k, num_arms, distribution, gen, scratch_);
+    return Follow(k, num_arms, distribution, gen);
   }
-  absl::Status Learn(const Decision& d, double reward, absl::Span<const double>) override {
-    return stats_.Learn(d, reward);
-  }
-  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
-    stats_.Grow(backfill.size());
-    return absl::OkStatus();
-  }
-
- private:
-  PerExpertMeans stats_;
-  std::vector<double> scratch_;
 };
 
-class EpsilonGreedyPolicy final : public Policy {
+class EpsilonGreedyPolicy final : public OneExpertPolicy {
  public:
-  EpsilonGreedyPolicy(int n, double epsilon) : stats_(n), epsilon_(epsilon) {}
+  EpsilonGreedyPolicy(int n, double epsilon) : OneExpertPolicy(n), epsilon_(epsilon) {}
   std::string name() const override { return absl::StrCat("epsilon-greedy(", epsilon_, ")"); }
   absl::StatusOr<Decision> Decide(int num_experts, int num_arms, DistributionFn distribution,
                                   absl::BitGenRef gen) override {
@@ -264,20 +276,11 @@ class EpsilonGreedyPolicy final : public Policy {
       k = stats_.Untried(gen);
       if (k < 0) k = stats_.Argmax([&](size_t e) { return stats_.mean(e); }, gen);
     }
-    return FollowExpert(k, num_arms, distribution, gen, scratch_);
-  }
-  absl::Status Learn(const Decision& d, double reward, absl::Span<const double>) override {
-    return stats_.Learn(d, reward);
-  }
-  absl::Status AddExperts(absl::Span<const std::vector<double>> backfill) override {
-    stats_.Grow(backfill.size());
-    return absl::OkStatus();
+    return Follow(k, num_arms, distribution, gen);
   }
 
  private:
-  PerExpertMeans stats_;
   double epsilon_;
-  std::vector<double> scratch_;
 };
 
 class Exp4Policy final : public Policy {
