@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
   const std::string grouping = absl::GetFlag(FLAGS_grouping);
   if (grouping == "round_robin") {
     options.estimator.grouping = MedianOfMeansGrouping::kRoundRobin;
-  } else if (grouping != "contiguous") {
+  } else if (grouping == "contiguous") {
+    options.estimator.grouping = MedianOfMeansGrouping::kContiguous;
+  } else {
     std::fprintf(stderr, "regret: --grouping must be contiguous or round_robin\n");
     return 2;
   }
@@ -99,6 +101,9 @@ int main(int argc, char** argv) {
               result->progressive_loss.back(), result->progressive_loss.size(),
               result->num_experts, result->seconds, result->seconds_training,
               result->seconds_divergences);
+  if (result->experts_rejected > 0) {
+    std::printf("%d trained experts diverged and were skipped\n", result->experts_rejected);
+  }
   if (absl::GetFlag(FLAGS_show_estimates)) {
     std::printf("expert  mean     width    ucb      selected  true_mean\n");
     for (size_t e = 0; e < result->estimates.size(); ++e) {

@@ -117,7 +117,8 @@ class Simulation {
       DECISION_ASSIGN_OR_RETURN(policy_, MakeEpsilonGreedyPolicy(1, o_.epsilon));
     } else if (p == "exp4") {
       Exp4Options exp4;
-      exp4.horizon = static_cast<int64_t>(order_.size());
+      exp4.horizon = o_.max_rounds > 0 ? std::min<int64_t>(o_.max_rounds, order_.size())
+                                       : static_cast<int64_t>(order_.size());
       DECISION_ASSIGN_OR_RETURN(policy_, MakeExp4Policy(1, exp4));
     } else if (p == "uniform") {
       policy_ = MakeUniformPolicy();
@@ -144,7 +145,8 @@ class Simulation {
   }
 
   absl::Status AddTrainedExperts(int64_t t, SimulationResult* result) {
-    if (training_.size() == 0) return absl::OkStatus();
+    // The uniform policy ignores experts: training them would only cost time.
+    if (training_.size() == 0 || o_.policy == "uniform") return absl::OkStatus();
     const auto train_start = Clock::now();
     const int old_n = num_experts();
     const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;
@@ -152,15 +154,21 @@ class Simulation {
       const XgboostTrainOptions train =
           SampleExpertOptions(i >= o_.tree_experts_per_batch, o_.train_threads, gen_);
       const TrainingSet sample = Bootstrap(training_, gen_);
-      DECISION_ASSIGN_OR_RETURN(std::string model, TrainXgboostModel(sample, k_, train));
+      absl::StatusOr<std::string> model = TrainXgboostModel(sample, k_, train);
+      if (absl::IsFailedPrecondition(model.status())) {
+        ++result->experts_rejected;  // diverged: skip this expert, keep the run going
+        continue;
+      }
+      if (!model.ok()) return model.status();
       DECISION_ASSIGN_OR_RETURN(
           std::unique_ptr<Expert> expert,
-          MakeXgboostExpert(k_, data_.num_features, model, o_.smoothing));
+          MakeXgboostExpert(k_, data_.num_features, *model, o_.smoothing));
       DECISION_RETURN_IF_ERROR(CacheExpert(*expert));
     }
     result->seconds_training += Since(train_start);
-    std::vector<std::vector<double>> backfill(count);
-    for (int i = 0; i < count; ++i) {
+    const int added = num_experts() - old_n;
+    std::vector<std::vector<double>> backfill(added);
+    for (int i = 0; i < added; ++i) {
       const std::vector<float>& c = cache_[old_n + i];
       backfill[i].reserve(logged_rows_.size());
       for (size_t s = 0; s < logged_rows_.size(); ++s) {

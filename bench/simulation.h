@@ -45,6 +45,7 @@ struct SimulationOptions {
 struct SimulationResult {
   std::vector<double> progressive_loss;  // 1 - mean reward after each round
   int num_experts = 0;
+  int experts_rejected = 0;  // trained models that diverged and were skipped
   double seconds = 0.0;
   double seconds_training = 0.0;
   double seconds_divergences = 0.0;

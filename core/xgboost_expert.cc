@@ -81,7 +81,11 @@ class XgboostExpert final : public Expert {
         total += probs[i * k + v];
       }
       if (!(total > 0.0)) {
-        return absl::InternalError("xgboost prediction is not a distribution");
+        // WART: no finite probability for this context (a diverged booster). The expert
+        // plays uniformly here rather than failing every request that reaches it; the
+        // trainer refuses models that do this on their training rows.
+        for (size_t v = 0; v < k; ++v) probs[i * k + v] = 1.0 / k;
+        continue;
       }
       for (size_t v = 0; v < k; ++v) probs[i * k + v] /= total;
     }

@@ -1,6 +1,9 @@
 // An expert backed by an XGBoost `multi:softprob` booster (tree or linear), loaded from
 // model bytes (JSON, UBJSON or XGBoost's legacy binary format) through libxgboost's C API.
 //
+// A context for which the booster returns no finite positive probability (a diverged model)
+// gets the uniform distribution instead of an error.
+//
 // Thread safety: Predict may be called from any thread; calls into the booster are
 // serialised by a mutex (libxgboost keeps per-handle prediction buffers).
 #ifndef DECISION_CORE_XGBOOST_EXPERT_H_

@@ -44,7 +44,8 @@ struct XgboostTrainOptions {
 };
 
 // Trains on `set`. Returns INVALID_ARGUMENT for an empty set, labels outside [0, K) or bad
-// options, and INTERNAL if libxgboost fails.
+// options, FAILED_PRECONDITION if training diverged (non-finite probabilities on the
+// training rows), and INTERNAL if libxgboost fails.
 absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
                                               const XgboostTrainOptions& options);
 

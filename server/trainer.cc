@@ -84,10 +84,11 @@ absl::Status Trainer::Run(const Job& job) {
     }
     const bool linear = i >= job.trees;
     const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
-    DECISION_ASSIGN_OR_RETURN(std::string model,
-                              TrainXgboostModel(Bootstrap(set, gen_), num_arms, options));
+    absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(set, gen_), num_arms, options);
+    if (absl::IsFailedPrecondition(model.status())) continue;  // diverged: skip this one
+    if (!model.ok()) return model.status();
     storage::v1::ExpertModelRecord record;
-    record.set_xgboost(std::move(model));
+    record.set_xgboost(*std::move(model));
     const std::string name =
         absl::StrCat("trained-", linear ? "linear" : "trees", "-t", p.Summary().samples());
     absl::StatusOr<v1::Expert> e = p.RegisterExpert(name, std::move(record), p.record().smoothing());
