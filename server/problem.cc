@@ -497,28 +497,29 @@ absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardRespons
         " ms); the reward is counted as late and not learned"));
   }
   absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
-  absl::MutexLock lock(&mu_);
   if (!propensities.ok()) {
+    absl::MutexLock lock(&mu_);
     pending_[event_id].joining = false;
     return absl::InternalError(absl::StrCat("scoring the experts failed: ",
                                             propensities.status().message()));
   }
   DECISION_RETURN_IF_ERROR(
-      JoinLocked(event_id, std::move(event), value, /*is_default=*/false, *std::move(propensities)));
+      Join(event_id, std::move(event), value, /*is_default=*/false, *std::move(propensities)));
   response->set_first(true);
   return absl::OkStatus();
 }
 
-absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event, double reward,
-                                 bool is_default, std::vector<double> propensities) {
-  // Experts registered since the snapshot.
-  std::vector<double> probs(record_.num_arms());
-  const absl::Span<const double> x(event.features().data(), event.features_size());
-  for (size_t k = propensities.size(); k < experts_.size(); ++k) {
-    DECISION_RETURN_IF_ERROR(experts_[k].model->Predict(x, absl::MakeSpan(probs)));
-    propensities.push_back(probs[event.arm()]);
+absl::Status Problem::Join(const std::string& event_id, EventRecord event, double reward,
+                           bool is_default, std::vector<double> propensities) {
+  // Joins run one at a time (join_mu_), so the sequence assigned here is the log's next
+  // position when the sample is applied; the durable write runs outside mu_, so Choose and
+  // the reads do not wait for the disk.
+  absl::MutexLock order(&join_mu_);
+  int64_t seq;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = ducb_.log().size();
   }
-  const int64_t seq = ducb_.log().size();
   SampleRecord sample;
   sample.set_event_id(event_id);
   *sample.mutable_features() = event.features();
@@ -529,17 +530,26 @@ absl::Status Problem::JoinLocked(const std::string& event_id, EventRecord event,
   sample.set_default_reward(is_default);
   sample.set_decided_at_ms(event.decided_at_ms());
   sample.set_joined_at_ms(env_.clock->NowMs());
-  event.set_state(is_default ? kEventExpired : kEventJoined);
-  event.set_reward(reward);
-  event.set_sequence(seq);
+  EventRecord joined = event;
+  joined.set_state(is_default ? kEventExpired : kEventJoined);
+  joined.set_reward(reward);
+  joined.set_sequence(seq);
   // The features now live in the sample; the event keeps what idempotent Choose and
   // duplicate detection need.
-  event.clear_features();
+  joined.clear_features();
   absl::Status written =
-      Timed([&] { return env_.store->Join(index_, event_id, event, seq, sample); });
+      Timed([&] { return env_.store->Join(index_, event_id, joined, seq, sample); });
+  absl::MutexLock lock(&mu_);
   if (!written.ok()) {
     pending_[event_id].joining = false;
     return written;
+  }
+  // Experts registered since the propensities were computed.
+  std::vector<double> probs(record_.num_arms());
+  const absl::Span<const double> x(event.features().data(), event.features_size());
+  for (size_t k = propensities.size(); k < experts_.size(); ++k) {
+    absl::Status scored = experts_[k].model->Predict(x, absl::MakeSpan(probs));
+    propensities.push_back(scored.ok() ? probs[event.arm()] : 1.0 / record_.num_arms());
   }
   const int n_est = ducb_.num_experts();
   absl::Status learned = ducb_.Learn(
@@ -621,13 +631,13 @@ absl::Status Problem::ExpireOne(const std::string& event_id) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
-  absl::MutexLock lock(&mu_);
   if (!propensities.ok()) {
+    absl::MutexLock lock(&mu_);
     pending_[event_id].joining = false;
     return propensities.status();
   }
-  return JoinLocked(event_id, std::move(event), record_.default_reward(), /*is_default=*/true,
-                    *std::move(propensities));
+  return Join(event_id, std::move(event), record_.default_reward(), /*is_default=*/true,
+              *std::move(propensities));
 }
 
 absl::Status Problem::ExpireDue() {

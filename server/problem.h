@@ -6,10 +6,10 @@
 // called from one thread at a time (the service's maintenance thread); they are the only
 // ones that change the expert set D-UCB estimates and the divergences.
 //
-// Locking: mu_ guards the in-memory state. Model evaluations and the durable write of a
-// decision run outside mu_ (a decision is visible to a concurrent Choose retry at once and
-// joinable once stored); the durable write of a join runs inside it, so that join order in
-// the store equals join order in memory.
+// Locking: mu_ guards the in-memory state. Model evaluations and durable writes run outside
+// mu_: a decision is visible to a concurrent Choose retry at once and joinable once stored;
+// joins are serialised by join_mu_ (taken before mu_), so that join order in the store
+// equals join order in memory.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
@@ -140,11 +140,11 @@ class Problem {
   // pi_k(arm | features) for every model of the snapshot.
   absl::StatusOr<std::vector<double>> Propensities(const Snapshot& snapshot,
                                                    const storage::v1::EventRecord& event) const;
-  // Appends a joined sample: durable write, then D-UCB and the backfill tails.
-  // REQUIRES: pending_[event_id].joining.
-  absl::Status JoinLocked(const std::string& event_id, storage::v1::EventRecord event,
-                          double reward, bool is_default, std::vector<double> propensities)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends a joined sample: durable write (outside mu_, joins one at a time), then D-UCB
+  // and the backfill tails. REQUIRES: pending_[event_id].joining; mu_ not held.
+  absl::Status Join(const std::string& event_id, storage::v1::EventRecord event, double reward,
+                    bool is_default, std::vector<double> propensities)
+      ABSL_LOCKS_EXCLUDED(mu_, join_mu_);
   // Writes the LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
   absl::Status WriteLogChunkLocked(int64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins or drops a decision whose wait time passed. REQUIRES: pending, not joining.
@@ -163,6 +163,9 @@ class Problem {
   const Env env_;
   const Metrics::ProblemMetrics metrics_;
 
+  // Orders joins: held across a join's durable write and its application, never while
+  // waiting for mu_ in another order (join_mu_ before mu_).
+  absl::Mutex join_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::vector<ExpertSlot> experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
