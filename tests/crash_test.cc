@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "decision/v1/decision.grpc.pb.h"
+#include "tests/decisiond_fixture.h"
 #include "tests/decisiond_process.h"
 
 namespace decision {
@@ -116,23 +117,8 @@ void StreamUntilFailure(Stub* stub, const std::string& problem, const std::atomi
   }
 }
 
-class CrashTest : public ::testing::Test {
+class CrashTest : public ::decision::testing::DecisiondTest {
  protected:
-  void SetUp() override { dir_ = MakeTempDir(); }
-  void TearDown() override {
-    process_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
-  void StartServer() {
-    absl::StatusOr<std::unique_ptr<DecisiondProcess>> p =
-        DecisiondProcess::Start(dir_, {"--seed=1"});
-    ASSERT_TRUE(p.ok()) << p.status();
-    process_ = *std::move(p);
-    stub_ = process_->NewStub();
-  }
-
   v1::Problem GetProblem() {
     v1::GetProblemRequest request;
     request.set_problem_id(kProblem);
@@ -158,9 +144,6 @@ class CrashTest : public ::testing::Test {
   }
 
   const std::string kProblem = "crash";
-  std::string dir_;
-  std::unique_ptr<DecisiondProcess> process_;
-  std::unique_ptr<Stub> stub_;
 };
 
 TEST_F(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {

@@ -40,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "core/xgboost_trainer.h"
 #include "decision/v1/decision.grpc.pb.h"
+#include "tests/decisiond_fixture.h"
 #include "tests/decisiond_process.h"
 
 namespace decision {
@@ -214,24 +215,8 @@ std::optional<ScrapedMetrics> Scrape(const DecisiondProcess& process) {
   return ScrapedMetrics(ParsePrometheusText(*body));
 }
 
-class IntegrationTest : public ::testing::Test {
+class IntegrationTest : public ::decision::testing::DecisiondTest {
  protected:
-  void SetUp() override { dir_ = MakeTempDir(); }
-  void TearDown() override {
-    process_.reset();  // SIGKILL if a test left it running
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
-  // Starts decisiond on dir_ (seed 1) and a client stub for it.
-  void StartServer() {
-    absl::StatusOr<std::unique_ptr<DecisiondProcess>> p =
-        DecisiondProcess::Start(dir_, {"--seed=1"});
-    ASSERT_TRUE(p.ok()) << p.status();
-    process_ = *std::move(p);
-    stub_ = process_->NewStub();
-  }
-
   // SIGTERM; returns decisiond's exit code. The client channel is closed first: an idle
   // client channel is only polled every few seconds by gRPC's backup poller, so an open one
   // would hold the server's graceful shutdown for up to its grace period.
@@ -353,9 +338,6 @@ class IntegrationTest : public ::testing::Test {
     return sum;
   }
 
-  std::string dir_;
-  std::unique_ptr<DecisiondProcess> process_;
-  std::unique_ptr<Stub> stub_;
 };
 
 const v1::ExpertEstimate& EstimateOf(const v1::Estimates& estimates, int expert_id) {
