@@ -128,21 +128,6 @@ class CrashTest : public ::decision::testing::DecisiondTest {
     return response;
   }
 
-  std::vector<v1::LoggedSample> ExportLog() {
-    v1::ExportLogRequest request;
-    request.set_problem_id(kProblem);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
-    std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
-        stub_->ExportLog(&ctx, request);
-    std::vector<v1::LoggedSample> out;
-    v1::LoggedSample sample;
-    while (reader->Read(&sample)) out.push_back(sample);
-    const grpc::Status s = reader->Finish();
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return out;
-  }
-
   const std::string kProblem = "crash";
 };
 
@@ -233,7 +218,7 @@ TEST_F(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
   for (const std::string& v : record.violations) ADD_FAILURE() << v;
   ASSERT_GT(record.acknowledged.size(), 100u) << "too little traffic to test anything";
 
-  const std::vector<v1::LoggedSample> log = ExportLog();
+  const std::vector<v1::LoggedSample> log = ExportLog(kProblem);
   std::map<std::string, const v1::LoggedSample*> logged;
   for (size_t i = 0; i < log.size(); ++i) {
     EXPECT_EQ(log[i].sequence(), static_cast<int64_t>(i)) << "gap or reordering in the log";
@@ -298,7 +283,7 @@ TEST_F(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
   const v1::Problem after_retries = GetProblem();
   EXPECT_EQ(after_retries.samples(), problem.samples());
   EXPECT_EQ(after_retries.decisions(), problem.decisions());
-  EXPECT_EQ(ExportLog().size(), log.size());
+  EXPECT_EQ(ExportLog(kProblem).size(), log.size());
 
   // The expert registered mid-crash finishes its backfill and covers the whole log.
   const auto deadline = std::chrono::steady_clock::now() + kPollTimeout;
@@ -315,7 +300,7 @@ TEST_F(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(experts.experts(1).backfilled(), experts.experts(1).backfill_total());
-  for (const v1::LoggedSample& s : ExportLog()) {
+  for (const v1::LoggedSample& s : ExportLog(kProblem)) {
     ASSERT_EQ(s.expert_propensities_size(), 2) << "sample " << s.sequence();
     EXPECT_EQ(s.expert_propensities(0), 1.0 / kArms) << "sample " << s.sequence();
     EXPECT_EQ(s.expert_propensities(s.expert_id()), s.propensity()) << "sample " << s.sequence();

@@ -3,6 +3,7 @@
 #ifndef DECISION_TESTS_DECISIOND_FIXTURE_H_
 #define DECISION_TESTS_DECISIOND_FIXTURE_H_
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -31,6 +32,21 @@ class DecisiondTest : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p.status();
     process_ = *std::move(p);
     stub_ = process_->NewStub();
+  }
+
+  // The whole joined log of `problem`, in join order; a failed stream fails the test.
+  std::vector<v1::LoggedSample> ExportLog(const std::string& problem) {
+    v1::ExportLogRequest request;
+    request.set_problem_id(problem);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
+        stub_->ExportLog(&ctx, request);
+    std::vector<v1::LoggedSample> out;
+    v1::LoggedSample sample;
+    while (reader->Read(&sample)) out.push_back(sample);
+    EXPECT_GRPC_OK(reader->Finish());
+    return out;
   }
 
   std::string dir_;

@@ -283,20 +283,6 @@ class IntegrationTest : public ::decision::testing::DecisiondTest {
     return response;
   }
 
-  std::vector<v1::LoggedSample> ExportLog(const std::string& problem) {
-    v1::ExportLogRequest request;
-    request.set_problem_id(problem);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
-    std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
-        stub_->ExportLog(&ctx, request);
-    std::vector<v1::LoggedSample> out;
-    v1::LoggedSample sample;
-    while (reader->Read(&sample)) out.push_back(sample);
-    EXPECT_GRPC_OK(reader->Finish());
-    return out;
-  }
-
   v1::ChooseResponse Choose(const std::string& problem, const std::vector<double>& x,
                             const std::string& event_id) {
     v1::ChooseRequest request;
