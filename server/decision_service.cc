@@ -389,21 +389,34 @@ absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& reques
 
 absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
                                      v1::ChooseResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  return p->Choose(request, response);
+  return AwaitDone([&](Done done) { Choose(request, response, std::move(done)); });
 }
 
 absl::Status DecisionService::Reward(const v1::RewardRequest& request,
                                      v1::RewardResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  absl::Status s = p->Reward(request, response);
-  if (options_.inline_maintenance) {
+  return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
+}
+
+void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
+                             Done done) {
+  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  if (!p.ok()) return done(p.status());
+  (*p)->Choose(request, response, std::move(done));
+}
+
+void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
+                             Done done) {
+  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  if (!p.ok()) return done(p.status());
+  if (!options_.inline_maintenance) return (*p)->Reward(request, response, std::move(done));
+  absl::Status s = (*p)->Reward(request, response);
+  {
     absl::MutexLock round(&maintenance_mu_);
-    absl::Status m = MaintainProblem(p, std::chrono::hours(1));
+    absl::Status m = MaintainProblem(*p, std::chrono::hours(1));
     if (m.ok()) m = trainer_->RunPending();
     if (!m.ok()) std::fprintf(stderr, "decisiond: maintenance: %s\n", m.ToString().c_str());
   }
-  return s;
+  done(s);
 }
 
 absl::Status DecisionService::TrainExperts(const v1::TrainExpertsRequest& request,

@@ -54,6 +54,20 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Unary(grpc::CallbackServerContext
   return reactor;
 }
 
+template <typename Start>
+grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerContext* ctx,
+                                                          const char* method, Start&& start) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  start([this, reactor, method, begin = std::chrono::steady_clock::now()](absl::Status s) {
+    const grpc::Status status = ToGrpcStatus(s);
+    metrics_->RpcLatency(method).Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
+    reactor->Finish(status);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GrpcDecisionService::CreateProblem(
     grpc::CallbackServerContext* ctx, const v1::CreateProblemRequest* request,
     v1::Problem* response) {
@@ -88,12 +102,14 @@ grpc::ServerUnaryReactor* GrpcDecisionService::RetireExpert(
 grpc::ServerUnaryReactor* GrpcDecisionService::Choose(grpc::CallbackServerContext* ctx,
                                                       const v1::ChooseRequest* request,
                                                       v1::ChooseResponse* response) {
-  return Unary(ctx, "Choose", [&] { return service_->Choose(*request, response); });
+  return AsyncUnary(ctx, "Choose",
+                    [&](Done done) { service_->Choose(*request, response, std::move(done)); });
 }
 grpc::ServerUnaryReactor* GrpcDecisionService::Reward(grpc::CallbackServerContext* ctx,
                                                       const v1::RewardRequest* request,
                                                       v1::RewardResponse* response) {
-  return Unary(ctx, "Reward", [&] { return service_->Reward(*request, response); });
+  return AsyncUnary(ctx, "Reward",
+                    [&](Done done) { service_->Reward(*request, response, std::move(done)); });
 }
 grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(
     grpc::CallbackServerContext* ctx, const v1::GetEstimatesRequest* request,

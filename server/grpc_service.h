@@ -55,6 +55,11 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
  private:
   template <typename F>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, F&& call);
+  // For the asynchronous calls: start(done) queues the work; the reactor finishes in done,
+  // possibly on another thread, so the handler returns at once.
+  template <typename Start>
+  grpc::ServerUnaryReactor* AsyncUnary(grpc::CallbackServerContext* ctx, const char* method,
+                                       Start&& start);
 
   DecisionService* service_;
   Metrics* metrics_;

@@ -311,6 +311,20 @@ void Problem::FillResponse(const std::string& event_id, const EventRecord& recor
 }
 
 absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response) {
+  return AwaitDone([&](Done done) { Choose(request, response, std::move(done)); });
+}
+
+void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
+                     Done done) {
+  absl::StatusOr<std::optional<WriteOp>> op = PrepareDecision(request, response);
+  if (!op.ok()) return done(op.status());
+  if (!op->has_value()) return done(absl::OkStatus());  // an earlier decision, answered
+  (*op)->done = std::move(done);
+  Submit(*std::move(*op));
+}
+
+absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
+    const v1::ChooseRequest& request, v1::ChooseResponse* response) {
   const int d = record_.num_features();
   if (request.features_size() != d) {
     return absl::InvalidArgumentError(absl::StrCat("features: problem ", id(), " expects ", d,
@@ -328,20 +342,20 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
                                                    " bytes; at most ", kMaxEventIdBytes));
   }
   const bool caller_id = !request.event_id().empty();
-  const std::string event_id = caller_id ? request.event_id() : RandomEventId();
+  std::string event_id = caller_id ? request.event_id() : RandomEventId();
   if (caller_id) {
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(event_id);
       if (it != pending_.end()) {
         FillResponse(event_id, it->second.record, response);
-        return absl::OkStatus();
+        return std::nullopt;
       }
     }
     absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
     if (stored.ok()) {
       FillResponse(event_id, *stored, response);
-      return absl::OkStatus();
+      return std::nullopt;
     }
     if (!absl::IsNotFound(stored.status())) return stored.status();
   }
@@ -365,7 +379,9 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
     return absl::InvalidArgumentError(
         absl::StrCat("expert ", expert, " cannot score this context: ", s.message()));
   }
-  EventRecord event;
+  WriteOp op;
+  op.choose_response = response;
+  EventRecord& event = op.event;
   event.set_arm(SampleArm(probs, u));
   event.set_expert_id(expert);
   event.set_propensity(probs[event.arm()]);
@@ -382,29 +398,106 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
       auto it = pending_.find(event_id);
       if (it != pending_.end()) {
         FillResponse(event_id, it->second.record, response);
-        return absl::OkStatus();
+        return std::nullopt;
       }
     }
     // Visible at once (a concurrent retry returns this decision), joinable once durable.
     pending_[event_id] = Pending{event, /*joining=*/false, /*durable=*/false};
   }
-  // The durable write runs outside mu_, so that concurrent decisions share RocksDB's
-  // group commit instead of queueing on the problem's lock.
-  const absl::Status written =
-      Timed([&] { return env_.store->Decide(index_, event_id, event); });
-  absl::MutexLock lock(&mu_);
-  if (!written.ok()) {
-    pending_.erase(event_id);
-    return written;
+  op.event_id = std::move(event_id);
+  return op;
+}
+
+void Problem::Submit(WriteOp op) {
+  {
+    absl::MutexLock lock(&commit_mu_);
+    commit_queue_.push_back(std::move(op));
+    if (committing_) return;  // the committing thread takes it with its next group
+    committing_ = true;
   }
-  pending_[event_id].durable = true;
-  deadlines_.insert({event.deadline_ms(), event_id});
-  FillResponse(event_id, event, response);
+  // This thread commits until the queue is empty: every op queued meanwhile rides along in
+  // the next group, so concurrent decisions and joins share one log write.
+  std::vector<WriteOp> group;
+  while (true) {
+    group.clear();
+    {
+      absl::MutexLock lock(&commit_mu_);
+      if (commit_queue_.empty()) {
+        committing_ = false;
+        return;
+      }
+      group.swap(commit_queue_);
+    }
+    CommitGroup(group);
+  }
+}
+
+void Problem::CommitGroup(std::vector<WriteOp>& group) {
+  // Only the committing thread appends to the log, so the joins of this group take the
+  // positions from `first` on in queue order, in the store and in memory alike. A group that
+  // fails to write changes nothing: the positions are reused by the next group.
+  int64_t first;
+  {
+    absl::MutexLock lock(&mu_);
+    first = ducb_.log().size();
+  }
+  storage::Store::WriteGroup batch;
+  absl::Status written = absl::OkStatus();
+  int64_t seq = first;
+  const int64_t now = env_.clock->NowMs();
+  for (WriteOp& op : group) {
+    if (op.choose_response != nullptr) {
+      written = env_.store->AddDecision(&batch, index_, op.event_id, op.event);
+    } else {
+      SampleRecord sample;
+      sample.set_event_id(op.event_id);
+      *sample.mutable_features() = op.event.features();
+      sample.set_arm(op.event.arm());
+      sample.set_expert_id(op.event.expert_id());
+      sample.set_propensity(op.event.propensity());
+      sample.set_reward(op.reward);
+      sample.set_default_reward(op.is_default);
+      sample.set_decided_at_ms(op.event.decided_at_ms());
+      sample.set_joined_at_ms(now);
+      EventRecord joined = op.event;
+      joined.set_state(op.is_default ? kEventExpired : kEventJoined);
+      joined.set_reward(op.reward);
+      joined.set_sequence(seq++);
+      // The features now live in the sample; the event keeps what idempotent Choose and
+      // duplicate detection need.
+      joined.clear_features();
+      written = env_.store->AddJoin(&batch, index_, op.event_id, joined, joined.sequence(),
+                                    sample);
+    }
+    if (!written.ok()) break;
+  }
+  if (written.ok()) written = Timed([&] { return env_.store->Commit(&batch); });
+  {
+    absl::MutexLock lock(&mu_);
+    for (WriteOp& op : group) {
+      if (op.choose_response != nullptr) {
+        ApplyDecisionLocked(op, written);
+      } else {
+        ApplyJoinLocked(op, written);
+      }
+    }
+    metrics_.pending->Set(static_cast<double>(pending_.size()));
+    metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
+  }
+  for (WriteOp& op : group) op.done(written);
+}
+
+void Problem::ApplyDecisionLocked(WriteOp& op, const absl::Status& written) {
+  if (!written.ok()) {
+    pending_.erase(op.event_id);
+    return;
+  }
+  pending_[op.event_id].durable = true;
+  deadlines_.insert({op.event.deadline_ms(), op.event_id});
+  FillResponse(op.event_id, op.event, op.choose_response);
   ++decisions_;
   metrics_.decisions->Increment();
-  experts_[expert].metrics.selected->Increment();
-  metrics_.pending->Set(static_cast<double>(pending_.size()));
-  return absl::OkStatus();
+  experts_[op.event.expert_id()].metrics.selected->Increment();
 }
 
 Problem::Snapshot Problem::SnapshotLocked() const {
@@ -427,6 +520,21 @@ absl::StatusOr<std::vector<double>> Problem::Propensities(const Snapshot& snapsh
 }
 
 absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response) {
+  return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
+}
+
+void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
+                     Done done) {
+  absl::StatusOr<std::optional<WriteOp>> op = PrepareReward(request, response);
+  if (!op.ok()) return done(op.status());
+  if (!op->has_value()) return done(absl::OkStatus());  // a duplicate, answered
+  response->set_first(true);
+  (*op)->done = std::move(done);
+  Submit(*std::move(*op));
+}
+
+absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareReward(
+    const v1::RewardRequest& request, v1::RewardResponse* response) {
   const double value = request.value();
   if (!(value >= 0.0 && value <= 1.0)) {
     return absl::InvalidArgumentError(
@@ -452,7 +560,7 @@ absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardRespons
       if (it->second.joining) {
         response->set_first(false);
         metrics_.rewards_duplicate->Increment();
-        return absl::OkStatus();
+        return std::nullopt;
       }
       if (env_.clock->NowMs() > it->second.record.deadline_ms()) {
         expired_unprocessed = true;
@@ -479,7 +587,7 @@ absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardRespons
     if (stored->state() == kEventJoined || stored->state() == kEventPending) {
       response->set_first(false);
       metrics_.rewards_duplicate->Increment();
-      return absl::OkStatus();
+      return std::nullopt;
     }
     // Expired: count the first late reward, learn nothing.
     if (!stored->late_reward()) {
@@ -503,47 +611,23 @@ absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardRespons
     return absl::InternalError(absl::StrCat("scoring the experts failed: ",
                                             propensities.status().message()));
   }
-  DECISION_RETURN_IF_ERROR(
-      Join(event_id, std::move(event), value, /*is_default=*/false, *std::move(propensities)));
-  response->set_first(true);
-  return absl::OkStatus();
+  WriteOp op;
+  op.event_id = event_id;
+  op.event = std::move(event);
+  op.reward = value;
+  op.is_default = false;
+  op.propensities = *std::move(propensities);
+  return op;
 }
 
-absl::Status Problem::Join(const std::string& event_id, EventRecord event, double reward,
-                           bool is_default, std::vector<double> propensities) {
-  // Joins run one at a time (join_mu_), so the sequence assigned here is the log's next
-  // position when the sample is applied; the durable write runs outside mu_, so Choose and
-  // the reads do not wait for the disk.
-  absl::MutexLock order(&join_mu_);
-  int64_t seq;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = ducb_.log().size();
-  }
-  SampleRecord sample;
-  sample.set_event_id(event_id);
-  *sample.mutable_features() = event.features();
-  sample.set_arm(event.arm());
-  sample.set_expert_id(event.expert_id());
-  sample.set_propensity(event.propensity());
-  sample.set_reward(reward);
-  sample.set_default_reward(is_default);
-  sample.set_decided_at_ms(event.decided_at_ms());
-  sample.set_joined_at_ms(env_.clock->NowMs());
-  EventRecord joined = event;
-  joined.set_state(is_default ? kEventExpired : kEventJoined);
-  joined.set_reward(reward);
-  joined.set_sequence(seq);
-  // The features now live in the sample; the event keeps what idempotent Choose and
-  // duplicate detection need.
-  joined.clear_features();
-  absl::Status written =
-      Timed([&] { return env_.store->Join(index_, event_id, joined, seq, sample); });
-  absl::MutexLock lock(&mu_);
+void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   if (!written.ok()) {
-    pending_[event_id].joining = false;
-    return written;
+    pending_[op.event_id].joining = false;
+    return;
   }
+  const int64_t seq = ducb_.log().size();
+  const EventRecord& event = op.event;
+  std::vector<double>& propensities = op.propensities;
   // Experts registered since the propensities were computed.
   std::vector<double> probs(record_.num_arms());
   const absl::Span<const double> x(event.features().data(), event.features_size());
@@ -553,7 +637,7 @@ absl::Status Problem::Join(const std::string& event_id, EventRecord event, doubl
   }
   const int n_est = ducb_.num_experts();
   absl::Status learned = ducb_.Learn(
-      event.expert_id(), reward, absl::MakeConstSpan(propensities).subspan(0, n_est));
+      event.expert_id(), op.reward, absl::MakeConstSpan(propensities).subspan(0, n_est));
   if (!learned.ok()) {
     // The sample is stored; a restart will learn it. Should not happen: experts are
     // validated and smoothed.
@@ -569,17 +653,14 @@ absl::Status Problem::Join(const std::string& event_id, EventRecord event, doubl
                    chunk.ToString().c_str());
     }
   }
-  deadlines_.erase({event.deadline_ms(), event_id});
-  pending_.erase(event_id);
-  if (is_default) {
+  deadlines_.erase({event.deadline_ms(), op.event_id});
+  pending_.erase(op.event_id);
+  if (op.is_default) {
     metrics_.expired_default->Increment();
   } else {
     metrics_.rewards_learned->Increment();
-    metrics_.reward_sum->Increment(reward);
+    metrics_.reward_sum->Increment(op.reward);
   }
-  metrics_.pending->Set(static_cast<double>(pending_.size()));
-  metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
-  return absl::OkStatus();
 }
 
 absl::Status Problem::WriteLogChunkLocked(int64_t chunk) {
@@ -636,8 +717,16 @@ absl::Status Problem::ExpireOne(const std::string& event_id) {
     pending_[event_id].joining = false;
     return propensities.status();
   }
-  return Join(event_id, std::move(event), record_.default_reward(), /*is_default=*/true,
-              *std::move(propensities));
+  WriteOp op;
+  op.event_id = event_id;
+  op.event = std::move(event);
+  op.reward = record_.default_reward();
+  op.is_default = true;
+  op.propensities = *std::move(propensities);
+  return AwaitDone([&](Done done) {
+    op.done = std::move(done);
+    Submit(std::move(op));
+  });
 }
 
 absl::Status Problem::ExpireDue() {

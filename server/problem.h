@@ -7,15 +7,22 @@
 // ones that change the expert set D-UCB estimates and the divergences.
 //
 // Locking: mu_ guards the in-memory state. Model evaluations and durable writes run outside
-// mu_: a decision is visible to a concurrent Choose retry at once and joinable once stored;
-// joins are serialised by join_mu_ (taken before mu_), so that join order in the store
-// equals join order in memory.
+// mu_: a decision is visible to a concurrent Choose retry at once and joinable once stored.
+//
+// Group commit: Choose and Reward do their work (validation, selection, scoring) in the
+// caller's thread, then queue one write op. The first thread to find no commit in progress
+// becomes the committer: it writes everything queued as one storage write, applies it to
+// the in-memory state in queue order, completes each op, and repeats until the queue is
+// empty. Joins therefore reach the log in the same order in the store and in memory, and a
+// failed group leaves neither a gap nor a partial state. Completion is a callback, so an
+// RPC handler queues its op and returns without blocking a thread.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -25,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "core/divergence.h"
 #include "core/expert.h"
 #include "core/policy.h"
@@ -42,6 +50,23 @@ inline constexpr size_t kMaxEventIdBytes = 128;
 inline constexpr int64_t kBackfillChunk = 4096;  // samples per backfill chunk on disk
 inline constexpr int64_t kLogChunk = 4096;       // samples per log chunk on disk
 inline constexpr size_t kMaxTrainingSamples = 200'000;
+
+// Completion of an asynchronous call: called once, from the caller's thread or from the
+// thread that commits its write, with no lock of the problem held.
+using Done = std::function<void(absl::Status)>;
+
+// Runs `start(done)` and waits until done is called; returns its status.
+template <typename Start>
+absl::Status AwaitDone(Start&& start) {
+  absl::Notification finished;
+  absl::Status result;
+  start([&](absl::Status s) {
+    result = std::move(s);
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
 
 // Builds the core expert of a stored model record.
 absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const storage::v1::ExpertModelRecord& model,
@@ -74,6 +99,12 @@ class Problem {
   const std::string& id() const { return record_.problem_id(); }
   const storage::v1::ProblemRecord& record() const { return record_; }
 
+  // `done` is called once the decision (or the joined sample) is durable, or with the
+  // error. `request` may be destroyed when the call returns; `response` must live until
+  // `done`.
+  void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
+  void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
+  // The same, waiting for `done`.
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
   absl::StatusOr<v1::Expert> RegisterExpert(const std::string& name,
@@ -125,6 +156,16 @@ class Problem {
     bool joining = false;  // a reward or the expiry is being joined
     bool durable = true;   // false while Choose is still writing it
   };
+  // A decision (choose_response != nullptr) or a join waiting in the commit queue.
+  struct WriteOp {
+    std::string event_id;
+    storage::v1::EventRecord event;         // the pending event
+    v1::ChooseResponse* choose_response = nullptr;
+    double reward = 0.0;                    // join: the reward and how it came
+    bool is_default = false;
+    std::vector<double> propensities;       // join: pi_k(arm | x) of the experts scored
+    Done done;
+  };
   struct Snapshot {
     std::vector<std::shared_ptr<const Expert>> models;  // every expert, by id
   };
@@ -140,11 +181,24 @@ class Problem {
   // pi_k(arm | features) for every model of the snapshot.
   absl::StatusOr<std::vector<double>> Propensities(const Snapshot& snapshot,
                                                    const storage::v1::EventRecord& event) const;
-  // Appends a joined sample: durable write (outside mu_, joins one at a time), then D-UCB
-  // and the backfill tails. REQUIRES: pending_[event_id].joining; mu_ not held.
-  absl::Status Join(const std::string& event_id, storage::v1::EventRecord event, double reward,
-                    bool is_default, std::vector<double> propensities)
-      ABSL_LOCKS_EXCLUDED(mu_, join_mu_);
+  // Validate and decide (or find the earlier decision of the same event id: nullopt, the
+  // response filled in); the op to commit. The decision is pending, not yet durable.
+  absl::StatusOr<std::optional<WriteOp>> PrepareDecision(const v1::ChooseRequest& request,
+                                                         v1::ChooseResponse* response);
+  // Validate, find the pending event and score every expert on it; the join to commit, or
+  // nullopt for a duplicate (the response filled in). The event is marked joining.
+  absl::StatusOr<std::optional<WriteOp>> PrepareReward(const v1::RewardRequest& request,
+                                                       v1::RewardResponse* response);
+  // Queues `op`; commits groups until the queue is empty unless another thread is
+  // committing. See "Group commit" above.
+  void Submit(WriteOp op) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // Writes `group` as one storage write, applies it, completes every op.
+  void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // The in-memory effect of a committed (or failed) decision or join.
+  void ApplyDecisionLocked(WriteOp& op, const absl::Status& written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyJoinLocked(WriteOp& op, const absl::Status& written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
   absl::Status WriteLogChunkLocked(int64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins or drops a decision whose wait time passed. REQUIRES: pending, not joining.
@@ -163,9 +217,10 @@ class Problem {
   const Env env_;
   const Metrics::ProblemMetrics metrics_;
 
-  // Orders joins: held across a join's durable write and its application, never while
-  // waiting for mu_ in another order (join_mu_ before mu_).
-  absl::Mutex join_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Guards the commit queue only; never held while taking mu_ or writing.
+  absl::Mutex commit_mu_;
+  std::vector<WriteOp> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
+  bool committing_ ABSL_GUARDED_BY(commit_mu_) = false;
   mutable absl::Mutex mu_;
   std::vector<ExpertSlot> experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())

@@ -200,14 +200,46 @@ absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
   return FromRocks(db_->Write(write, batch), what);
 }
 
+Store::WriteGroup::WriteGroup() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
+Store::WriteGroup::~WriteGroup() = default;
+
+absl::Status Store::AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                                const v1::EventRecord& record) {
+  rocksdb::Status s = group->batch_->Put(events_, absl::StrCat(Key32(problem), event_id),
+                                         record.SerializeAsString());
+  if (s.ok()) {
+    s = group->batch_->Put(pending_, PendingKey(problem, record.deadline_ms(), event_id), "");
+  }
+  if (!s.ok()) return FromRocks(s, "decision batch");
+  ++group->size_;
+  return absl::OkStatus();
+}
+
+absl::Status Store::AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                            const v1::EventRecord& event, int64_t sequence,
+                            const v1::SampleRecord& sample) {
+  std::string sample_key = Key32(problem);
+  AppendU64(&sample_key, static_cast<uint64_t>(sequence));
+  rocksdb::WriteBatch& batch = *group->batch_;
+  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
+                                event.SerializeAsString());
+  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, event.deadline_ms(), event_id));
+  if (s.ok()) s = batch.Put(samples_, sample_key, sample.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "join batch");
+  ++group->size_;
+  return absl::OkStatus();
+}
+
+absl::Status Store::Commit(WriteGroup* group) {
+  if (group->size_ == 0) return absl::OkStatus();
+  return Write(group->batch_.get(), group->size_ == 1 ? "write" : "group write");
+}
+
 absl::Status Store::Decide(uint32_t problem, absl::string_view event_id,
                            const v1::EventRecord& record) {
-  rocksdb::WriteBatch batch;
-  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
-                                record.SerializeAsString());
-  if (s.ok()) s = batch.Put(pending_, PendingKey(problem, record.deadline_ms(), event_id), "");
-  if (!s.ok()) return FromRocks(s, "decision batch");
-  return Write(&batch, "decision");
+  WriteGroup group;
+  absl::Status added = AddDecision(&group, problem, event_id, record);
+  return added.ok() ? Commit(&group) : added;
 }
 
 absl::Status Store::Expire(uint32_t problem, absl::string_view event_id,
@@ -238,15 +270,9 @@ absl::Status Store::ForEachPending(
 absl::Status Store::Join(uint32_t problem, absl::string_view event_id,
                          const v1::EventRecord& event, int64_t sequence,
                          const v1::SampleRecord& sample) {
-  rocksdb::WriteBatch batch;
-  std::string sample_key = Key32(problem);
-  AppendU64(&sample_key, static_cast<uint64_t>(sequence));
-  rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
-                                event.SerializeAsString());
-  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, event.deadline_ms(), event_id));
-  if (s.ok()) s = batch.Put(samples_, sample_key, sample.SerializeAsString());
-  if (!s.ok()) return FromRocks(s, "join batch");
-  return Write(&batch, "join");
+  WriteGroup group;
+  absl::Status added = AddJoin(&group, problem, event_id, event, sequence, sample);
+  return added.ok() ? Commit(&group) : added;
 }
 
 absl::Status Store::ForEachSample(

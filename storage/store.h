@@ -53,6 +53,22 @@ struct StoreOptions {
 
 class Store {
  public:
+  // Writes that Commit applies atomically, as one RocksDB write: concurrent decisions and
+  // joins of a problem share one write-ahead-log append (group commit).
+  class WriteGroup {
+   public:
+    WriteGroup();
+    ~WriteGroup();
+    WriteGroup(const WriteGroup&) = delete;
+    WriteGroup& operator=(const WriteGroup&) = delete;
+    int size() const { return size_; }  // decisions and joins added
+
+   private:
+    friend class Store;
+    std::unique_ptr<rocksdb::WriteBatch> batch_;
+    int size_ = 0;
+  };
+
   // Opens (or creates) the store in directory `path`. INTERNAL if RocksDB cannot open it
   // (e.g. another process holds its lock).
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
@@ -76,6 +92,14 @@ class Store {
   // Records a new pending decision and indexes it by deadline, atomically.
   absl::Status Decide(uint32_t problem, absl::string_view event_id,
                       const v1::EventRecord& record);
+  // Decide and Join as part of a group (see WriteGroup); nothing is written until Commit.
+  absl::Status AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                           const v1::EventRecord& record);
+  absl::Status AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                       const v1::EventRecord& event, int64_t sequence,
+                       const v1::SampleRecord& sample);
+  // Writes every record of the group or none.
+  absl::Status Commit(WriteGroup* group);
   // Overwrites an event record (no change to the pending index).
   absl::Status PutEvent(uint32_t problem, absl::string_view event_id,
                         const v1::EventRecord& record);
