@@ -16,6 +16,10 @@
 //                                        in the same run at the same t (inc_ns_per_update).
 //   BM_DivergenceRefresh/<estimator>/N   DUcb::SetDivergences with a changed matrix over a
 //                                        10k-sample log (the O(N t) rebuild).
+//   BM_ScoreLinearExperts/<form>/32      the propensities of one joined sample under 32
+//                                        linear softmax experts (K = 26, d = 16): "scalar"
+//                                        is the plain loop with std::exp (the baseline),
+//                                        "expert" the experts' vectorised kernels.
 //   BM_UpdateLatency/<estimator>/32      the distribution of single-Learn latencies (p50,
 //                                        p99, p99.9, max, in us) over the first 300k samples
 //                                        of a fresh D-UCB with N = 32: the mean hides the
@@ -51,6 +55,7 @@
 #include "absl/types/span.h"
 #include "benchmark/benchmark.h"
 #include "core/divergence.h"
+#include "core/expert.h"
 #include "core/estimator.h"
 #include "core/policy.h"
 #include "core/sample_log.h"
@@ -364,11 +369,72 @@ void BM_UpdateLatency(benchmark::State& state, EstimatorKind kind, int n) {
   state.counters["max_at_t"] = static_cast<double>(worst_at);
 }
 
+// The propensities of one joined sample (a Reward): pi_k(arm | x) of 32 linear softmax
+// experts, K = 26, d = 16. "scalar" is the straightforward form (row-major weights, a dot
+// product per arm, std::exp), the baseline; "expert" is LinearSoftmaxExpert::Predict (the
+// vectorised kernels of core/kernels.h). Both compute the same distribution.
+constexpr int kScoreExperts = 32, kScoreFeatures = 16;
+
+struct LinearBank {
+  std::vector<std::vector<double>> weights, bias;  // row-major K x d per expert
+  std::vector<std::unique_ptr<Expert>> experts;
+  std::vector<double> x;
+};
+
+const LinearBank& GetLinearBank() {
+  static const LinearBank* bank = [] {
+    auto* b = new LinearBank;
+    std::mt19937_64 gen(kSeed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (int e = 0; e < kScoreExperts; ++e) {
+      std::vector<double> w(kArms * kScoreFeatures), bias(kArms);
+      for (double& v : w) v = normal(gen);
+      for (double& v : bias) v = normal(gen);
+      b->weights.push_back(w);
+      b->bias.push_back(bias);
+      b->experts.push_back(*MakeLinearSoftmaxExpert(kArms, kScoreFeatures, w, bias));
+    }
+    for (int f = 0; f < kScoreFeatures; ++f) b->x.push_back(normal(gen));
+    return b;
+  }();
+  return *bank;
+}
+
+void BM_ScoreLinearExperts(benchmark::State& state, bool kernels) {
+  const LinearBank& bank = GetLinearBank();
+  std::vector<double> probs(kArms);
+  double sink = 0.0;
+  for (auto _ : state) {
+    for (int e = 0; e < kScoreExperts; ++e) {
+      if (kernels) {
+        (void)bank.experts[e]->Predict(bank.x, absl::MakeSpan(probs));
+      } else {
+        const std::vector<double>& w = bank.weights[e];
+        double max_logit = -HUGE_VAL;
+        for (int v = 0; v < kArms; ++v) {
+          double z = bank.bias[e][v];
+          for (int f = 0; f < kScoreFeatures; ++f) z += w[v * kScoreFeatures + f] * bank.x[f];
+          probs[v] = z;
+          max_logit = std::max(max_logit, z);
+        }
+        double total = 0.0;
+        for (double& p : probs) total += (p = std::exp(p - max_logit));
+        for (double& p : probs) p = (1.0 - kEta) * p / total + kEta / kArms;
+      }
+      sink += probs[e % kArms];
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetItemsProcessed(state.iterations());  // items/s = samples scored per second
+}
+
 // Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
 // small enough to keep the log (and the memory) bounded.
 int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
 
 void RegisterAll() {
+  benchmark::RegisterBenchmark("BM_ScoreLinearExperts/scalar/32", BM_ScoreLinearExperts, false);
+  benchmark::RegisterBenchmark("BM_ScoreLinearExperts/expert/32", BM_ScoreLinearExperts, true);
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
     const std::string k = KindName(kind);
     for (int n : {8, 32, 128}) {

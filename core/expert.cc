@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/kernels.h"
 
 namespace decision {
 namespace {
@@ -60,10 +61,10 @@ class TableExpert final : public Expert {
 
 class LinearSoftmaxExpert final : public Expert {
  public:
-  LinearSoftmaxExpert(int num_arms, int num_features, std::vector<double> weights,
+  LinearSoftmaxExpert(int num_arms, int num_features, const std::vector<double>& weights,
                       std::vector<double> bias, double temperature, double smoothing)
       : Expert(num_arms, num_features, smoothing),
-        weights_(std::move(weights)),
+        weights_t_(Transpose(weights, num_arms, num_features)),
         bias_(std::move(bias)),
         inv_temperature_(1.0 / temperature) {}
   const char* kind() const override { return "linear_softmax"; }
@@ -74,33 +75,32 @@ class LinearSoftmaxExpert final : public Expert {
     const int k = num_arms();
     const int d = num_features();
     for (size_t i = 0; i < n; ++i) {
-      const double* x = rows.data() + i * d;
-      double* out = probs.data() + i * k;
-      double max_logit = -HUGE_VAL;
+      const absl::Span<double> out = probs.subspan(i * k, k);
+      LinearLogits(weights_t_, bias_, rows.subspan(i * d, d), out);
       for (int v = 0; v < k; ++v) {
-        const double* w = weights_.data() + static_cast<size_t>(v) * d;
-        double z = bias_[v];
-        for (int f = 0; f < d; ++f) z += w[f] * x[f];
-        z *= inv_temperature_;
-        if (!std::isfinite(z)) {
+        out[v] *= inv_temperature_;
+        if (!std::isfinite(out[v])) {
           return absl::InvalidArgumentError(absl::StrCat(
               "linear_softmax expert: the logit of arm ", v, " overflows for this context"));
         }
-        out[v] = z;
-        max_logit = std::max(max_logit, z);
       }
-      double total = 0.0;
-      for (int v = 0; v < k; ++v) {
-        out[v] = std::exp(out[v] - max_logit);
-        total += out[v];
-      }
-      for (int v = 0; v < k; ++v) out[v] /= total;
+      SoftmaxInPlace(out);
     }
     return absl::OkStatus();
   }
 
  private:
-  const std::vector<double> weights_;  // K x d, row-major
+  static std::vector<double> Transpose(const std::vector<double>& w, int k, int d) {
+    std::vector<double> t(w.size());
+    for (int v = 0; v < k; ++v) {
+      for (int f = 0; f < d; ++f) {
+        t[static_cast<size_t>(f) * k + v] = w[static_cast<size_t>(v) * d + f];
+      }
+    }
+    return t;
+  }
+
+  const std::vector<double> weights_t_;  // d x K, row-major: the K x d weights transposed
   const std::vector<double> bias_;
   const double inv_temperature_;
 };

@@ -1,0 +1,79 @@
+#include "core/kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+// Built with -fno-trapping-math (core/CMakeLists.txt): without it GCC keeps the clamp below
+// as a branch and vectorises nothing. Nothing here reads floating-point exception flags.
+
+namespace decision {
+
+// Cody-Waite reduction x = k ln2 + r with |r| <= ln2 / 2, then the Taylor polynomial of
+// exp(r) to degree 13 (truncation below 5e-18 relative) and an exact scaling by 2^k built
+// from the bits of the rounding constant, so that every step vectorises.
+__attribute__((target_clones("avx2", "default"))) void ExpNonPositiveInPlace(
+    absl::Span<double> v) {
+  constexpr double kLog2e = 1.4426950408889634074;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2, high 32 bits
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 - kLn2Hi
+  constexpr double kShift = 0x1.8p52;  // adding it rounds to an integer, kept in the low bits
+  int64_t shift_bits;
+  std::memcpy(&shift_bits, &kShift, sizeof shift_bits);
+  double* data = v.data();
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) {
+    const double x = std::max(data[i], -708.0);  // NaN stays NaN
+    const double t = x * kLog2e + kShift;
+    const double k = t - kShift;  // round(x / ln 2), in [-1022, 0]
+    const double r = (x - k * kLn2Hi) - k * kLn2Lo;
+    // Horner, 1/13! down to 1/0!, written out so that the loop body has no branch.
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    int64_t t_bits;
+    std::memcpy(&t_bits, &t, sizeof t_bits);
+    const int64_t scale_bits = (t_bits - shift_bits + 1023) << 52;  // 2^k, a normal number
+    double scale;
+    std::memcpy(&scale, &scale_bits, sizeof scale);
+    data[i] = p * scale;
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void SoftmaxInPlace(absl::Span<double> z) {
+  double* data = z.data();
+  const size_t n = z.size();
+  double max_z = data[0];
+  for (size_t i = 1; i < n; ++i) max_z = std::max(max_z, data[i]);
+  for (size_t i = 0; i < n; ++i) data[i] -= max_z;
+  ExpNonPositiveInPlace(z);
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += data[i];
+  for (size_t i = 0; i < n; ++i) data[i] /= total;
+}
+
+__attribute__((target_clones("avx2", "default"))) void LinearLogits(
+    absl::Span<const double> weights_t, absl::Span<const double> bias,
+    absl::Span<const double> x, absl::Span<double> z) {
+  const size_t k = z.size();
+  double* out = z.data();
+  std::copy(bias.begin(), bias.end(), out);
+  for (size_t f = 0; f < x.size(); ++f) {
+    const double xf = x[f];
+    const double* w = weights_t.data() + f * k;
+    for (size_t v = 0; v < k; ++v) out[v] += xf * w[v];
+  }
+}
+
+}  // namespace decision

@@ -1,0 +1,31 @@
+// Vectorised kernels of the experts' hot path (every Reward scores every expert).
+// Each loop is written so that the compiler vectorises it; the functions are compiled for
+// AVX2 and for the baseline x86-64 (SSE2) and picked at load time. Neither variant contracts
+// to FMA, so both give the same bits as the plain scalar loop in the same order.
+// Pure functions; thread-safe.
+#ifndef DECISION_CORE_KERNELS_H_
+#define DECISION_CORE_KERNELS_H_
+
+#include "absl/types/span.h"
+
+namespace decision {
+
+// exp(v_i) for every entry, in place, for v_i <= 0 (shifted logits of a softmax): within
+// 2 ulp of std::exp; entries below -708 give exp(-708) (~3e-308) instead of a subnormal or
+// 0. Several times faster than std::exp per entry.
+// REQUIRES: every v_i <= 0 (or NaN, which stays NaN).
+void ExpNonPositiveInPlace(absl::Span<double> v);
+
+// softmax(z) in place: exp(z_v - max z) / sum_u exp(z_u - max z), exp as above.
+// REQUIRES: !z.empty(), every z_v finite.
+void SoftmaxInPlace(absl::Span<double> z);
+
+// z_v = bias_v + sum_f x_f * weights_t[f * K + v] for v < K = z.size(), summed in the order
+// f = 0, 1, ...: weights_t is the K x d weight matrix transposed (d x K, row-major).
+// REQUIRES: bias.size() == z.size(), weights_t.size() == x.size() * z.size().
+void LinearLogits(absl::Span<const double> weights_t, absl::Span<const double> bias,
+                  absl::Span<const double> x, absl::Span<double> z);
+
+}  // namespace decision
+
+#endif  // DECISION_CORE_KERNELS_H_
