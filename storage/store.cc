@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   // (RocksDB's defaults give each of the nine families its own 64 MiB memtables and
   // 8 MiB cache).
   db_options.db_write_buffer_size = 64 << 20;
-  db_options.enable_pipelined_write = true;
+  db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(32 << 20);
   // Most event lookups miss (every Choose with a new caller event id): Bloom filters in the
