@@ -2,19 +2,25 @@
 // in the same run, against null_server (the same API with trivial handlers), and prints
 // throughput and latency percentiles per RPC and the ratios of the two.
 //
-//   build/bench/load/load --concurrency=1,8,32 --duration_s=10
+//   build/bench/load --concurrency=1,8,32 --duration_s=10
 //
-// Each of the `concurrency` client threads keeps one RPC in flight: it sends the Reward of
-// one of its own earlier decisions once that reward is due (--reward_delay_ms after the
-// decision), otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a
-// reward. Both servers run as child processes on loopback, on this same machine.
+// The client uses gRPC's callback API: each of `concurrency` slots keeps one RPC in flight
+// and issues the next from the completion of the last. A slot sends the Reward of one of its
+// own earlier decisions once that reward is due (--reward_delay_ms after the decision),
+// otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a reward.
+// Both servers run as child processes on loopback, on this same machine; the CPU time each
+// server and this client spend per RPC is read from /proc, as the machine is shared.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "decision/v1/decision.grpc.pb.h"
 #include "tests/decisiond_process.h"
 
@@ -50,7 +57,12 @@ struct Result {
   double seconds = 0.0;
   std::vector<double> choose_us, reward_us;
   int64_t errors = 0;
-  double rps() const { return (choose_us.size() + reward_us.size()) / seconds; }
+  double server_cpu_s = 0.0;  // CPU time of the server process while measured
+  double client_cpu_s = 0.0;  // CPU time of this process while measured
+  double rpcs() const { return static_cast<double>(choose_us.size() + reward_us.size()); }
+  double rps() const { return rpcs() / seconds; }
+  double server_us_per_rpc() const { return 1e6 * server_cpu_s / rpcs(); }
+  double client_us_per_rpc() const { return 1e6 * client_cpu_s / rpcs(); }
 };
 
 double Percentile(std::vector<double>& v, double q) {
@@ -60,75 +72,134 @@ double Percentile(std::vector<double>& v, double q) {
   return v[i];
 }
 
-Result Drive(const std::string& address, const std::string& problem, int concurrency) {
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
+// User + system CPU seconds of a process so far (from /proc/<pid>/stat).
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start after the last ')'.
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(stat.rfind(')') + 2), ' ');
+  int64_t utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return 0.0;
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// One slot of the load: keeps one RPC in flight with the callback API, issuing the next
+// one from the completion of the last. It sends the Reward of one of its own earlier
+// decisions once that reward is due, otherwise a new Choose.
+class Slot {
+ public:
+  Slot(v1::DecisionService::Stub* stub, const std::string& problem, int index,
+       Clock::time_point measure_from, Clock::time_point end, Result* result,
+       std::function<void()> finished)
+      : stub_(stub), index_(index), measure_from_(measure_from), end_(end), result_(result),
+        finished_(std::move(finished)),
+        gen_(absl::GetFlag(FLAGS_seed) * 1000 + index),
+        delay_(std::chrono::milliseconds(absl::GetFlag(FLAGS_reward_delay_ms))),
+        unrewarded_(absl::GetFlag(FLAGS_unrewarded_share)) {
+    choose_.set_problem_id(problem);
+    for (int f = 0; f < absl::GetFlag(FLAGS_features); ++f) choose_.add_features(0.0);
+    reward_.set_problem_id(problem);
+  }
+
+  void Next() {
+    const auto now = Clock::now();
+    if (now >= end_) return finished_();
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    ctx_->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    start_ = Clock::now();
+    if (!due_.empty() && due_.front().first <= now) {
+      reward_.set_event_id(due_.front().second);
+      reward_.set_value(std::bernoulli_distribution(0.3)(gen_) ? 1.0 : 0.0);
+      due_.pop_front();
+      stub_->async()->Reward(ctx_.get(), &reward_, &reward_response_,
+                             [this](grpc::Status s) { Done(s, false); });
+    } else {
+      for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, feature_(gen_));
+      choose_.set_event_id(absl::StrCat("w", index_, "-", counter_++));
+      stub_->async()->Choose(ctx_.get(), &choose_, &choose_response_,
+                             [this](grpc::Status s) { Done(s, true); });
+    }
+  }
+
+ private:
+  void Done(const grpc::Status& status, bool is_choose) {
+    const auto now = Clock::now();
+    if (!status.ok()) {
+      ++result_->errors;
+    } else {
+      if (start_ >= measure_from_) {
+        const double us = std::chrono::duration<double, std::micro>(now - start_).count();
+        (is_choose ? result_->choose_us : result_->reward_us).push_back(us);
+      }
+      if (is_choose && !std::bernoulli_distribution(unrewarded_)(gen_)) {
+        due_.emplace_back(now + delay_, choose_.event_id());
+      }
+    }
+    Next();
+  }
+
+  v1::DecisionService::Stub* stub_;
+  const int index_;
+  const Clock::time_point measure_from_, end_;
+  Result* result_;  // this slot's own
+  std::function<void()> finished_;
+  std::mt19937_64 gen_;
+  std::uniform_real_distribution<double> feature_{0.0, 1.0};
+  const std::chrono::milliseconds delay_;
+  const double unrewarded_;
+  std::deque<std::pair<Clock::time_point, std::string>> due_;
+  int64_t counter_ = 0;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  Clock::time_point start_;
+  v1::ChooseRequest choose_;
+  v1::ChooseResponse choose_response_;
+  v1::RewardRequest reward_;
+  v1::RewardResponse reward_response_;
+};
+
+Result Drive(const std::string& address, const std::string& problem, int concurrency,
+             pid_t server) {
+  std::vector<std::unique_ptr<v1::DecisionService::Stub>> stubs;
   for (int c = 0; c < std::max(1, absl::GetFlag(FLAGS_channels)); ++c) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.channel_id", c);  // distinct connections
-    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(v1::DecisionService::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
-  const int d = absl::GetFlag(FLAGS_features);
   const auto warmup = std::chrono::duration<double>(absl::GetFlag(FLAGS_warmup_s));
   const auto duration = std::chrono::duration<double>(absl::GetFlag(FLAGS_duration_s));
-  const auto delay = std::chrono::milliseconds(absl::GetFlag(FLAGS_reward_delay_ms));
-  const double unrewarded = absl::GetFlag(FLAGS_unrewarded_share);
   const auto start = Clock::now();
   const auto measure_from = start + std::chrono::duration_cast<Clock::duration>(warmup);
   const auto end = measure_from + std::chrono::duration_cast<Clock::duration>(duration);
-  std::vector<Result> per_thread(concurrency);
-  std::vector<std::thread> threads;
+  std::vector<Result> per_slot(concurrency);
+  absl::Mutex mu;
+  int running = concurrency;
+  std::vector<std::unique_ptr<Slot>> slots;
   for (int w = 0; w < concurrency; ++w) {
-    threads.emplace_back([&, w] {
-      auto stub = v1::DecisionService::NewStub(channels[w % channels.size()]);
-      std::mt19937_64 gen(absl::GetFlag(FLAGS_seed) * 1000 + w);
-      std::uniform_real_distribution<double> feature(0.0, 1.0);
-      std::deque<std::pair<Clock::time_point, std::string>> due;
-      Result& r = per_thread[w];
-      int64_t counter = 0;
-      v1::ChooseRequest choose;
-      choose.set_problem_id(problem);
-      for (int f = 0; f < d; ++f) choose.add_features(0.0);
-      v1::RewardRequest reward;
-      reward.set_problem_id(problem);
-      while (true) {
-        const auto now = Clock::now();
-        if (now >= end) break;
-        const bool measured = now >= measure_from;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-        grpc::Status status;
-        const auto t0 = Clock::now();
-        bool is_choose;
-        if (!due.empty() && due.front().first <= now) {
-          is_choose = false;
-          reward.set_event_id(due.front().second);
-          reward.set_value(std::bernoulli_distribution(0.3)(gen) ? 1.0 : 0.0);
-          due.pop_front();
-          v1::RewardResponse resp;
-          status = stub->Reward(&ctx, reward, &resp);
-        } else {
-          is_choose = true;
-          for (int f = 0; f < d; ++f) choose.set_features(f, feature(gen));
-          choose.set_event_id(absl::StrCat("w", w, "-", counter++));
-          v1::ChooseResponse resp;
-          status = stub->Choose(&ctx, choose, &resp);
-          if (status.ok() && !std::bernoulli_distribution(unrewarded)(gen)) {
-            due.emplace_back(Clock::now() + delay, choose.event_id());
-          }
-        }
-        const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-        if (!status.ok()) {
-          ++r.errors;
-          continue;
-        }
-        if (measured) (is_choose ? r.choose_us : r.reward_us).push_back(us);
-      }
-    });
+    slots.push_back(std::make_unique<Slot>(stubs[w % stubs.size()].get(), problem, w,
+                                           measure_from, end, &per_slot[w], [&] {
+                                             absl::MutexLock lock(&mu);
+                                             --running;
+                                           }));
   }
-  for (auto& t : threads) t.join();
+  for (auto& slot : slots) slot->Next();
+  std::this_thread::sleep_until(measure_from);
+  const double server0 = ProcessCpuSeconds(server), client0 = ProcessCpuSeconds(getpid());
+  std::this_thread::sleep_until(end);
+  const double server1 = ProcessCpuSeconds(server), client1 = ProcessCpuSeconds(getpid());
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &running));
+  }
   Result total;
   total.seconds = std::chrono::duration<double>(duration).count();
-  for (Result& r : per_thread) {
+  total.server_cpu_s = server1 - server0;
+  total.client_cpu_s = client1 - client0;
+  for (Result& r : per_slot) {
     total.choose_us.insert(total.choose_us.end(), r.choose_us.begin(), r.choose_us.end());
     total.reward_us.insert(total.reward_us.end(), r.reward_us.begin(), r.reward_us.end());
     total.errors += r.errors;
@@ -138,11 +209,13 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
 
 void Print(const char* name, int concurrency, Result& r) {
   std::printf("%-10s c=%-3d %9.0f rpc/s  Choose p50/p99/p999 %7.1f %7.1f %7.1f us  "
-              "Reward p50/p99/p999 %7.1f %7.1f %7.1f us  errors %lld\n",
+              "Reward p50/p99/p999 %7.1f %7.1f %7.1f us  CPU/rpc server %5.1f client %5.1f us  "
+              "errors %lld\n",
               name, concurrency, r.rps(), Percentile(r.choose_us, 0.5),
               Percentile(r.choose_us, 0.99), Percentile(r.choose_us, 0.999),
               Percentile(r.reward_us, 0.5), Percentile(r.reward_us, 0.99),
-              Percentile(r.reward_us, 0.999), static_cast<long long>(r.errors));
+              Percentile(r.reward_us, 0.999), r.server_us_per_rpc(), r.client_us_per_rpc(),
+              static_cast<long long>(r.errors));
   std::fflush(stdout);
 }
 
@@ -231,7 +304,7 @@ int main(int argc, char** argv) {
     }
     const std::string address = line.substr(line.rfind(' ') + 1);
     for (int c : levels) {
-      null_results.push_back(Drive(address, "null", c));
+      null_results.push_back(Drive(address, "null", c, (*null)->pid()));
       Print("null", c, null_results.back());
     }
   }
@@ -252,18 +325,19 @@ int main(int argc, char** argv) {
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     if (!SetUpProblem(*stub, "load")) return 1;
     for (int c : levels) {
-      real_results.push_back(Drive(address, "load", c));
+      real_results.push_back(Drive(address, "load", c, (*real)->pid()));
       Print("decisiond", c, real_results.back());
     }
   }
   std::printf("\nconcurrency  throughput decisiond/null  Choose p99 decisiond/null  "
-              "Reward p99 decisiond/null\n");
+              "Reward p99 decisiond/null  server CPU/rpc decisiond/null\n");
   for (size_t i = 0; i < levels.size(); ++i) {
     Result& n = null_results[i];
     Result& r = real_results[i];
-    std::printf("%11d  %27.2f  %25.2f  %25.2f\n", levels[i], r.rps() / n.rps(),
+    std::printf("%11d  %27.2f  %25.2f  %25.2f  %30.2f\n", levels[i], r.rps() / n.rps(),
                 Percentile(r.choose_us, 0.99) / Percentile(n.choose_us, 0.99),
-                Percentile(r.reward_us, 0.99) / Percentile(n.reward_us, 0.99));
+                Percentile(r.reward_us, 0.99) / Percentile(n.reward_us, 0.99),
+                r.server_us_per_rpc() / n.server_us_per_rpc());
   }
   return 0;
 }
