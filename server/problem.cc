@@ -107,16 +107,7 @@ Problem::Problem(uint32_t index, ProblemRecord record, const Env& env, DUcb ducb
       metrics_(env.metrics->ForProblem(record_.problem_id())),
       ducb_(std::move(ducb)),
       reservoir_(record_.num_features(), record_.divergence_reservoir()),
-      gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)),
-      committer_([this] { CommitLoop(); }) {}
-
-Problem::~Problem() {
-  {
-    absl::MutexLock lock(&commit_mu_);
-    stopping_ = true;
-  }
-  committer_.join();  // after it has committed everything queued
-}
+      gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)) {}
 
 template <typename F>
 absl::Status Problem::Timed(F&& write) {
@@ -418,24 +409,23 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
 }
 
 void Problem::Submit(WriteOp op) {
-  absl::MutexLock lock(&commit_mu_);
-  commit_queue_.push_back(std::move(op));  // the unlock wakes the committer if it waits
-}
-
-void Problem::CommitLoop() {
-  // Everything queued while a group is being written rides in the next group, so
-  // concurrent decisions and joins share one log write.
+  {
+    absl::MutexLock lock(&commit_mu_);
+    commit_queue_.push_back(std::move(op));
+    if (committing_) return;  // the committing thread takes it with its next group
+    committing_ = true;
+  }
+  // This thread commits until the queue is empty: every op queued meanwhile rides along in
+  // the next group, so concurrent decisions and joins share one log write.
   std::vector<WriteOp> group;
   while (true) {
     group.clear();
     {
       absl::MutexLock lock(&commit_mu_);
-      commit_mu_.Await(absl::Condition(
-          +[](Problem* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->commit_mu_) {
-            return p->stopping_ || !p->commit_queue_.empty();
-          },
-          this));
-      if (commit_queue_.empty()) return;  // stopping, nothing left
+      if (commit_queue_.empty()) {
+        committing_ = false;
+        return;
+      }
       group.swap(commit_queue_);
     }
     CommitGroup(group);

@@ -10,12 +10,12 @@
 // mu_: a decision is visible to a concurrent Choose retry at once and joinable once stored.
 //
 // Group commit: Choose and Reward do their work (validation, selection, scoring) in the
-// caller's thread, then queue one write op. The problem's committer thread writes
-// everything queued as one storage write, applies it to the in-memory state in queue
-// order, completes each op, and repeats. Joins therefore reach the log in the same order in
-// the store and in memory, and a failed group leaves neither a gap nor a partial state.
-// Completion is a callback, so an RPC handler queues its op and returns without blocking a
-// thread or waiting for the disk.
+// caller's thread, then queue one write op. The first thread to find no commit in progress
+// becomes the committer: it writes everything queued as one storage write, applies it to
+// the in-memory state in queue order, completes each op, and repeats until the queue is
+// empty. Joins therefore reach the log in the same order in the store and in memory, and a
+// failed group leaves neither a gap nor a partial state. Completion is a callback, so an
+// RPC handler queues its op and returns without blocking a thread.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
@@ -26,7 +26,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -96,8 +95,6 @@ class Problem {
   static absl::StatusOr<std::unique_ptr<Problem>> Load(uint32_t index,
                                                        storage::v1::ProblemRecord record,
                                                        const Env& env);
-  // Commits what is queued, then stops the committer thread.
-  ~Problem();
 
   const std::string& id() const { return record_.problem_id(); }
   const storage::v1::ProblemRecord& record() const { return record_; }
@@ -192,10 +189,9 @@ class Problem {
   // nullopt for a duplicate (the response filled in). The event is marked joining.
   absl::StatusOr<std::optional<WriteOp>> PrepareReward(const v1::RewardRequest& request,
                                                        v1::RewardResponse* response);
-  // Queues `op` for the committer thread. See "Group commit" above.
+  // Queues `op`; commits groups until the queue is empty unless another thread is
+  // committing. See "Group commit" above.
   void Submit(WriteOp op) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
-  // The committer thread: commits groups until the problem is destroyed.
-  void CommitLoop() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // Writes `group` as one storage write, applies it, completes every op.
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // The in-memory effect of a committed (or failed) decision or join.
@@ -224,7 +220,7 @@ class Problem {
   // Guards the commit queue only; never held while taking mu_ or writing.
   absl::Mutex commit_mu_;
   std::vector<WriteOp> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
-  bool stopping_ ABSL_GUARDED_BY(commit_mu_) = false;
+  bool committing_ ABSL_GUARDED_BY(commit_mu_) = false;
   mutable absl::Mutex mu_;
   std::vector<ExpertSlot> experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
@@ -235,7 +231,6 @@ class Problem {
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
-  std::thread committer_;  // last: started when everything else is constructed
 };
 
 }  // namespace decision::server
