@@ -6,19 +6,24 @@
 // It fills a problem (K arms, d features, N experts: the uniform one plus N-1 linear softmax
 // experts) with Choose+Reward pairs and reports:
 //   - Choose+Reward pairs per second over the first and the last 10k samples (the ratio says
-//     whether the service slows down as the log grows);
+//     whether the service slows down as the log grows), and the p50 / p99 latency of each
+//     call in the same two windows;
 //   - resident memory, and RocksDB bytes per sample, at the end;
 //   - the time to backfill a newly registered linear expert over the whole log;
 //   - the time to restart (reopen the store and rebuild every estimator) and whether the
 //     estimates after the restart are identical.
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <thread>
-#include <unistd.h>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -35,6 +40,13 @@ ABSL_FLAG(std::string, data_dir, "", "store directory (default: a fresh temporar
 ABSL_FLAG(uint64_t, seed, 1, "seed");
 
 namespace {
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * v.size()));
+  std::nth_element(v.begin(), v.begin() + i, v.end());
+  return v[i];
+}
 
 namespace v1 = decision::v1;
 using decision::server::DecisionService;
@@ -145,6 +157,9 @@ int main(int argc, char** argv) {
   reward.set_problem_id("scale");
   constexpr int64_t kWindow = 10'000;
   double first_rate = 0.0, last_rate = 0.0;
+  struct Latencies {
+    std::vector<double> choose_us, reward_us;
+  } first, last;  // per-call latencies in the first and the last window
   auto window_start = Clock::now();
   const auto fill_start = Clock::now();
   for (int64_t t = 0; t < samples; ++t) {
@@ -153,11 +168,19 @@ int main(int argc, char** argv) {
     for (int f = 0; f < d; ++f) choose.set_features(f, feature(gen));
     choose.set_event_id(absl::StrCat("e", t));
     v1::ChooseResponse decision;
+    const auto t0 = Clock::now();
     Check(service->Choose(choose, &decision), "Choose");
+    const auto t1 = Clock::now();
     reward.set_event_id(decision.event_id());
     reward.set_value(std::bernoulli_distribution(0.3)(gen) ? 1.0 : 0.0);
     v1::RewardResponse ack;
     Check(service->Reward(reward, &ack), "Reward");
+    const auto t2 = Clock::now();
+    Latencies* window = t < kWindow ? &first : t >= samples - kWindow ? &last : nullptr;
+    if (window != nullptr) {
+      window->choose_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      window->reward_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    }
     if ((t + 1) % 100'000 == 0) {
       std::printf("  %lld samples, %.0f s\n", static_cast<long long>(t + 1), Seconds(fill_start));
       std::fflush(stdout);
@@ -182,7 +205,18 @@ int main(int argc, char** argv) {
   v1::GetEstimatesRequest estimates_request;
   estimates_request.set_problem_id("scale");
   v1::Estimates before, after;
+  // Quiesce first: a batch boundary the fill crossed within the last
+  // min_refresh_interval_ms (10 s) is refreshed by the maintenance thread when that interval
+  // has passed, and would change the estimates between this snapshot and the shutdown.
   Check(service->GetEstimates(estimates_request, &before), "GetEstimates");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options.min_refresh_interval_ms + 500));
+    v1::Estimates again;
+    Check(service->GetEstimates(estimates_request, &again), "GetEstimates");
+    const bool settled = again.SerializeAsString() == before.SerializeAsString();
+    before = std::move(again);
+    if (settled) break;
+  }
   Check(service->Shutdown(), "Shutdown");
   service.reset();
   const int64_t store_bytes = DirectoryBytes(dir);
@@ -200,6 +234,14 @@ int main(int argc, char** argv) {
   std::printf("| pairs/s, first 10k samples | %.0f |\n", first_rate);
   std::printf("| pairs/s, last 10k samples | %.0f |\n", last_rate);
   std::printf("| last / first | %.2f |\n", last_rate / first_rate);
+  for (auto [name, a, b] : {std::tuple{"Choose", &first.choose_us, &last.choose_us},
+                            std::tuple{"Reward", &first.reward_us, &last.reward_us}}) {
+    const double p50a = Percentile(*a, 0.5), p99a = Percentile(*a, 0.99);
+    const double p50b = Percentile(*b, 0.5), p99b = Percentile(*b, 0.99);
+    std::printf("| %s p50 / p99, first 10k | %.1f / %.1f us |\n", name, p50a, p99a);
+    std::printf("| %s p50 / p99, last 10k | %.1f / %.1f us (ratio %.2f / %.2f) |\n", name, p50b,
+                p99b, p50b / p50a, p99b / p99a);
+  }
   std::printf("| resident memory at %lld samples | %.0f MiB |\n", static_cast<long long>(samples),
               rss / 1048576.0);
   std::printf("| RocksDB size | %.0f MiB (%.0f bytes/sample) |\n", store_bytes / 1048576.0,
