@@ -41,19 +41,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-template <typename F>
-grpc::ServerUnaryReactor* GrpcDecisionService::Unary(grpc::CallbackServerContext* ctx,
-                                                     const char* method, F&& call) {
-  const auto start = std::chrono::steady_clock::now();
-  const grpc::Status status = ToGrpcStatus(call());
-  metrics_->RpcLatency(method).Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
 template <typename Start>
 grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerContext* ctx,
                                                           const char* method, Start&& start) {
@@ -66,6 +53,12 @@ grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerCo
     reactor->Finish(status);
   });
   return reactor;
+}
+
+template <typename F>
+grpc::ServerUnaryReactor* GrpcDecisionService::Unary(grpc::CallbackServerContext* ctx,
+                                                     const char* method, F&& call) {
+  return AsyncUnary(ctx, method, [&](Done done) { done(call()); });
 }
 
 grpc::ServerUnaryReactor* GrpcDecisionService::CreateProblem(

@@ -53,6 +53,7 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
       grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
 
  private:
+  // For the synchronous calls: call() runs in the handler; AsyncUnary with an immediate done.
   template <typename F>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, F&& call);
   // For the asynchronous calls: start(done) queues the work; the reactor finishes in done,
