@@ -20,6 +20,12 @@
 //                                        linear softmax experts (K = 26, d = 16): "scalar"
 //                                        is the plain loop with std::exp (the baseline),
 //                                        "expert" the experts' vectorised kernels.
+//   BM_DivergenceTerms/<form>/32         the per-context terms of the divergences between
+//                                        all 992 ordered pairs of 32 linear experts over 256
+//                                        contexts (K = 26): "scalar" is the per-context loop
+//                                        with std::exp (the baseline, the form before the
+//                                        kernel), "kernel" DivergenceTerms (core/kernels.h).
+//                                        items/s = (pair, context) terms per second.
 //   BM_UpdateLatency/<estimator>/32      the distribution of single-Learn latencies (p50,
 //                                        p99, p99.9, max, in us) over the first 300k samples
 //                                        of a fresh D-UCB with N = 32: the mean hides the
@@ -56,6 +62,7 @@
 #include "benchmark/benchmark.h"
 #include "core/divergence.h"
 #include "core/expert.h"
+#include "core/kernels.h"
 #include "core/estimator.h"
 #include "core/policy.h"
 #include "core/sample_log.h"
@@ -428,6 +435,58 @@ void BM_ScoreLinearExperts(benchmark::State& state, bool kernels) {
   state.SetItemsProcessed(state.iterations());  // items/s = samples scored per second
 }
 
+// The divergence refresh's inner work: for every ordered pair of the 32 linear experts and
+// every one of 256 contexts, log sum_v pi_i exp(pi_i / pi_j - 1) and sum_v pi_i^2 / pi_j
+// (core/divergence.cc; a refresh does this over the 2048-context reservoir).
+void BM_DivergenceTerms(benchmark::State& state, bool kernel) {
+  constexpr size_t kRows = 256;
+  const LinearBank& bank = GetLinearBank();
+  std::mt19937_64 gen(kSeed + 1);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> rows(kRows * kScoreFeatures);
+  for (double& v : rows) v = normal(gen);
+  std::vector<std::vector<double>> pi(kScoreExperts, std::vector<double>(kRows * kArms));
+  std::vector<std::vector<double>> log_pi(kScoreExperts, std::vector<double>(kRows * kArms));
+  for (int e = 0; e < kScoreExperts; ++e) {
+    (void)bank.experts[e]->PredictBatch(rows, kRows, absl::MakeSpan(pi[e]));
+    for (size_t a = 0; a < pi[e].size(); ++a) log_pi[e][a] = std::log(pi[e][a]);
+  }
+  std::vector<double> scratch(2 * kRows * kArms), log_f1(kRows), f2(kRows), terms(kArms);
+  double sink = 0.0;
+  for (auto _ : state) {
+    for (int i = 0; i < kScoreExperts; ++i) {
+      for (int j = 0; j < kScoreExperts; ++j) {
+        if (i == j) continue;
+        if (kernel) {
+          DivergenceTerms(pi[i].data(), log_pi[i].data(), pi[j].data(), kRows, kArms,
+                          scratch.data(), log_f1.data(), f2.data());
+        } else {
+          for (size_t r = 0; r < kRows; ++r) {
+            const double* a = &pi[i][r * kArms];
+            const double* la = &log_pi[i][r * kArms];
+            const double* b = &pi[j][r * kArms];
+            double max_term = -HUGE_VAL;
+            for (int v = 0; v < kArms; ++v) {
+              terms[v] = la[v] + a[v] / b[v] - 1.0;
+              max_term = std::max(max_term, terms[v]);
+            }
+            double s = 0.0, s2 = 0.0;
+            for (int v = 0; v < kArms; ++v) {
+              s += std::exp(terms[v] - max_term);
+              s2 += a[v] * a[v] / b[v];
+            }
+            log_f1[r] = max_term + std::log(s);
+            f2[r] = s2;
+          }
+        }
+        sink += log_f1[i % kRows] + f2[j % kRows];
+      }
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetItemsProcessed(state.iterations() * kScoreExperts * (kScoreExperts - 1) * kRows);
+}
+
 // Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
 // small enough to keep the log (and the memory) bounded.
 int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
@@ -435,6 +494,8 @@ int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60
 void RegisterAll() {
   benchmark::RegisterBenchmark("BM_ScoreLinearExperts/scalar/32", BM_ScoreLinearExperts, false);
   benchmark::RegisterBenchmark("BM_ScoreLinearExperts/expert/32", BM_ScoreLinearExperts, true);
+  benchmark::RegisterBenchmark("BM_DivergenceTerms/scalar/32", BM_DivergenceTerms, false);
+  benchmark::RegisterBenchmark("BM_DivergenceTerms/kernel/32", BM_DivergenceTerms, true);
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
     const std::string k = KindName(kind);
     for (int n : {8, 32, 128}) {

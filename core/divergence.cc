@@ -5,6 +5,7 @@
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
+#include "core/kernels.h"
 #include "core/numeric.h"
 
 namespace decision {
@@ -135,7 +136,8 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
 
   DivergenceMatrix d = DivergenceMatrix::Identity(n);
   std::vector<double> log_means(groups), means(groups);
-  std::vector<double> log_terms(group_size);
+  std::vector<double> log_terms(group_size), f2_terms(group_size);
+  std::vector<double> scratch(2 * group_size * num_arms);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       const size_t ij = static_cast<size_t>(i) * n + j;
@@ -146,15 +148,13 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
       }
       if (i == j) continue;
       for (int g = 0; g < groups; ++g) {
+        // A group's contexts are contiguous rows: one vectorised pass over all of them.
+        const size_t at = g * group_size * num_arms;
+        DivergenceTerms(&predictions[i][at], &log_predictions[i][at], &predictions[j][at],
+                        group_size, num_arms, scratch.data(), log_terms.data(),
+                        f2_terms.data());
         double f2_sum = 0.0;
-        for (size_t r = 0; r < group_size; ++r) {
-          const size_t row = g * group_size + r;
-          const size_t at = row * num_arms;
-          log_terms[r] = LogF1TermWithLog(&predictions[i][at], &log_predictions[i][at],
-                                          &predictions[j][at], num_arms);
-          f2_sum += F2Term(absl::MakeConstSpan(&predictions[i][at], num_arms),
-                           absl::MakeConstSpan(&predictions[j][at], num_arms));
-        }
+        for (double f2 : f2_terms) f2_sum += f2;
         log_means[g] = LogSumExp(log_terms) - std::log(static_cast<double>(group_size));
         means[g] = f2_sum / group_size;
       }

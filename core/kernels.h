@@ -26,6 +26,15 @@ void SoftmaxInPlace(absl::Span<double> z);
 void LinearLogits(absl::Span<const double> weights_t, absl::Span<const double> bias,
                   absl::Span<const double> x, absl::Span<double> z);
 
+// The two per-context terms of the divergences between experts i and j (core/divergence.h),
+// for `rows` contexts of k arms each, stored row-major:
+//   log_f1[r] = log sum_v pi_i(v) exp(pi_i(v) / pi_j(v) - 1)   (in log space, exp as above)
+//   f2[r]     = sum_v pi_i(v) * (pi_i(v) / pi_j(v))
+// `log_pi_i` holds log pi_i. `scratch` holds 2 * rows * k values.
+// REQUIRES: every pi_i and pi_j entry in (0, 1].
+void DivergenceTerms(const double* pi_i, const double* log_pi_i, const double* pi_j,
+                     size_t rows, size_t k, double* scratch, double* log_f1, double* f2);
+
 }  // namespace decision
 
 #endif  // DECISION_CORE_KERNELS_H_
