@@ -253,7 +253,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   const uint64_t seed = options.seed != 0 ? options.seed : std::random_device{}();
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance, std::max(1, options.training_threads), seed);
-  Problem::Env env{service->store_.get(), clock, metrics, seed};
+  Problem::Env env{service->store_.get(), clock, metrics, seed, !options.durable_choose};
   {
     absl::MutexLock lock(&service->mu_);
     DECISION_RETURN_IF_ERROR(service->store_->ForEachProblem(
@@ -285,6 +285,7 @@ absl::Status DecisionService::Shutdown() {
   absl::Status status = absl::OkStatus();
   absl::MutexLock lock(&mu_);
   for (auto& [id, problem] : problems_) {
+    problem->FlushDecisions(/*wait=*/true);
     absl::Status s = problem->Checkpoint();
     if (status.ok()) status = s;
   }
@@ -315,7 +316,8 @@ absl::Status DecisionService::CreateProblem(const v1::CreateProblemRequest& requ
         absl::StrCat("problem '", request.problem_id(), "' already exists"));
   }
   Problem::Env env{store_.get(), clock_, metrics_,
-                   options_.seed != 0 ? options_.seed : std::random_device{}()};
+                   options_.seed != 0 ? options_.seed : std::random_device{}(),
+                   !options_.durable_choose};
   DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Problem> p,
                             Problem::Create(next_index_, std::move(record), env));
   ++next_index_;
@@ -481,6 +483,7 @@ absl::Status DecisionService::RunMaintenance() {
 
 absl::Status DecisionService::MaintainProblem(Problem* p,
                                               std::chrono::milliseconds backfill_budget) {
+  p->FlushDecisions(/*wait=*/false);
   DECISION_RETURN_IF_ERROR(p->ExpireDue());
   // Backfill one chunk at a time, within the budget.
   const auto start = std::chrono::steady_clock::now();

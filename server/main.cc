@@ -32,6 +32,11 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(std::string, data_dir, "./data", "directory of the RocksDB store");
 ABSL_FLAG(bool, sync_writes, false,
           "fsync every write: survives power loss, not just a process crash (slower)");
+ABSL_FLAG(bool, durable_choose, false,
+          "answer Choose only once its decision is written; off: answer at once and write it "
+          "with the next Reward or maintenance round (a crash forgets at most one "
+          "--maintenance_interval_ms of unrewarded decisions; acknowledged rewards are "
+          "durable either way)");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest request accepted, in bytes");
 ABSL_FLAG(uint64_t, seed, 0, "random seed of the decisions (0: from the OS)");
 ABSL_FLAG(int, maintenance_interval_ms, 20,
@@ -62,6 +67,7 @@ int Run() {
   ServiceOptions options;
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  options.durable_choose = absl::GetFlag(FLAGS_durable_choose);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.maintenance_interval_ms = absl::GetFlag(FLAGS_maintenance_interval_ms);
   options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);

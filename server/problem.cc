@@ -319,8 +319,21 @@ void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* respo
   absl::StatusOr<std::optional<WriteOp>> op = PrepareDecision(request, response);
   if (!op.ok()) return done(op.status());
   if (!op->has_value()) return done(absl::OkStatus());  // an earlier decision, answered
-  (*op)->done = std::move(done);
-  Submit(*std::move(*op));
+  if (!env_.defer_decisions) {
+    (*op)->done = std::move(done);
+    return Submit(*std::move(*op));
+  }
+  bool flush;
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyDecisionLocked(**op, absl::OkStatus());  // answered and joinable from now on
+    pending_[(*op)->event_id].written = false;
+    unwritten_.push_back((*op)->event_id);
+    flush = unwritten_.size() >= kMaxUnwrittenDecisions;
+    metrics_.pending->Set(static_cast<double>(pending_.size()));
+  }
+  done(absl::OkStatus());
+  if (flush) FlushDecisions(/*wait=*/false);
 }
 
 absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
@@ -380,6 +393,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
         absl::StrCat("expert ", expert, " cannot score this context: ", s.message()));
   }
   WriteOp op;
+  op.kind = WriteOp::kDecision;
   op.choose_response = response;
   EventRecord& event = op.event;
   event.set_arm(SampleArm(probs, u));
@@ -412,7 +426,58 @@ void Problem::Submit(WriteOp op) {
   {
     absl::MutexLock lock(&commit_mu_);
     commit_queue_.push_back(std::move(op));
-    if (committing_) return;  // the committing thread takes it with its next group
+  }
+  CommitQueued();
+}
+
+void Problem::FlushDecisions(bool wait) {
+  if (wait) {
+    absl::MutexLock lock(&commit_mu_);
+    commit_mu_.Await(absl::Condition(
+        +[](bool* committing) { return !*committing; }, &committing_));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (unwritten_.empty()) return;
+    // Queued under mu_: a join that finds its decision taken here is queued after it.
+    absl::MutexLock queue(&commit_mu_);
+    for (std::string& event_id : unwritten_) {
+      auto it = pending_.find(event_id);
+      if (it == pending_.end() || it->second.written) continue;  // joined, or taken
+      it->second.written = true;
+      WriteOp op;
+      op.kind = WriteOp::kDeferredDecision;
+      op.event_id = std::move(event_id);
+      op.event = it->second.record;
+      commit_queue_.push_back(std::move(op));
+    }
+    unwritten_.clear();
+  }
+  CommitQueued();
+}
+
+bool Problem::StartJoinLocked(Pending& pending) {
+  pending.joining = true;
+  const bool stored = pending.written;
+  pending.written = true;  // by the join from now on: no flush takes it
+  return stored;
+}
+
+void Problem::AbortJoinLocked(const std::string& event_id, bool decision_stored) {
+  auto it = pending_.find(event_id);
+  if (it == pending_.end()) return;
+  it->second.joining = false;
+  if (!decision_stored) {
+    it->second.written = false;
+    unwritten_.push_back(event_id);
+  }
+}
+
+void Problem::CommitQueued() {
+  {
+    absl::MutexLock lock(&commit_mu_);
+    // The committing thread takes the queue with its next group.
+    if (committing_ || commit_queue_.empty()) return;
     committing_ = true;
   }
   // This thread commits until the queue is empty: every op queued meanwhile rides along in
@@ -446,8 +511,10 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
   int64_t seq = first;
   const int64_t now = env_.clock->NowMs();
   for (WriteOp& op : group) {
-    if (op.choose_response != nullptr) {
+    if (op.kind == WriteOp::kDecision || op.kind == WriteOp::kDeferredDecision) {
       written = env_.store->AddDecision(&batch, index_, op.event_id, op.event);
+    } else if (op.kind == WriteOp::kDrop) {
+      written = env_.store->AddExpiry(&batch, index_, op.event_id, op.event, op.decision_stored);
     } else {
       SampleRecord sample;
       sample.set_event_id(op.event_id);
@@ -466,8 +533,9 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
       // The features now live in the sample; the event keeps what idempotent Choose and
       // duplicate detection need.
       joined.clear_features();
+      // A deferred decision never written is written here, as its joined event.
       written = env_.store->AddJoin(&batch, index_, op.event_id, joined, joined.sequence(),
-                                    sample);
+                                    sample, op.decision_stored);
     }
     if (!written.ok()) break;
   }
@@ -475,7 +543,9 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
   {
     absl::MutexLock lock(&mu_);
     for (WriteOp& op : group) {
-      if (op.choose_response != nullptr) {
+      if (op.kind == WriteOp::kDrop) {
+        ApplyDropLocked(op, written);
+      } else if (op.kind != WriteOp::kJoin) {
         ApplyDecisionLocked(op, written);
       } else {
         ApplyJoinLocked(op, written);
@@ -484,10 +554,25 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
     metrics_.pending->Set(static_cast<double>(pending_.size()));
     metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
   }
-  for (WriteOp& op : group) op.done(written);
+  for (WriteOp& op : group) {
+    if (op.done) op.done(written);
+  }
 }
 
 void Problem::ApplyDecisionLocked(WriteOp& op, const absl::Status& written) {
+  if (op.kind == WriteOp::kDeferredDecision) {
+    if (written.ok()) return;  // applied when it was answered
+    // Answered already: it stays pending in memory, and the next flush (or its join)
+    // writes it. Until then a crash would forget it.
+    std::fprintf(stderr, "decisiond: problem %s: decision %s not written: %s\n", id().c_str(),
+                 op.event_id.c_str(), written.ToString().c_str());
+    auto it = pending_.find(op.event_id);
+    if (it != pending_.end() && !it->second.joining) {
+      it->second.written = false;
+      unwritten_.push_back(op.event_id);
+    }
+    return;
+  }
   if (!written.ok()) {
     pending_.erase(op.event_id);
     return;
@@ -498,6 +583,16 @@ void Problem::ApplyDecisionLocked(WriteOp& op, const absl::Status& written) {
   ++decisions_;
   metrics_.decisions->Increment();
   experts_[op.event.expert_id()].metrics.selected->Increment();
+}
+
+void Problem::ApplyDropLocked(WriteOp& op, const absl::Status& written) {
+  if (!written.ok()) {
+    AbortJoinLocked(op.event_id, op.decision_stored);
+    return;
+  }
+  deadlines_.erase({op.event.deadline_ms(), op.event_id});
+  pending_.erase(op.event_id);
+  metrics_.expired_dropped->Increment();
 }
 
 Problem::Snapshot Problem::SnapshotLocked() const {
@@ -549,6 +644,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareReward(
   Snapshot snapshot;
   EventRecord event;
   bool expired_unprocessed = false;
+  bool decision_stored = true;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(event_id);
@@ -565,7 +661,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareReward(
       if (env_.clock->NowMs() > it->second.record.deadline_ms()) {
         expired_unprocessed = true;
       } else {
-        it->second.joining = true;
+        decision_stored = StartJoinLocked(it->second);
         event = it->second.record;
         snapshot = SnapshotLocked();
       }
@@ -607,7 +703,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareReward(
   absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
   if (!propensities.ok()) {
     absl::MutexLock lock(&mu_);
-    pending_[event_id].joining = false;
+    AbortJoinLocked(event_id, decision_stored);
     return absl::InternalError(absl::StrCat("scoring the experts failed: ",
                                             propensities.status().message()));
   }
@@ -616,13 +712,14 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareReward(
   op.event = std::move(event);
   op.reward = value;
   op.is_default = false;
+  op.decision_stored = decision_stored;
   op.propensities = *std::move(propensities);
   return op;
 }
 
 void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   if (!written.ok()) {
-    pending_[op.event_id].joining = false;
+    AbortJoinLocked(op.event_id, op.decision_stored);
     return;
   }
   const int64_t seq = ducb_.log().size();
@@ -686,6 +783,7 @@ absl::Status Problem::WriteLogChunkLocked(int64_t chunk) {
 absl::Status Problem::ExpireOne(const std::string& event_id) {
   EventRecord event;
   Snapshot snapshot;
+  bool decision_stored;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(event_id);
@@ -693,36 +791,28 @@ absl::Status Problem::ExpireOne(const std::string& event_id) {
     if (it == pending_.end() || it->second.joining || !it->second.durable) {
       return absl::OkStatus();
     }
-    it->second.joining = true;
+    decision_stored = StartJoinLocked(it->second);
     event = it->second.record;
-    snapshot = SnapshotLocked();
-  }
-  if (record_.drop_unrewarded()) {
-    event.set_state(kEventExpired);
-    absl::MutexLock lock(&mu_);
-    absl::Status s = Timed([&] { return env_.store->Expire(index_, event_id, event); });
-    if (!s.ok()) {
-      pending_[event_id].joining = false;
-      return s;
-    }
-    deadlines_.erase({event.deadline_ms(), event_id});
-    pending_.erase(event_id);
-    metrics_.expired_dropped->Increment();
-    metrics_.pending->Set(static_cast<double>(pending_.size()));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
-  if (!propensities.ok()) {
-    absl::MutexLock lock(&mu_);
-    pending_[event_id].joining = false;
-    return propensities.status();
+    if (!record_.drop_unrewarded()) snapshot = SnapshotLocked();
   }
   WriteOp op;
   op.event_id = event_id;
+  op.decision_stored = decision_stored;
+  if (record_.drop_unrewarded()) {
+    op.kind = WriteOp::kDrop;
+    event.set_state(kEventExpired);
+  } else {
+    absl::StatusOr<std::vector<double>> propensities = Propensities(snapshot, event);
+    if (!propensities.ok()) {
+      absl::MutexLock lock(&mu_);
+      AbortJoinLocked(event_id, decision_stored);
+      return propensities.status();
+    }
+    op.reward = record_.default_reward();
+    op.is_default = true;
+    op.propensities = *std::move(propensities);
+  }
   op.event = std::move(event);
-  op.reward = record_.default_reward();
-  op.is_default = true;
-  op.propensities = *std::move(propensities);
   return AwaitDone([&](Done done) {
     op.done = std::move(done);
     Submit(std::move(op));

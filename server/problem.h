@@ -16,6 +16,16 @@
 // empty. Joins therefore reach the log in the same order in the store and in memory, and a
 // failed group leaves neither a gap nor a partial state. Completion is a callback, so an
 // RPC handler queues its op and returns without blocking a thread.
+//
+// Deferred decisions (Env::defer_decisions, the default of decisiond): Choose answers as
+// soon as its decision is in memory, without a write. A decision that is rewarded (or
+// expired) before it is written is written once, by its join: the joined event and the
+// sample, in the join's group (so an acknowledged reward is durable with its decision). The
+// others are written by FlushDecisions, which the maintenance thread calls every round, or
+// by the Choose that finds kMaxUnwrittenDecisions of them. A crash forgets the decisions not
+// yet written (at most one maintenance interval of unrewarded ones): their rewards then get
+// NOT_FOUND. Without deferral a decision answers once it is durable, and a reward that
+// arrives before that gets UNAVAILABLE.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
@@ -50,6 +60,7 @@ inline constexpr size_t kMaxEventIdBytes = 128;
 inline constexpr int64_t kBackfillChunk = 4096;  // samples per backfill chunk on disk
 inline constexpr int64_t kLogChunk = 4096;       // samples per log chunk on disk
 inline constexpr size_t kMaxTrainingSamples = 200'000;
+inline constexpr size_t kMaxUnwrittenDecisions = 4096;  // deferred ones before a flush
 
 // Completion of an asynchronous call: called once, from the caller's thread or from the
 // thread that commits its write, with no lock of the problem held.
@@ -83,6 +94,7 @@ class Problem {
     const Clock* clock;
     Metrics* metrics;
     uint64_t seed;
+    bool defer_decisions = false;  // see "Deferred decisions" above
   };
 
   // A new problem: persists its record, registers expert 0 (uniform), writes a checkpoint.
@@ -140,6 +152,11 @@ class Problem {
   absl::Status MaybeRefreshDivergences(bool* refreshed = nullptr, int64_t min_interval_ms = 0);
   absl::Status Checkpoint();
   void ExportMetrics();
+  // Writes the deferred decisions not yet written (nor joined). With wait = false it returns
+  // at once if another thread is committing (that thread writes them with its next group);
+  // with wait = true it waits for that commit first, so that every decision answered before
+  // the call is written (or failed) when it returns.
+  void FlushDecisions(bool wait);
 
  private:
   struct ExpertSlot {
@@ -154,17 +171,27 @@ class Problem {
   struct Pending {
     storage::v1::EventRecord record;
     bool joining = false;  // a reward or the expiry is being joined
-    bool durable = true;   // false while Choose is still writing it
+    bool durable = true;   // false while Choose is still writing it (not deferred)
+    // False while a deferred decision is neither written nor taken by a join or a flush.
+    bool written = true;
   };
-  // A decision (choose_response != nullptr) or a join waiting in the commit queue.
+  // A decision or a join waiting in the commit queue.
   struct WriteOp {
+    enum Kind {
+      kDecision,          // Choose, answered once written (choose_response)
+      kDeferredDecision,  // a deferred decision, answered already (FlushDecisions)
+      kJoin,              // a reward or the default reward joined to its decision
+      kDrop,              // an expired decision dropped (drop_unrewarded)
+    };
+    Kind kind = kJoin;
     std::string event_id;
     storage::v1::EventRecord event;         // the pending event
-    v1::ChooseResponse* choose_response = nullptr;
+    v1::ChooseResponse* choose_response = nullptr;  // kDecision
     double reward = 0.0;                    // join: the reward and how it came
     bool is_default = false;
+    bool decision_stored = true;  // join, drop: false if the decision was never written
     std::vector<double> propensities;       // join: pi_k(arm | x) of the experts scored
-    Done done;
+    Done done;                              // empty for a deferred decision
   };
   struct Snapshot {
     std::vector<std::shared_ptr<const Expert>> models;  // every expert, by id
@@ -192,12 +219,23 @@ class Problem {
   // Queues `op`; commits groups until the queue is empty unless another thread is
   // committing. See "Group commit" above.
   void Submit(WriteOp op) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // Commits groups until the queue is empty, unless another thread is committing.
+  void CommitQueued() ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
+  // Marks a pending decision as being joined (or dropped). A deferred decision not yet
+  // written is then written by the join; returns whether it was stored already.
+  bool StartJoinLocked(Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes StartJoinLocked after a failure: the decision is pending again, and a deferred
+  // decision that was not stored goes back to the flush list.
+  void AbortJoinLocked(const std::string& event_id, bool decision_stored)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `group` as one storage write, applies it, completes every op.
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // The in-memory effect of a committed (or failed) decision or join.
   void ApplyDecisionLocked(WriteOp& op, const absl::Status& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyJoinLocked(WriteOp& op, const absl::Status& written)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyDropLocked(WriteOp& op, const absl::Status& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
   absl::Status WriteLogChunkLocked(int64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -227,6 +265,8 @@ class Problem {
   ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<int64_t, std::string>> deadlines_ ABSL_GUARDED_BY(mu_);
+  // Deferred decisions answered since the last flush, in order (some joined since).
+  std::vector<std::string> unwritten_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh

@@ -217,13 +217,15 @@ absl::Status Store::AddDecision(WriteGroup* group, uint32_t problem, absl::strin
 
 absl::Status Store::AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                             const v1::EventRecord& event, int64_t sequence,
-                            const v1::SampleRecord& sample) {
+                            const v1::SampleRecord& sample, bool decision_stored) {
   std::string sample_key = Key32(problem);
   AppendU64(&sample_key, static_cast<uint64_t>(sequence));
   rocksdb::WriteBatch& batch = *group->batch_;
   rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
                                 event.SerializeAsString());
-  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, event.deadline_ms(), event_id));
+  if (s.ok() && decision_stored) {
+    s = batch.Delete(pending_, PendingKey(problem, event.deadline_ms(), event_id));
+  }
   if (s.ok()) s = batch.Put(samples_, sample_key, sample.SerializeAsString());
   if (!s.ok()) return FromRocks(s, "join batch");
   ++group->size_;
@@ -242,14 +244,17 @@ absl::Status Store::Decide(uint32_t problem, absl::string_view event_id,
   return added.ok() ? Commit(&group) : added;
 }
 
-absl::Status Store::Expire(uint32_t problem, absl::string_view event_id,
-                           const v1::EventRecord& record) {
-  rocksdb::WriteBatch batch;
+absl::Status Store::AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                              const v1::EventRecord& record, bool decision_stored) {
+  rocksdb::WriteBatch& batch = *group->batch_;
   rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
                                 record.SerializeAsString());
-  if (s.ok()) s = batch.Delete(pending_, PendingKey(problem, record.deadline_ms(), event_id));
+  if (s.ok() && decision_stored) {
+    s = batch.Delete(pending_, PendingKey(problem, record.deadline_ms(), event_id));
+  }
   if (!s.ok()) return FromRocks(s, "expiry batch");
-  return Write(&batch, "expiry");
+  ++group->size_;
+  return absl::OkStatus();
 }
 
 absl::Status Store::ForEachPending(

@@ -95,18 +95,21 @@ class Store {
   // Decide and Join as part of a group (see WriteGroup); nothing is written until Commit.
   absl::Status AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                            const v1::EventRecord& record);
+  // decision_stored = false: the decision was never written (it is joined in the same
+  // group), so there is no deadline index entry to delete.
   absl::Status AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                        const v1::EventRecord& event, int64_t sequence,
-                       const v1::SampleRecord& sample);
+                       const v1::SampleRecord& sample, bool decision_stored = true);
   // Writes every record of the group or none.
   absl::Status Commit(WriteGroup* group);
   // Overwrites an event record (no change to the pending index).
   absl::Status PutEvent(uint32_t problem, absl::string_view event_id,
                         const v1::EventRecord& record);
-  // Records that a pending event expired without being learned (dropped): writes the event
-  // and removes it from the pending index, atomically.
-  absl::Status Expire(uint32_t problem, absl::string_view event_id,
-                      const v1::EventRecord& record);
+  // Records, as part of a group, that a pending event expired without being learned
+  // (dropped): writes the event and removes it from the pending index (if the decision was
+  // stored).
+  absl::Status AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                         const v1::EventRecord& record, bool decision_stored = true);
   // Pending events in deadline order.
   absl::Status ForEachPending(
       uint32_t problem,

@@ -745,8 +745,8 @@ TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
 
   const std::optional<double> writes = m->Get("decision_storage_write_latency_seconds_count", {});
   ASSERT_TRUE(writes.has_value());
-  // At least one durable write per decision and per join.
-  EXPECT_GE(*writes, 2 * kRounds + 3);
+  // At least one durable write per join (a deferred decision shares its reward's write).
+  EXPECT_GE(*writes, kRounds);
   const std::optional<double> size = m->Get("decision_storage_size_bytes", {});
   ASSERT_TRUE(size.has_value());
   EXPECT_GT(*size, 0.0);

@@ -37,6 +37,7 @@ class ServiceTest : public ::testing::Test {
     options.seed = 7;
     options.start_maintenance_thread = false;
     options.inline_maintenance = inline_maintenance_;
+    options.durable_choose = durable_choose_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -179,6 +180,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   bool inline_maintenance_ = false;
+  bool durable_choose_ = false;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
@@ -324,6 +326,56 @@ TEST_F(ServiceTest, RetiredExpertIsNeverSelectedButKeepsItsHistory) {
   retire.set_expert_id(0);
   EXPECT_EQ(service_->RetireExpert(retire, &retired).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+uint64_t StorageWrites(Metrics& metrics) {
+  return metrics.storage_write_latency().Collect().histogram.sample_count;
+}
+
+TEST_F(ServiceTest, DeferredDecisionIsAnsweredAtOnceAndWrittenWithItsReward) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const uint64_t before = StorageWrites(metrics_);
+  const v1::ChooseResponse rewarded = Choose("p", "rewarded");
+  EXPECT_EQ(StorageWrites(metrics_), before);  // answered before any write
+  EXPECT_EQ(GetProblem("p").pending(), 1);
+  // A retry sees the queued decision, and its reward may follow at once.
+  EXPECT_EQ(Choose("p", "rewarded").SerializeAsString(), rewarded.SerializeAsString());
+  bool first = false;
+  ASSERT_TRUE(Reward("p", "rewarded", 1.0, &first).ok());
+  EXPECT_TRUE(first);
+  EXPECT_EQ(StorageWrites(metrics_), before + 1);  // the decision and its join: one write
+  const v1::ChooseResponse open = Choose("p", "open");
+  EXPECT_EQ(StorageWrites(metrics_), before + 1);
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // a maintenance round writes it
+  EXPECT_GT(StorageWrites(metrics_), before + 1);
+  Reopen();
+  // The joined decision left no pending entry behind; the open one is pending.
+  const v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.samples(), 1);
+  EXPECT_EQ(p.pending(), 1);
+  EXPECT_EQ(p.decisions(), 2);
+  EXPECT_EQ(Choose("p", "open").SerializeAsString(), open.SerializeAsString());
+  EXPECT_EQ(Choose("p", "rewarded").SerializeAsString(), rewarded.SerializeAsString());
+  ASSERT_TRUE(Reward("p", "rewarded", 1.0, &first).ok());
+  EXPECT_FALSE(first);
+  ASSERT_TRUE(Reward("p", "open", 0.5, &first).ok());
+  EXPECT_TRUE(first);
+  EXPECT_EQ(GetProblem("p").samples(), 2);
+}
+
+TEST_F(ServiceTest, DurableChooseAnswersOnceTheDecisionIsWritten) {
+  durable_choose_ = true;
+  Reopen();
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const uint64_t before = StorageWrites(metrics_);
+  const v1::ChooseResponse c = Choose("p", "e");
+  EXPECT_EQ(StorageWrites(metrics_), before + 1);
+  ASSERT_TRUE(Reward("p", "e", 1.0).ok());
+  EXPECT_EQ(StorageWrites(metrics_), before + 2);
+  Reopen();
+  EXPECT_EQ(GetProblem("p").samples(), 1);
+  EXPECT_EQ(GetProblem("p").pending(), 0);
+  EXPECT_EQ(Choose("p", "e").SerializeAsString(), c.SerializeAsString());
 }
 
 TEST_F(ServiceTest, RestartRestoresEstimatesPendingDecisionsAndExperts) {
