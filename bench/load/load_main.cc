@@ -10,6 +10,11 @@
 // otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a reward.
 // Both servers run as child processes on loopback, on this same machine; the CPU time each
 // server and this client spend per RPC is read from /proc, as the machine is shared.
+//
+// --calibrate_work_us=5,10,20 also drives null_server --work_us=W for each W (handlers that
+// burn W us of CPU before answering) and prints their ratios to the plain null server: what
+// a server that adds W us of work per RPC gets from gRPC on this machine, the scale against
+// which decisiond's ratio is read.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -47,6 +52,8 @@ ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward"
 ABSL_FLAG(double, unrewarded_share, 0.1, "share of decisions that never get a reward");
 ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads share");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
+ABSL_FLAG(std::string, calibrate_work_us, "",
+          "comma-separated W: also drive null_server --work_us=W and print its ratios");
 
 namespace {
 
@@ -275,16 +282,48 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
 
 }  // namespace
 
+// Parses a comma-separated list of integers >= min_value; false if any is not one.
+bool ParseList(const std::string& text, int min_value, std::vector<int>* out) {
+  if (text.empty()) return true;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int v;
+    if (!absl::SimpleAtoi(item, &v) || v < min_value) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+// Starts null_server with `flags`, drives it at every level and prints each result as
+// `name`. Empty if it cannot start.
+std::vector<Result> DriveNullServer(const std::string& name, const std::vector<int>& levels,
+                                    const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {absl::GetFlag(FLAGS_null_server), "--listen=127.0.0.1:0"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  std::string line;
+  auto null = decision::testing::ChildProcess::Start(args, &line);
+  if (!null.ok()) {
+    std::fprintf(stderr, "load: %s\n", null.status().ToString().c_str());
+    return {};
+  }
+  const std::string address = line.substr(line.rfind(' ') + 1);
+  std::vector<Result> results;
+  for (int c : levels) {
+    results.push_back(Drive(address, "null", c, (*null)->pid()));
+    Print(name.c_str(), c, results.back());
+  }
+  return results;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  std::vector<int> levels;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
-    int v;
-    if (!absl::SimpleAtoi(c, &v) || v < 1) {
-      std::fprintf(stderr, "load: bad --concurrency\n");
-      return 2;
-    }
-    levels.push_back(v);
+  std::vector<int> levels, work_us;
+  if (!ParseList(absl::GetFlag(FLAGS_concurrency), 1, &levels) || levels.empty()) {
+    std::fprintf(stderr, "load: bad --concurrency\n");
+    return 2;
+  }
+  if (!ParseList(absl::GetFlag(FLAGS_calibrate_work_us), 1, &work_us)) {
+    std::fprintf(stderr, "load: bad --calibrate_work_us\n");
+    return 2;
   }
   std::printf("load: %d experts (%d linear + uniform), K = %d, d = %d, reward delay %lld ms, "
               "%.0f%% unrewarded, %.0f s per level (+%.0f s warm-up)\n",
@@ -293,21 +332,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(absl::GetFlag(FLAGS_reward_delay_ms)),
               100 * absl::GetFlag(FLAGS_unrewarded_share), absl::GetFlag(FLAGS_duration_s),
               absl::GetFlag(FLAGS_warmup_s));
-  std::vector<Result> null_results, real_results;
-  {
-    std::string line;
-    auto null = decision::testing::ChildProcess::Start(
-        {absl::GetFlag(FLAGS_null_server), "--listen=127.0.0.1:0"}, &line);
-    if (!null.ok()) {
-      std::fprintf(stderr, "load: %s\n", null.status().ToString().c_str());
-      return 1;
-    }
-    const std::string address = line.substr(line.rfind(' ') + 1);
-    for (int c : levels) {
-      null_results.push_back(Drive(address, "null", c, (*null)->pid()));
-      Print("null", c, null_results.back());
-    }
-  }
+  std::vector<Result> real_results;
+  std::vector<Result> null_results = DriveNullServer("null", levels, {});
+  if (null_results.empty()) return 1;
   {
     const std::string dir = decision::testing::MakeTempDir();
     std::string line;
@@ -338,6 +365,27 @@ int main(int argc, char** argv) {
                 Percentile(r.choose_us, 0.99) / Percentile(n.choose_us, 0.99),
                 Percentile(r.reward_us, 0.99) / Percentile(n.reward_us, 0.99),
                 r.server_us_per_rpc() / n.server_us_per_rpc());
+  }
+  if (work_us.empty()) return 0;
+  std::vector<std::vector<Result>> calibration;
+  for (int w : work_us) {
+    calibration.push_back(
+        DriveNullServer(absl::StrCat("null+", w, "us"), levels, {absl::StrCat("--work_us=", w)}));
+    if (calibration.back().empty()) return 1;
+  }
+  std::printf("\ncalibration: null_server whose handlers burn W us of CPU, against the plain "
+              "null server above\n%10s", "W (us)");
+  for (int c : levels) std::printf("  throughput c=%-3d  Choose p99 c=%-3d", c, c);
+  std::printf("\n");
+  for (size_t w = 0; w < work_us.size(); ++w) {
+    std::printf("%10d", work_us[w]);
+    for (size_t i = 0; i < levels.size(); ++i) {
+      Result& n = null_results[i];
+      Result& r = calibration[w][i];
+      std::printf("  %16.2f  %16.2f", r.rps() / n.rps(),
+                  Percentile(r.choose_us, 0.99) / Percentile(n.choose_us, 0.99));
+    }
+    std::printf("\n");
   }
   return 0;
 }
