@@ -52,6 +52,8 @@ ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward"
 ABSL_FLAG(double, unrewarded_share, 0.1, "share of decisions that never get a reward");
 ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads share");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
+ABSL_FLAG(std::string, decisiond_flags, "",
+          "extra decisiond flags, space-separated (e.g. \"--durable_choose\")");
 ABSL_FLAG(std::string, calibrate_work_us, "",
           "comma-separated W: also drive null_server --work_us=W and print its ratios");
 
@@ -338,10 +340,13 @@ int main(int argc, char** argv) {
   {
     const std::string dir = decision::testing::MakeTempDir();
     std::string line;
-    auto real = decision::testing::ChildProcess::Start(
-        {absl::GetFlag(FLAGS_decisiond), "--listen=127.0.0.1:0", "--metrics_listen=",
-         "--data_dir=" + dir, "--seed=1"},
-        &line);
+    std::vector<std::string> args = {absl::GetFlag(FLAGS_decisiond), "--listen=127.0.0.1:0",
+                                     "--metrics_listen=", "--data_dir=" + dir, "--seed=1"};
+    for (absl::string_view flag :
+         absl::StrSplit(absl::GetFlag(FLAGS_decisiond_flags), ' ', absl::SkipEmpty())) {
+      args.emplace_back(flag);
+    }
+    auto real = decision::testing::ChildProcess::Start(args, &line);
     if (!real.ok()) {
       std::fprintf(stderr, "load: %s\n", real.status().ToString().c_str());
       return 1;
