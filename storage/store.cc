@@ -71,6 +71,11 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   // (RocksDB's defaults give each of the nine families its own 64 MiB memtables and
   // 8 MiB cache).
   db_options.db_write_buffer_size = 64 << 20;
+  // The WAL is kept until every family with data in it is flushed, and the small families
+  // (checkpoints, experts) rarely fill a memtable: without a cap the WAL grows to 4x the
+  // write buffers of all nine families (576 MiB) before RocksDB flushes them, and a restart
+  // replays all of it.
+  db_options.max_total_wal_size = 128 << 20;
   db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(32 << 20);
