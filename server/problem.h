@@ -7,7 +7,8 @@
 // ones that change the expert set D-UCB estimates and the divergences.
 //
 // Locking: mu_ guards the in-memory state. Model evaluations and durable writes run outside
-// mu_: a decision is visible to a concurrent Choose retry at once and joinable once stored.
+// mu_: a decision is visible to a concurrent Choose retry at once, and joinable once it is
+// answered (deferred) or stored (not deferred).
 //
 // Group commit: Choose and Reward do their work (validation, selection, scoring) in the
 // caller's thread, then queue one write op. The first thread to find no commit in progress
@@ -255,7 +256,8 @@ class Problem {
   const Env env_;
   const Metrics::ProblemMetrics metrics_;
 
-  // Guards the commit queue only; never held while taking mu_ or writing.
+  // Guards the commit queue only; never held while taking mu_ or writing. Lock order:
+  // mu_, then commit_mu_ (FlushDecisions queues under mu_).
   absl::Mutex commit_mu_;
   std::vector<WriteOp> commit_queue_ ABSL_GUARDED_BY(commit_mu_);
   bool committing_ ABSL_GUARDED_BY(commit_mu_) = false;
