@@ -435,16 +435,22 @@ void BM_ScoreLinearExperts(benchmark::State& state, bool kernels) {
   state.SetItemsProcessed(state.iterations());  // items/s = samples scored per second
 }
 
+// n contexts of kScoreFeatures standard normal features, row-major.
+std::vector<double> RandomContexts(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> rows(n * kScoreFeatures);
+  for (double& v : rows) v = normal(gen);
+  return rows;
+}
+
 // The same propensities for a batch of 256 joined samples, expert by expert
 // (Expert::PredictBatch): each expert's weights are read once per batch instead of once per
 // sample. items/s = samples scored per second, comparable with BM_ScoreLinearExperts.
 void BM_ScoreLinearExpertsBatch(benchmark::State& state) {
   constexpr size_t kBatch = 256;
   const LinearBank& bank = GetLinearBank();
-  std::mt19937_64 gen(kSeed + 2);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> rows(kBatch * kScoreFeatures);
-  for (double& v : rows) v = normal(gen);
+  const std::vector<double> rows = RandomContexts(kBatch, kSeed + 2);
   std::vector<double> probs(kBatch * kArms);
   double sink = 0.0;
   for (auto _ : state) {
@@ -463,10 +469,7 @@ void BM_ScoreLinearExpertsBatch(benchmark::State& state) {
 void BM_DivergenceTerms(benchmark::State& state, bool kernel) {
   constexpr size_t kRows = 256;
   const LinearBank& bank = GetLinearBank();
-  std::mt19937_64 gen(kSeed + 1);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> rows(kRows * kScoreFeatures);
-  for (double& v : rows) v = normal(gen);
+  const std::vector<double> rows = RandomContexts(kRows, kSeed + 1);
   std::vector<std::vector<double>> pi(kScoreExperts, std::vector<double>(kRows * kArms));
   std::vector<std::vector<double>> log_pi(kScoreExperts, std::vector<double>(kRows * kArms));
   for (int e = 0; e < kScoreExperts; ++e) {

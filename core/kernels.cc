@@ -54,27 +54,46 @@ __attribute__((target_clones("avx2", "default"))) void ExpNonPositiveInPlace(
   }
 }
 
+namespace {
+
+// Max and sum of v[0, n) over four interleaved accumulators (i mod 4): the lanes vectorise
+// and the dependency chains are a quarter as long. The order is fixed, so every build gives
+// the same bits. Inlined into each clone, so they are compiled for its instruction set.
+// REQUIRES (max): n >= 1.
+inline __attribute__((always_inline)) double InterleavedMax(const double* v, size_t n) {
+  double m[4] = {v[0], v[0], v[0], v[0]};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], v[i + l]);
+  }
+  for (; i < n; ++i) m[0] = std::max(m[0], v[i]);
+  return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+}
+
+inline __attribute__((always_inline)) double InterleavedSum(const double* v, size_t n) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int l = 0; l < 4; ++l) s[l] += v[i + l];
+  }
+  for (; i < n; ++i) s[0] += v[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// Four doubles; loads and stores through it need no alignment. The baseline build splits
+// its operations into SSE2 halves.
+typedef double V4 __attribute__((vector_size(32), aligned(8), may_alias));
+
+}  // namespace
+
 __attribute__((target_clones("avx2", "default"))) void SoftmaxInPlace(absl::Span<double> z) {
   double* data = z.data();
   const size_t n = z.size();
-  // Max and sum over four interleaved accumulators (i mod 4): the lanes vectorise and the
-  // dependency chains are a quarter as long; the order is fixed, so every build agrees.
-  double m[4] = {data[0], data[0], data[0], data[0]};
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], data[i + l]);
-  }
-  for (; i < n; ++i) m[0] = std::max(m[0], data[i]);
-  const double max_z = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
-  for (i = 0; i < n; ++i) data[i] -= max_z;
+  const double max_z = InterleavedMax(data, n);
+  for (size_t i = 0; i < n; ++i) data[i] -= max_z;
   ExpNonPositiveInPlace(z);
-  double s[4] = {0.0, 0.0, 0.0, 0.0};
-  for (i = 0; i + 4 <= n; i += 4) {
-    for (int l = 0; l < 4; ++l) s[l] += data[i + l];
-  }
-  for (; i < n; ++i) s[0] += data[i];
-  const double total = (s[0] + s[1]) + (s[2] + s[3]);
-  for (i = 0; i < n; ++i) data[i] /= total;
+  const double total = InterleavedSum(data, n);
+  for (size_t i = 0; i < n; ++i) data[i] /= total;
 }
 
 __attribute__((target_clones("avx2", "default"))) void DivergenceTerms(
@@ -88,49 +107,18 @@ __attribute__((target_clones("avx2", "default"))) void DivergenceTerms(
     t[e] = log_pi_i[e] + ratio - 1.0;
     q[e] = pi_i[e] * ratio;
   }
-  // Per row: the max and the two sums, each over four interleaved accumulators (v mod 4)
-  // so that the lanes vectorise and the dependency chains are a quarter as long. The order
-  // is fixed, so every build gives the same bits.
   for (size_t r = 0; r < rows; ++r) {
     double* row = t + r * k;
-    double m[4] = {row[0], row[0], row[0], row[0]};
-    size_t v = 0;
-    for (; v + 4 <= k; v += 4) {
-      for (int l = 0; l < 4; ++l) m[l] = std::max(m[l], row[v + l]);
-    }
-    for (; v < k; ++v) m[0] = std::max(m[0], row[v]);
-    const double max_t = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
-    for (v = 0; v < k; ++v) row[v] -= max_t;
+    const double max_t = InterleavedMax(row, k);
+    for (size_t v = 0; v < k; ++v) row[v] -= max_t;
     log_f1[r] = max_t;  // the shift; the log of the sum is added below
   }
   ExpNonPositiveInPlace(absl::MakeSpan(t, n));
   for (size_t r = 0; r < rows; ++r) {
-    const double* row = t + r * k;
-    const double* qrow = q + r * k;
-    double s[4] = {0.0, 0.0, 0.0, 0.0}, s2[4] = {0.0, 0.0, 0.0, 0.0};
-    size_t v = 0;
-    for (; v + 4 <= k; v += 4) {
-      for (int l = 0; l < 4; ++l) {
-        s[l] += row[v + l];
-        s2[l] += qrow[v + l];
-      }
-    }
-    for (; v < k; ++v) {
-      s[0] += row[v];
-      s2[0] += qrow[v];
-    }
-    log_f1[r] += std::log((s[0] + s[1]) + (s[2] + s[3]));
-    f2[r] = (s2[0] + s2[1]) + (s2[2] + s2[3]);
+    log_f1[r] += std::log(InterleavedSum(t + r * k, k));
+    f2[r] = InterleavedSum(q + r * k, k);
   }
 }
-
-namespace {
-
-// Four doubles; loads and stores through it need no alignment. The baseline build splits
-// its operations into SSE2 halves.
-typedef double V4 __attribute__((vector_size(32), aligned(8), may_alias));
-
-}  // namespace
 
 __attribute__((target_clones("avx2", "default"))) void LinearLogits(
     absl::Span<const double> weights_t, absl::Span<const double> bias,
