@@ -253,7 +253,8 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   const uint64_t seed = options.seed != 0 ? options.seed : std::random_device{}();
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance, std::max(1, options.training_threads), seed);
-  Problem::Env env{service->store_.get(), clock, metrics, seed, !options.durable_choose};
+  Problem::Env env{service->store_.get(), clock, metrics, seed, !options.durable_choose,
+                   options.maintenance_interval_ms};
   {
     absl::MutexLock lock(&service->mu_);
     DECISION_RETURN_IF_ERROR(service->store_->ForEachProblem(
@@ -317,7 +318,7 @@ absl::Status DecisionService::CreateProblem(const v1::CreateProblemRequest& requ
   }
   Problem::Env env{store_.get(), clock_, metrics_,
                    options_.seed != 0 ? options_.seed : std::random_device{}(),
-                   !options_.durable_choose};
+                   !options_.durable_choose, options_.maintenance_interval_ms};
   DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Problem> p,
                             Problem::Create(next_index_, std::move(record), env));
   ++next_index_;

@@ -33,9 +33,9 @@ struct ServiceOptions {
   std::string data_dir = "data";
   bool sync_writes = false;  // fsync every write (see storage/store.h)
   // Choose answers only once its decision is written. Off (the default), a decision is
-  // answered at once and written with the next Reward's write or by the next maintenance
-  // round; a crash forgets the decisions not yet written (see "Deferred decisions" in
-  // server/problem.h). Acknowledged rewards are durable either way.
+  // answered at once and written with its Reward or within maintenance_interval_ms; a crash
+  // forgets the decisions not yet written (see "Deferred decisions" in server/problem.h).
+  // Acknowledged rewards are durable either way.
   bool durable_choose = false;
   uint64_t seed = 0;         // 0: seeded from the OS
   // How often the maintenance thread expires decisions, backfills and refreshes.

@@ -34,9 +34,8 @@ ABSL_FLAG(bool, sync_writes, false,
           "fsync every write: survives power loss, not just a process crash (slower)");
 ABSL_FLAG(bool, durable_choose, false,
           "answer Choose only once its decision is written; off: answer at once and write it "
-          "with the next Reward or maintenance round (a crash forgets at most one "
-          "--maintenance_interval_ms of unrewarded decisions; acknowledged rewards are "
-          "durable either way)");
+          "with its Reward or within --maintenance_interval_ms (a crash forgets about that "
+          "long of unrewarded decisions; acknowledged rewards are durable either way)");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest request accepted, in bytes");
 ABSL_FLAG(uint64_t, seed, 0, "random seed of the decisions (0: from the OS)");
 ABSL_FLAG(int, maintenance_interval_ms, 20,

@@ -328,8 +328,10 @@ void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* respo
     absl::MutexLock lock(&mu_);
     ApplyDecisionLocked(**op, absl::OkStatus());  // answered and joinable from now on
     pending_[(*op)->event_id].written = false;
+    if (unwritten_.empty()) unwritten_since_ms_ = (*op)->event.decided_at_ms();
     unwritten_.push_back((*op)->event_id);
-    flush = unwritten_.size() >= kMaxUnwrittenDecisions;
+    flush = unwritten_.size() >= kMaxUnwrittenDecisions ||
+            (*op)->event.decided_at_ms() - unwritten_since_ms_ >= env_.decision_flush_ms;
     metrics_.pending->Set(static_cast<double>(pending_.size()));
   }
   done(absl::OkStatus());
@@ -467,10 +469,13 @@ void Problem::AbortJoinLocked(const std::string& event_id, bool decision_stored)
   auto it = pending_.find(event_id);
   if (it == pending_.end()) return;
   it->second.joining = false;
-  if (!decision_stored) {
-    it->second.written = false;
-    unwritten_.push_back(event_id);
-  }
+  if (!decision_stored) ReturnUnwrittenLocked(it);
+}
+
+void Problem::ReturnUnwrittenLocked(PendingMap::iterator it) {
+  it->second.written = false;
+  if (unwritten_.empty()) unwritten_since_ms_ = env_.clock->NowMs();
+  unwritten_.push_back(it->first);
 }
 
 void Problem::CommitQueued() {
@@ -567,10 +572,7 @@ void Problem::ApplyDecisionLocked(WriteOp& op, const absl::Status& written) {
     std::fprintf(stderr, "decisiond: problem %s: decision %s not written: %s\n", id().c_str(),
                  op.event_id.c_str(), written.ToString().c_str());
     auto it = pending_.find(op.event_id);
-    if (it != pending_.end() && !it->second.joining) {
-      it->second.written = false;
-      unwritten_.push_back(op.event_id);
-    }
+    if (it != pending_.end() && !it->second.joining) ReturnUnwrittenLocked(it);
     return;
   }
   if (!written.ok()) {

@@ -22,11 +22,12 @@
 // soon as its decision is in memory, without a write. A decision that is rewarded (or
 // expired) before it is written is written once, by its join: the joined event and the
 // sample, in the join's group (so an acknowledged reward is durable with its decision). The
-// others are written by FlushDecisions, which the maintenance thread calls every round, or
-// by the Choose that finds kMaxUnwrittenDecisions of them. A crash forgets the decisions not
-// yet written (at most one maintenance interval of unrewarded ones): their rewards then get
-// NOT_FOUND. Without deferral a decision answers once it is durable, and a reward that
-// arrives before that gets UNAVAILABLE.
+// others are written by FlushDecisions, which the maintenance thread calls every round, and
+// which a Choose calls when the oldest unwritten decision is Env::decision_flush_ms old or
+// kMaxUnwrittenDecisions are unwritten (so a long maintenance round, such as a divergence
+// refresh, does not hold them back). A crash forgets the decisions not yet written: their
+// rewards then get NOT_FOUND. Without deferral a decision answers once it is durable, and a
+// reward that arrives before that gets UNAVAILABLE.
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
@@ -96,6 +97,7 @@ class Problem {
     Metrics* metrics;
     uint64_t seed;
     bool defer_decisions = false;  // see "Deferred decisions" above
+    int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
   };
 
   // A new problem: persists its record, registers expert 0 (uniform), writes a checkpoint.
@@ -177,6 +179,7 @@ class Problem {
     bool written = true;
   };
   // A decision or a join waiting in the commit queue.
+  using PendingMap = absl::flat_hash_map<std::string, Pending>;
   struct WriteOp {
     enum Kind {
       kDecision,          // Choose, answered once written (choose_response)
@@ -229,6 +232,8 @@ class Problem {
   // decision that was not stored goes back to the flush list.
   void AbortJoinLocked(const std::string& event_id, bool decision_stored)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a pending deferred decision (back) on the flush list.
+  void ReturnUnwrittenLocked(PendingMap::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `group` as one storage write, applies it, completes every op.
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_, commit_mu_);
   // The in-memory effect of a committed (or failed) decision or join.
@@ -265,10 +270,12 @@ class Problem {
   std::vector<ExpertSlot> experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
   ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  PendingMap pending_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<int64_t, std::string>> deadlines_ ABSL_GUARDED_BY(mu_);
-  // Deferred decisions answered since the last flush, in order (some joined since).
+  // Deferred decisions answered since the last flush, in order (some joined since), and
+  // the clock time of the first of them.
   std::vector<std::string> unwritten_ ABSL_GUARDED_BY(mu_);
+  int64_t unwritten_since_ms_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh

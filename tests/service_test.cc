@@ -363,6 +363,20 @@ TEST_F(ServiceTest, DeferredDecisionIsAnsweredAtOnceAndWrittenWithItsReward) {
   EXPECT_EQ(GetProblem("p").samples(), 2);
 }
 
+TEST_F(ServiceTest, AChooseWritesTheDeferredDecisionsOnceTheOldestIsAnIntervalOld) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const uint64_t before = StorageWrites(metrics_);
+  Choose("p", "first");
+  clock_.AdvanceMs(19);
+  Choose("p", "second");
+  EXPECT_EQ(StorageWrites(metrics_), before);  // no maintenance round, not yet 20 ms
+  clock_.AdvanceMs(1);
+  Choose("p", "third");  // the first is 20 ms old: this Choose writes all three
+  EXPECT_EQ(StorageWrites(metrics_), before + 1);
+  Choose("p", "fourth");
+  EXPECT_EQ(StorageWrites(metrics_), before + 1);
+}
+
 TEST_F(ServiceTest, DurableChooseAnswersOnceTheDecisionIsWritten) {
   durable_choose_ = true;
   Reopen();
