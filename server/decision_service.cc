@@ -287,7 +287,8 @@ absl::Status DecisionService::Shutdown() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, problem] : problems_) {
     problem->FlushDecisions(/*wait=*/true);
-    absl::Status s = problem->Checkpoint();
+    absl::Status s = problem->WriteLogChunks();
+    if (s.ok()) s = problem->Checkpoint();
     if (status.ok()) status = s;
   }
   absl::Status closed = store_->Close();
@@ -485,6 +486,7 @@ absl::Status DecisionService::RunMaintenance() {
 absl::Status DecisionService::MaintainProblem(Problem* p,
                                               std::chrono::milliseconds backfill_budget) {
   p->FlushDecisions(/*wait=*/false);
+  DECISION_RETURN_IF_ERROR(p->WriteLogChunks());
   DECISION_RETURN_IF_ERROR(p->ExpireDue());
   // Backfill one chunk at a time, within the budget.
   const auto start = std::chrono::steady_clock::now();

@@ -745,12 +745,9 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   }
   for (size_t k = n_est; k < experts_.size(); ++k) experts_[k].tail.push_back(propensities[k]);
   if (ducb_.log().size() % kLogChunk == 0) {
-    // A failed chunk write loses nothing: a restart re-scores samples without a chunk.
-    absl::Status chunk = WriteLogChunkLocked(ducb_.log().size() / kLogChunk - 1);
-    if (!chunk.ok()) {
-      std::fprintf(stderr, "decisiond: problem %s: log chunk not written: %s\n", id().c_str(),
-                   chunk.ToString().c_str());
-    }
+    // Written by WriteLogChunks, outside the lock (a chunk is about 1 MB).
+    const int64_t chunk = ducb_.log().size() / kLogChunk - 1;
+    unwritten_chunks_.emplace_back(chunk, LogChunkLocked(chunk));
   }
   deadlines_.erase({event.deadline_ms(), op.event_id});
   pending_.erase(op.event_id);
@@ -762,7 +759,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   }
 }
 
-absl::Status Problem::WriteLogChunkLocked(int64_t chunk) {
+storage::v1::LogChunk Problem::LogChunkLocked(int64_t chunk) const {
   const SampleLog& log = ducb_.log();
   const int n_est = ducb_.num_experts();
   const int width = static_cast<int>(experts_.size());
@@ -779,7 +776,30 @@ absl::Status Problem::WriteLogChunkLocked(int64_t chunk) {
       c.add_propensities(s >= from ? experts_[k].tail[s - from] : NAN);
     }
   }
-  return Timed([&] { return env_.store->PutLogChunk(index_, chunk, c); });
+  return c;
+}
+
+absl::Status Problem::WriteLogChunks() {
+  std::vector<std::pair<int64_t, storage::v1::LogChunk>> chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    chunks.swap(unwritten_chunks_);
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    absl::Status s = Timed(
+        [&] { return env_.store->PutLogChunk(index_, chunks[i].first, chunks[i].second); });
+    if (!s.ok()) {
+      // Chunks must be stored in order (a restart reads them as one prefix of the log):
+      // this one and the later ones are retried by the next call. A restart before that
+      // re-scores the samples they cover.
+      absl::MutexLock lock(&mu_);
+      unwritten_chunks_.insert(unwritten_chunks_.begin(),
+                               std::make_move_iterator(chunks.begin() + i),
+                               std::make_move_iterator(chunks.end()));
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Problem::ExpireOne(const std::string& event_id) {

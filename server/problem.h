@@ -160,6 +160,9 @@ class Problem {
   // with wait = true it waits for that commit first, so that every decision answered before
   // the call is written (or failed) when it returns.
   void FlushDecisions(bool wait);
+  // Writes the log chunks completed since the last call, in order (a restart reads the
+  // estimators' view from them). On a failure the rest wait for the next call.
+  absl::Status WriteLogChunks();
 
  private:
   struct ExpertSlot {
@@ -243,8 +246,8 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyDropLocked(WriteOp& op, const absl::Status& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
-  absl::Status WriteLogChunkLocked(int64_t chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The LogChunk of samples [chunk * kLogChunk, (chunk + 1) * kLogChunk).
+  storage::v1::LogChunk LogChunkLocked(int64_t chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Joins or drops a decision whose wait time passed. REQUIRES: pending, not joining.
   absl::Status ExpireOne(const std::string& event_id);
   // Divergences over the reservoir for experts [0, n), keeping pairs among [0, keep) from
@@ -276,6 +279,8 @@ class Problem {
   // the clock time of the first of them.
   std::vector<std::string> unwritten_ ABSL_GUARDED_BY(mu_);
   int64_t unwritten_since_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  // Log chunks completed by joins and not yet written (WriteLogChunks), in chunk order.
+  std::vector<std::pair<int64_t, storage::v1::LogChunk>> unwritten_chunks_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
