@@ -472,6 +472,7 @@ absl::Status DecisionService::RunMaintenance() {
   };
   const auto now = std::chrono::steady_clock::now();
   const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
+  backfill_behind_ = false;
   for (Problem* p : problems) {
     keep(MaintainProblem(p, std::chrono::milliseconds(100)));
     if (export_metrics) p->ExportMetrics();
@@ -494,6 +495,7 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   while (worked && std::chrono::steady_clock::now() - start < backfill_budget) {
     DECISION_RETURN_IF_ERROR(p->StepBackfill(&worked));
   }
+  if (worked) backfill_behind_ = true;
   const ProblemRecord& r = p->record();
   if (r.auto_train()) DECISION_RETURN_IF_ERROR(p->RetireDominated(r.max_active_experts()));
   bool batch_boundary = false;
@@ -506,10 +508,13 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
 }
 
 void DecisionService::MaintenanceLoop() {
+  bool behind = false;
   while (!stop_.WaitForNotificationWithTimeout(
-      absl::Milliseconds(options_.maintenance_interval_ms))) {
+      behind ? absl::ZeroDuration() : absl::Milliseconds(options_.maintenance_interval_ms))) {
     absl::Status s = RunMaintenance();
     if (!s.ok()) std::fprintf(stderr, "decisiond: maintenance: %s\n", s.ToString().c_str());
+    absl::MutexLock lock(&maintenance_mu_);
+    behind = s.ok() && backfill_behind_;
   }
 }
 

@@ -99,7 +99,8 @@ class DecisionService {
   absl::StatusOr<Problem*> Find(const std::string& problem_id);
   void MaintenanceLoop();
   // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
-  absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget);
+  absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
 
   const ServiceOptions options_;
   const Clock* clock_;
@@ -116,6 +117,9 @@ class DecisionService {
   std::thread maintenance_;
   absl::Mutex maintenance_mu_;  // one maintenance round at a time
   std::chrono::steady_clock::time_point last_metrics_export_ ABSL_GUARDED_BY(maintenance_mu_);
+  // Set by a round whose backfill ran out of its time budget with work left: the
+  // maintenance thread then starts the next round at once instead of waiting an interval.
+  bool backfill_behind_ ABSL_GUARDED_BY(maintenance_mu_) = false;
 };
 
 // Validates a wire configuration and fills in defaults. INVALID_ARGUMENT names the field.
