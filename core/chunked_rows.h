@@ -6,6 +6,7 @@
 #ifndef DECISION_CORE_CHUNKED_ROWS_H_
 #define DECISION_CORE_CHUNKED_ROWS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -26,9 +27,12 @@ class ChunkedRows {
   // Appends a zero-initialised row and returns it.
   T* AppendRow() {
     if ((rows_ & (kRowsPerChunk - 1)) == 0) {
-      chunks_.push_back(std::make_unique<T[]>(kRowsPerChunk * width_ + (width_ == 0)));
+      // Not zeroed here: zeroing a whole chunk (about 1 MB for a 32-expert log) at once
+      // stalled one append for ~0.6 ms; each row is zeroed as it is appended instead.
+      chunks_.push_back(std::unique_ptr<T[]>(new T[kRowsPerChunk * width_ + (width_ == 0)]));
     }
     T* r = row(rows_);
+    std::fill_n(r, width_, T{});
     ++rows_;
     return r;
   }
