@@ -125,6 +125,47 @@ TEST(DUcb, FromLogEqualsLearningOneByOne) {
   }
 }
 
+// Round-robin median of means builds the sums for the next number of groups ahead of the
+// step (a few old samples per update): the estimates must equal, bit for bit, those of an
+// estimator built from the whole log at once (which rebuilds the sums), before and after
+// each step of l = floor(8 log t) (t = 22026, 24959, 28283, 32049, 36316, ...).
+TEST(DUcb, RoundRobinGroupsBuiltAheadEqualARebuildBitForBit) {
+  EstimatorOptions o;
+  o.kind = EstimatorKind::kMedianOfMeans;
+  o.grouping = MedianOfMeansGrouping::kRoundRobin;
+  DivergenceMatrix d = DivergenceMatrix::Identity(3);
+  d.m = {1, 1.5, 2, 1.2, 1, 1.1, 3, 1.4, 1};
+  d.sigma = {1, 2, 1.5, 1.3, 1, 2.5, 1.1, 1.7, 1};
+  auto one_by_one = DUcb::Create(o, 3);
+  ASSERT_TRUE(one_by_one.ok());
+  ASSERT_TRUE(one_by_one->SetDivergences(d).ok());
+  std::vector<int> choosers;
+  std::vector<double> rewards;
+  std::vector<std::vector<double>> props;
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<double> p(0.05, 1.0);
+  const std::vector<int64_t> checks = {22025, 22027, 24960, 28284, 32050, 36317, 38000};
+  size_t next_check = 0;
+  for (int64_t s = 0; s < checks.back(); ++s) {
+    props.push_back({p(gen), p(gen), p(gen)});
+    choosers.push_back(static_cast<int>(s % 3));
+    rewards.push_back(std::bernoulli_distribution(0.4)(gen) ? 1.0 : 0.0);
+    ASSERT_TRUE(one_by_one->Learn(choosers.back(), rewards.back(), props.back()).ok());
+    if (s + 1 != checks[next_check]) continue;
+    ++next_check;
+    SampleLog log(3);
+    for (size_t i = 0; i < choosers.size(); ++i) {
+      ASSERT_TRUE(log.Append(choosers[i], rewards[i], props[i]).ok());
+    }
+    auto built = DUcb::FromLog(o, std::move(log), d);
+    ASSERT_TRUE(built.ok()) << built.status();
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(built->Estimate(k).mean, one_by_one->Estimate(k).mean) << "t=" << s + 1;
+      EXPECT_EQ(built->Estimate(k).width, one_by_one->Estimate(k).width) << "t=" << s + 1;
+    }
+  }
+}
+
 TEST(BatchSchedule, WarmupThenBatchesOfSqrtT) {
   BatchSchedule schedule(4, BatchOptions{3, 2.0});
   for (int t = 1; t <= 12; ++t) EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kWarmup);
