@@ -78,8 +78,9 @@ class DecisionService {
   absl::Status RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response);
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
-  // The same, asynchronous: `done` is called once, when the decision or the joined sample
-  // is durable (see Problem). The gRPC layer uses these, so that a handler never blocks.
+  // The same, asynchronous: `done` is called once, when the joined sample is durable, or
+  // when the decision is answered (deferred) or durable (durable_choose); see Problem. The
+  // gRPC layer uses these, so that a handler never blocks.
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
   absl::Status GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response);

@@ -114,9 +114,9 @@ class Problem {
   const std::string& id() const { return record_.problem_id(); }
   const storage::v1::ProblemRecord& record() const { return record_; }
 
-  // `done` is called once the decision (or the joined sample) is durable, or with the
-  // error. `request` may be destroyed when the call returns; `response` must live until
-  // `done`.
+  // `done` is called once the joined sample is durable, once the decision is in memory
+  // (deferred) or durable (not deferred), or with the error. `request` may be destroyed when
+  // the call returns; `response` must live until `done`.
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
   // The same, waiting for `done`.
