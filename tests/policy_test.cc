@@ -94,13 +94,19 @@ TEST(DUcb, NewExpertIsEstimatedFromTheWholeHistoryAtOnce) {
   EXPECT_EQ(ducb->SelectExpert(gen), 1);
 }
 
+// Divergences among three experts, asymmetric, for the FromLog comparisons.
+DivergenceMatrix ThreeExpertDivergences() {
+  DivergenceMatrix d = DivergenceMatrix::Identity(3);
+  d.m = {1, 1.5, 2, 1.2, 1, 1.1, 3, 1.4, 1};
+  d.sigma = {1, 2, 1.5, 1.3, 1, 2.5, 1.1, 1.7, 1};
+  return d;
+}
+
 TEST(DUcb, FromLogEqualsLearningOneByOne) {
   for (auto kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
     EstimatorOptions o;
     o.kind = kind;
-    DivergenceMatrix d = DivergenceMatrix::Identity(3);
-    d.m = {1, 1.5, 2, 1.2, 1, 1.1, 3, 1.4, 1};
-    d.sigma = {1, 2, 1.5, 1.3, 1, 2.5, 1.1, 1.7, 1};
+    const DivergenceMatrix d = ThreeExpertDivergences();
     auto one_by_one = DUcb::Create(o, 3);
     ASSERT_TRUE(one_by_one.ok());
     ASSERT_TRUE(one_by_one->SetDivergences(d).ok());
@@ -133,9 +139,7 @@ TEST(DUcb, RoundRobinGroupsBuiltAheadEqualARebuildBitForBit) {
   EstimatorOptions o;
   o.kind = EstimatorKind::kMedianOfMeans;
   o.grouping = MedianOfMeansGrouping::kRoundRobin;
-  DivergenceMatrix d = DivergenceMatrix::Identity(3);
-  d.m = {1, 1.5, 2, 1.2, 1, 1.1, 3, 1.4, 1};
-  d.sigma = {1, 2, 1.5, 1.3, 1, 2.5, 1.1, 1.7, 1};
+  const DivergenceMatrix d = ThreeExpertDivergences();
   auto one_by_one = DUcb::Create(o, 3);
   ASSERT_TRUE(one_by_one.ok());
   ASSERT_TRUE(one_by_one->SetDivergences(d).ok());
