@@ -289,6 +289,9 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
         return absl::OkStatus();
       }));
   p->decisions_ = std::max<int64_t>(p->decisions_, p->ducb_.log().size() + p->pending_.size());
+  // Every stored event id (pending, joined, expired), for Choose's idempotency check.
+  DECISION_RETURN_IF_ERROR(env.store->ForEachEventId(
+      index, [&](absl::string_view event_id) { p->event_ids_.Insert(event_id); }));
   for (size_t id = 0; id < p->experts_.size(); ++id) {
     p->experts_[id].metrics.backfill_progress->Set(
         static_cast<int>(id) < n_est ? 1.0
@@ -359,6 +362,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
   const bool caller_id = !request.event_id().empty();
   std::string event_id = caller_id ? request.event_id() : RandomEventId();
   if (caller_id) {
+    bool maybe_stored;
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(event_id);
@@ -366,13 +370,16 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
         FillResponse(event_id, it->second.record, response);
         return std::nullopt;
       }
+      maybe_stored = event_ids_.MayContain(event_id);
     }
-    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
-    if (stored.ok()) {
-      FillResponse(event_id, *stored, response);
-      return std::nullopt;
+    if (maybe_stored) {
+      absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+      if (stored.ok()) {
+        FillResponse(event_id, *stored, response);
+        return std::nullopt;
+      }
+      if (!absl::IsNotFound(stored.status())) return stored.status();
     }
-    if (!absl::IsNotFound(stored.status())) return stored.status();
   }
   const absl::Span<const double> x(request.features().data(), d);
   std::shared_ptr<const Expert> model;
@@ -419,6 +426,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
     }
     // Visible at once (a concurrent retry returns this decision), joinable once durable.
     pending_[event_id] = Pending{event, /*joining=*/false, /*durable=*/false};
+    event_ids_.Insert(event_id);
   }
   op.event_id = std::move(event_id);
   return op;

@@ -51,6 +51,7 @@
 #include "core/xgboost_trainer.h"
 #include "decision/v1/decision.pb.h"
 #include "server/clock.h"
+#include "server/event_id_filter.h"
 #include "server/metrics.h"
 #include "storage/records.pb.h"
 #include "storage/store.h"
@@ -275,6 +276,9 @@ class Problem {
   ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
   PendingMap pending_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<int64_t, std::string>> deadlines_ ABSL_GUARDED_BY(mu_);
+  // Every event id decided in this problem, pending or stored: a Choose with a new caller
+  // id skips the store lookup when the filter rules the id out.
+  EventIdFilter event_ids_ ABSL_GUARDED_BY(mu_);
   // Deferred decisions answered since the last flush, in order (some joined since), and
   // the clock time of the first of them.
   std::vector<std::string> unwritten_ ABSL_GUARDED_BY(mu_);

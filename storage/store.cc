@@ -198,6 +198,17 @@ absl::Status Store::ForEachEvent(
   return Scan<v1::EventRecord>(events_, prefix, prefix, 0, fn);
 }
 
+absl::Status Store::ForEachEventId(uint32_t problem,
+                                   const std::function<void(absl::string_view)>& fn) {
+  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  const std::string prefix = Key32(problem);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), events_));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    fn(absl::string_view(it->key().data() + prefix.size(), it->key().size() - prefix.size()));
+  }
+  return FromRocks(it->status(), "event id scan");
+}
+
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
   if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
   rocksdb::WriteOptions write;

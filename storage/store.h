@@ -119,6 +119,9 @@ class Store {
   absl::Status ForEachEvent(
       uint32_t problem,
       const std::function<absl::Status(absl::string_view, const v1::EventRecord&)>& fn);
+  // The ids of every stored event of `problem` (keys only: no record is parsed).
+  absl::Status ForEachEventId(uint32_t problem,
+                              const std::function<void(absl::string_view)>& fn);
 
   // Joins a sample: writes the updated event, removes it from the pending index (by the
   // event's deadline_ms) and writes the sample at `sequence`, atomically (one WriteBatch):
