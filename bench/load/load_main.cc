@@ -282,8 +282,6 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
   return false;
 }
 
-}  // namespace
-
 // Parses a comma-separated list of integers >= min_value; false if any is not one.
 bool ParseList(const std::string& text, int min_value, std::vector<int>* out) {
   if (text.empty()) return true;
@@ -315,6 +313,8 @@ std::vector<Result> DriveNullServer(const std::string& name, const std::vector<i
   }
   return results;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
