@@ -16,6 +16,13 @@
 //                                        in the same run at the same t (inc_ns_per_update).
 //   BM_DivergenceRefresh/<estimator>/N   DUcb::SetDivergences with a changed matrix over a
 //                                        10k-sample log (the O(N t) rebuild).
+//   BM_RefreshLockHold/<estimator>/<form>/t  what a divergence refresh holds the server's
+//                                        problem lock for, N = 32, log of t samples:
+//                                        "set_divergences" is SetDivergences (the O(N t)
+//                                        rebuild, the baseline); "swap_in" is
+//                                        SwapInEstimator after RebuildEstimator ran on a
+//                                        shared prefix (untimed) and 1000 samples arrived
+//                                        meanwhile (the catch-up).
 //   BM_ScoreLinearExperts/<form>/32      the propensities of one joined sample under 32
 //                                        linear softmax experts (K = 26, d = 16): "scalar"
 //                                        is the plain loop with std::exp (the baseline),
@@ -339,6 +346,40 @@ void BM_DivergenceRefresh(benchmark::State& state, EstimatorKind kind, int n) {
   state.SetItemsProcessed(state.iterations());
 }
 
+void BM_RefreshLockHold(benchmark::State& state, EstimatorKind kind, bool swap_in,
+                        int64_t t) {
+  constexpr int n = 32;
+  constexpr int64_t kCatchUp = 1000;
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, t, state);
+  if (ducb == nullptr) return;
+  const DivergenceMatrix d[2] = {MakeDivergences(n, kSeed + 1), MakeDivergences(n, kSeed + 2)};
+  int which = 0;
+  int64_t next = t;
+  for (auto _ : state) {
+    absl::Status s;
+    if (swap_in) {
+      state.PauseTiming();
+      const SampleLog prefix = ducb->log().SharedPrefix();
+      absl::StatusOr<std::unique_ptr<Estimator>> rebuilt =
+          DUcb::RebuildEstimator(Options(kind), prefix, d[which]);
+      const bool learnt = LearnRange(*ducb, GetStream(n), next, next + kCatchUp, state);
+      next += kCatchUp;
+      state.ResumeTiming();
+      if (!learnt) break;
+      s = rebuilt.ok() ? ducb->SwapInEstimator(*std::move(rebuilt)) : rebuilt.status();
+    } else {
+      s = ducb->SetDivergences(d[which]);
+    }
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
+    }
+    which ^= 1;
+  }
+  state.counters["t"] = static_cast<double>(t);
+  state.counters["catch_up"] = swap_in ? static_cast<double>(kCatchUp) : 0.0;
+}
+
 // Per-call latencies of 300k Learn calls from an empty log, timed one by one.
 void BM_UpdateLatency(benchmark::State& state, EstimatorKind kind, int n) {
   constexpr int64_t kSamples = 300000;
@@ -561,6 +602,17 @@ void RegisterAll() {
     }
   }
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    for (int64_t t : {100000, 400000}) {
+      for (bool swap_in : {false, true}) {
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_RefreshLockHold/", KindName(kind), "/",
+                         swap_in ? "swap_in/" : "set_divergences/", t)
+                .c_str(),
+            BM_RefreshLockHold, kind, swap_in, t)
+            ->Iterations(5)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
     benchmark::RegisterBenchmark(absl::StrCat("BM_UpdateLatency/", KindName(kind), "/32").c_str(),
                                  BM_UpdateLatency, kind, 32)
         ->Iterations(1)

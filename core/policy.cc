@@ -82,6 +82,35 @@ absl::Status DUcb::SetDivergences(const DivergenceMatrix& divergences) {
   return estimator_->SetDivergences(log_, divergences);
 }
 
+absl::StatusOr<std::unique_ptr<Estimator>> DUcb::RebuildEstimator(
+    const EstimatorOptions& options, const SampleLog& prefix,
+    const DivergenceMatrix& divergences) {
+  absl::StatusOr<std::unique_ptr<Estimator>> estimator =
+      MakeEstimator(options, prefix.num_experts());
+  if (!estimator.ok()) return estimator.status();
+  // As in FromLog: the divergences on an estimator that has seen nothing, then one pass.
+  SampleLog empty(prefix.num_experts());
+  if (absl::Status s = (*estimator)->SetDivergences(empty, divergences); !s.ok()) return s;
+  if (absl::Status s = (*estimator)->Update(prefix); !s.ok()) return s;
+  return estimator;
+}
+
+absl::Status DUcb::SwapInEstimator(std::unique_ptr<Estimator> rebuilt) {
+  if (rebuilt->num_experts() != num_experts()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the rebuilt estimator has ", rebuilt->num_experts(),
+                     " experts, the log has ", num_experts(), " (experts were added)"));
+  }
+  if (rebuilt->num_samples() > log_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the rebuilt estimator has seen ", rebuilt->num_samples(),
+                     " samples, the log has ", log_.size()));
+  }
+  if (absl::Status s = rebuilt->Update(log_); !s.ok()) return s;
+  estimator_ = std::move(rebuilt);
+  return absl::OkStatus();
+}
+
 // -------------------------------------------------------------------- BatchSchedule
 
 absl::Status ValidateBatchOptions(const BatchOptions& options) {

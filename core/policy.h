@@ -61,6 +61,19 @@ class DUcb {
   // Replaces the divergence estimates (same expert count). Rebuilds the estimator: O(N t).
   absl::Status SetDivergences(const DivergenceMatrix& divergences);
 
+  // SetDivergences in two steps, for a caller that must not hold its lock through the
+  // O(N t) rebuild. RebuildEstimator builds an estimator with the new divergences over
+  // `prefix`, a log().SharedPrefix(); it reads nothing else of this DUcb, so it can run
+  // while samples keep being learnt. SwapInEstimator then teaches it the samples learnt
+  // since (O(N) amortised each) and makes it this DUcb's estimator. The estimates are the
+  // same, bit for bit, as those of FromLog over the whole log (what a restart computes).
+  static absl::StatusOr<std::unique_ptr<Estimator>> RebuildEstimator(
+      const EstimatorOptions& options, const SampleLog& prefix,
+      const DivergenceMatrix& divergences);
+  // FAILED_PRECONDITION (nothing changed) if experts were added since the prefix was taken,
+  // or if `rebuilt` has seen samples this log does not have.
+  absl::Status SwapInEstimator(std::unique_ptr<Estimator> rebuilt);
+
   // Retired or not-yet-backfilled experts keep being estimated but are never selected.
   // REQUIRES: 0 <= k < num_experts().
   void SetSelectable(int k, bool selectable) { selectable_[k] = selectable; }

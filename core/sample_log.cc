@@ -18,10 +18,25 @@ absl::Status CheckPropensity(double p, int expert, int64_t sample) {
   return absl::OkStatus();
 }
 
+absl::Status ReadOnly() {
+  return absl::FailedPreconditionError("a shared prefix of a sample log is read-only");
+}
+
 }  // namespace
+
+SampleLog SampleLog::SharedPrefix() const {
+  SampleLog prefix(num_experts_);
+  prefix.chooser_ = chooser_.SharedPrefix(chooser_.rows());
+  prefix.reward_ = reward_.SharedPrefix(reward_.rows());
+  prefix.propensity_ = propensity_.SharedPrefix(propensity_.rows());
+  prefix.count_ = count_;
+  prefix.read_only_ = true;
+  return prefix;
+}
 
 absl::Status SampleLog::Append(int chooser, double reward,
                                absl::Span<const double> propensities) {
+  if (read_only_) return ReadOnly();
   if (chooser < 0 || chooser >= num_experts()) {
     return absl::InvalidArgumentError(absl::StrCat("chooser ", chooser,
                                                    " is not an expert index in [0, ",
@@ -47,6 +62,7 @@ absl::Status SampleLog::Append(int chooser, double reward,
 }
 
 absl::Status SampleLog::AddExpert(absl::Span<const double> propensities) {
+  if (read_only_) return ReadOnly();
   if (static_cast<int64_t>(propensities.size()) != size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "new expert has ", propensities.size(), " propensities, the log has ", size(),

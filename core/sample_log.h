@@ -7,7 +7,8 @@
 // log. Registering an expert rewrites the rows with one more column (O(N t), at batch
 // boundaries only). Memory: 8 (N + 1.5) bytes per sample.
 //
-// Thread safety: not thread-safe; callers serialise access.
+// Thread safety: not thread-safe; callers serialise access. The exception is SharedPrefix():
+// the prefix may be read by one thread while another keeps appending to the original.
 #ifndef DECISION_CORE_SAMPLE_LOG_H_
 #define DECISION_CORE_SAMPLE_LOG_H_
 
@@ -27,6 +28,11 @@ class SampleLog {
 
   int num_experts() const { return num_experts_; }
   int64_t size() const { return static_cast<int64_t>(chooser_.rows()); }
+
+  // The samples stored so far, as a read-only log that shares their storage (O(size() /
+  // 4096), no copy of the rows). It does not change when this log grows, gains an expert or
+  // is destroyed. Append and AddExpert on it return FAILED_PRECONDITION.
+  SampleLog SharedPrefix() const;
 
   // Appends a sample. propensities[k] = pi_k(V|X) for every expert k.
   // Returns INVALID_ARGUMENT (and appends nothing) unless 0 <= chooser < num_experts(),
@@ -53,6 +59,7 @@ class SampleLog {
   ChunkedRows<double> reward_;
   ChunkedRows<double> propensity_;  // [sample][expert]
   std::vector<int64_t> count_;
+  bool read_only_ = false;  // a SharedPrefix(): its last chunk is still the original's
 };
 
 }  // namespace decision

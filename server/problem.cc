@@ -1116,6 +1116,7 @@ absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_inter
   std::vector<std::shared_ptr<const Expert>> models;
   std::vector<double> contexts;
   DivergenceMatrix previous;
+  SampleLog prefix;  // a read-only view of the log, taken once the divergences are known
   {
     absl::MutexLock lock(&mu_);
     if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
@@ -1126,10 +1127,24 @@ absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_inter
     contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
     previous = ducb_.estimator().divergences();
   }
+  // The O(N^2 R K) divergences and the O(N t) rebuild of the estimator both run without the
+  // lock: Choose and Reward go on meanwhile. The lock is held only to catch the rebuilt
+  // estimator up with the samples joined during the rebuild.
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
                             ComputeDivergencesFor(models, contexts, previous, /*keep=*/0));
+  {
+    absl::MutexLock lock(&mu_);
+    // Experts added meanwhile: the next round computes the divergences again.
+    if (ducb_.num_experts() != static_cast<int>(models.size())) return absl::OkStatus();
+    prefix = ducb_.log().SharedPrefix();
+  }
+  DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Estimator> rebuilt,
+                            DUcb::RebuildEstimator(EstimatorOptionsOf(record_), prefix, d));
   absl::MutexLock lock(&mu_);
-  DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
+  if (absl::Status s = ducb_.SwapInEstimator(std::move(rebuilt)); !s.ok()) {
+    if (absl::IsFailedPrecondition(s)) return absl::OkStatus();  // experts added: as above
+    return s;
+  }
   next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
   last_refresh_ms_ = env_.clock->NowMs();
   if (refreshed != nullptr) *refreshed = true;

@@ -152,7 +152,9 @@ class Problem {
   absl::Status StepBackfill(bool* worked);
   // Re-estimates all divergences when the log has grown past the batch boundary, unless the
   // last refresh is less than min_interval_ms old (then the boundary waits). Sets
-  // *refreshed when a refresh (a batch boundary) happened.
+  // *refreshed when a refresh (a batch boundary) happened. The divergences and the O(N t)
+  // rebuild of the estimator run without the problem lock (on a shared prefix of the log);
+  // the lock is held to catch up with the samples joined meanwhile and swap it in.
   absl::Status MaybeRefreshDivergences(bool* refreshed = nullptr, int64_t min_interval_ms = 0);
   absl::Status Checkpoint();
   void ExportMetrics();

@@ -416,6 +416,27 @@ TEST_F(ServiceTest, RestartRestoresEstimatesPendingDecisionsAndExperts) {
   EXPECT_EQ(GetProblem("p").samples(), 401);
 }
 
+// The refresh computes the divergences and rebuilds the estimator outside the problem lock,
+// then swaps the rebuilt estimator in: the estimates must use the new divergences and be
+// exactly what a restart computes from the log.
+TEST_F(ServiceTest, DivergenceRefreshSwapsInTheEstimatesARestartComputes) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  const v1::Estimates stale = Estimates("p");
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Estimates refreshed = Estimates("p");
+  ASSERT_EQ(refreshed.m_size(), 4);
+  EXPECT_GT(refreshed.m(1), 1.0);  // M_01 between the uniform and the linear expert
+  EXPECT_NE(refreshed.m(1), stale.m(1));
+  // The uniform expert's samples mostly come from the linear one, weighted by 1/sigma.
+  EXPECT_NE(refreshed.experts(0).effective_sample_size(),
+            stale.experts(0).effective_sample_size());
+  Reopen();
+  EXPECT_EQ(Estimates("p").SerializeAsString(), refreshed.SerializeAsString());
+}
+
 TEST_F(ServiceTest, RestartDuringBackfillResumesIt) {
   CreateProblem("p", /*wait_ms=*/1'000'000);
   PlayRounds("p", 9000);  // three backfill chunks
