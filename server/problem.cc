@@ -228,11 +228,15 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
     }
     return log.Append(chooser, reward, absl::MakeConstSpan(row).subspan(0, n_est));
   };
+  // A chunk is written by the maintenance round after its last sample: a crash in between
+  // leaves a gap. The log then continues from the samples, and the chunks from the gap on
+  // are written again (below).
+  bool gap = false;
   DECISION_RETURN_IF_ERROR(env.store->ForEachLogChunk(
       index, [&](uint64_t chunk, const storage::v1::LogChunk& c) -> absl::Status {
-        if (static_cast<int64_t>(chunk) * kLogChunk != log.size()) {
-          return absl::DataLossError(absl::StrCat("problem ", r.problem_id(), ": log chunk ",
-                                                  chunk, " is out of order"));
+        if (gap || static_cast<int64_t>(chunk) * kLogChunk != log.size()) {
+          gap = true;
+          return absl::OkStatus();
         }
         const int width = c.num_experts();
         for (int i = 0; i < c.chooser_size(); ++i) {
@@ -243,6 +247,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
         }
         return absl::OkStatus();
       }));
+  const int64_t chunks_read = log.size() / kLogChunk;
   {
     std::vector<SampleRecord> tail;
     DECISION_RETURN_IF_ERROR(env.store->ForEachSample(
@@ -269,6 +274,9 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
     ducb.SetSelectable(k, p->experts_[k].record.status() == kStateStatusActive);
   }
   p->ducb_ = std::move(ducb);
+  for (int64_t chunk = chunks_read; (chunk + 1) * kLogChunk <= p->ducb_.log().size(); ++chunk) {
+    p->unwritten_chunks_.emplace_back(chunk, p->LogChunkLocked(chunk));
+  }
   // Reservoir, schedule and counters.
   if (checkpoint.reservoir_size() > 0 && r.num_features() > 0) {
     p->reservoir_.Reset(std::vector<double>(checkpoint.reservoir().begin(),
