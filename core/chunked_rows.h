@@ -65,6 +65,9 @@ class ChunkedRows {
     prefix.chunks_.assign(chunks_.begin(), chunks_.begin() + chunks);
     return prefix;
   }
+  // Chunk i's storage (rows [i * kRowsPerChunk, (i + 1) * kRowsPerChunk)), shared.
+  // REQUIRES: i < number of chunks. Same read-only rule as SharedPrefix.
+  std::shared_ptr<const T[]> SharedChunk(size_t i) const { return chunks_[i]; }
   // Drops every row and sets a new width.
   void Reset(size_t width) {
     chunks_.clear();

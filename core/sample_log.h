@@ -13,6 +13,7 @@
 #define DECISION_CORE_SAMPLE_LOG_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,6 +29,21 @@ class SampleLog {
 
   int num_experts() const { return num_experts_; }
   int64_t size() const { return static_cast<int64_t>(chooser_.rows()); }
+
+  // Samples [c * kChunkSamples, (c + 1) * kChunkSamples) as shared read-only storage: one
+  // row-major array per column, valid and unchanged while the log grows.
+  static constexpr int64_t kChunkSamples = ChunkedRows<double>::kRowsPerChunk;
+  struct SharedChunk {
+    int num_experts = 0;
+    std::shared_ptr<const int32_t[]> chooser;
+    std::shared_ptr<const double[]> reward;
+    std::shared_ptr<const double[]> propensities;  // [sample][expert]
+  };
+  // REQUIRES: (c + 1) * kChunkSamples <= size() (a complete chunk). O(1).
+  SharedChunk Chunk(int64_t c) const {
+    return {num_experts_, chooser_.SharedChunk(c), reward_.SharedChunk(c),
+            propensity_.SharedChunk(c)};
+  }
 
   // The samples stored so far, as a read-only log that shares their storage (O(size() /
   // 4096), no copy of the rows). It does not change when this log grows, gains an expert or

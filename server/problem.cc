@@ -275,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index, ProblemRe
   }
   p->ducb_ = std::move(ducb);
   for (int64_t chunk = chunks_read; (chunk + 1) * kLogChunk <= p->ducb_.log().size(); ++chunk) {
-    p->unwritten_chunks_.emplace_back(chunk, p->LogChunkLocked(chunk));
+    p->unwritten_chunks_.push_back(p->PendingChunkLocked(chunk));
   }
   // Reservoir, schedule and counters.
   if (checkpoint.reservoir_size() > 0 && r.num_features() > 0) {
@@ -763,7 +763,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   if (ducb_.log().size() % kLogChunk == 0) {
     // Written by WriteLogChunks, outside the lock (a chunk is about 1 MB).
     const int64_t chunk = ducb_.log().size() / kLogChunk - 1;
-    unwritten_chunks_.emplace_back(chunk, LogChunkLocked(chunk));
+    unwritten_chunks_.push_back(PendingChunkLocked(chunk));
   }
   deadlines_.erase({event.deadline_ms(), op.event_id});
   pending_.erase(op.event_id);
@@ -775,35 +775,51 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   }
 }
 
-storage::v1::LogChunk Problem::LogChunkLocked(int64_t chunk) const {
-  const SampleLog& log = ducb_.log();
+Problem::PendingChunk Problem::PendingChunkLocked(int64_t chunk) const {
   const int n_est = ducb_.num_experts();
-  const int width = static_cast<int>(experts_.size());
+  PendingChunk p;
+  p.chunk = chunk;
+  p.rows = ducb_.log().Chunk(chunk);
+  p.width = static_cast<int>(experts_.size());
+  const int others = p.width - n_est;
+  if (others == 0) return p;
+  p.others.resize(kLogChunk * others);
+  for (int64_t i = 0; i < kLogChunk; ++i) {
+    const int64_t s = chunk * kLogChunk + i;
+    for (int k = n_est; k < p.width; ++k) {
+      const int64_t from = experts_[k].record.backfill_total();
+      p.others[i * others + (k - n_est)] = s >= from ? experts_[k].tail[s - from] : NAN;
+    }
+  }
+  return p;
+}
+
+storage::v1::LogChunk Problem::BuildLogChunk(const PendingChunk& pending) {
+  const int n_est = pending.rows.num_experts;
+  const int width = pending.width;
   storage::v1::LogChunk c;
   c.set_num_experts(width);
-  c.mutable_propensities()->Reserve(kLogChunk * width);
-  for (int64_t s = chunk * kLogChunk; s < (chunk + 1) * kLogChunk; ++s) {
-    c.add_chooser(log.chooser(s));
-    c.add_reward(log.reward(s));
-    const double* row = log.propensities(s);
-    c.mutable_propensities()->Add(row, row + n_est);
-    for (int k = n_est; k < width; ++k) {
-      const int64_t from = experts_[k].record.backfill_total();
-      c.add_propensities(s >= from ? experts_[k].tail[s - from] : NAN);
-    }
+  c.mutable_chooser()->Add(pending.rows.chooser.get(), pending.rows.chooser.get() + kLogChunk);
+  c.mutable_reward()->Add(pending.rows.reward.get(), pending.rows.reward.get() + kLogChunk);
+  c.mutable_propensities()->Resize(kLogChunk * width, 0.0);
+  double* out = c.mutable_propensities()->mutable_data();
+  for (int64_t i = 0; i < kLogChunk; ++i, out += width) {
+    std::copy_n(pending.rows.propensities.get() + i * n_est, n_est, out);
+    std::copy_n(pending.others.data() + i * (width - n_est), width - n_est, out + n_est);
   }
   return c;
 }
 
 absl::Status Problem::WriteLogChunks() {
-  std::vector<std::pair<int64_t, storage::v1::LogChunk>> chunks;
+  std::vector<PendingChunk> chunks;
   {
     absl::MutexLock lock(&mu_);
     chunks.swap(unwritten_chunks_);
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
-    absl::Status s = Timed(
-        [&] { return env_.store->PutLogChunk(index_, chunks[i].first, chunks[i].second); });
+    const storage::v1::LogChunk chunk = BuildLogChunk(chunks[i]);
+    absl::Status s =
+        Timed([&] { return env_.store->PutLogChunk(index_, chunks[i].chunk, chunk); });
     if (!s.ok()) {
       // Chunks must be stored in order (a restart reads them as one prefix of the log):
       // this one and the later ones are retried by the next call. A restart before that
