@@ -21,8 +21,8 @@
 //                                        "set_divergences" is SetDivergences (the O(N t)
 //                                        rebuild, the baseline); "swap_in" is
 //                                        SwapInEstimator after RebuildEstimator ran on a
-//                                        shared prefix (untimed) and 1000 samples arrived
-//                                        meanwhile (the catch-up).
+//                                        shared prefix (untimed; counter rebuild_ms) and
+//                                        1000 samples arrived meanwhile (the catch-up).
 //   BM_ScoreLinearExperts/<form>/32      the propensities of one joined sample under 32
 //                                        linear softmax experts (K = 26, d = 16): "scalar"
 //                                        is the plain loop with std::exp (the baseline),
@@ -355,13 +355,19 @@ void BM_RefreshLockHold(benchmark::State& state, EstimatorKind kind, bool swap_i
   const DivergenceMatrix d[2] = {MakeDivergences(n, kSeed + 1), MakeDivergences(n, kSeed + 2)};
   int which = 0;
   int64_t next = t;
+  double rebuild_ms = 0.0;  // untimed: RebuildEstimator, which runs without the lock
+  int rebuilds = 0;
   for (auto _ : state) {
     absl::Status s;
     if (swap_in) {
       state.PauseTiming();
+      const auto start = std::chrono::steady_clock::now();
       const SampleLog prefix = ducb->log().SharedPrefix();
       absl::StatusOr<std::unique_ptr<Estimator>> rebuilt =
           DUcb::RebuildEstimator(Options(kind), prefix, d[which]);
+      rebuild_ms += std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - start).count();
+      ++rebuilds;
       const bool learnt = LearnRange(*ducb, GetStream(n), next, next + kCatchUp, state);
       next += kCatchUp;
       state.ResumeTiming();
@@ -378,6 +384,7 @@ void BM_RefreshLockHold(benchmark::State& state, EstimatorKind kind, bool swap_i
   }
   state.counters["t"] = static_cast<double>(t);
   state.counters["catch_up"] = swap_in ? static_cast<double>(kCatchUp) : 0.0;
+  state.counters["rebuild_ms"] = rebuilds > 0 ? rebuild_ms / rebuilds : 0.0;
 }
 
 // Per-call latencies of 300k Learn calls from an empty log, timed one by one.
