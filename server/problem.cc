@@ -327,30 +327,19 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
 
 void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
                      Done done) {
-  absl::StatusOr<std::optional<WriteOp>> op = PrepareDecision(request, response);
+  bool flush = false;
+  absl::StatusOr<std::optional<WriteOp>> op = PrepareDecision(request, response, &flush);
   if (!op.ok()) return done(op.status());
-  if (!op->has_value()) return done(absl::OkStatus());  // an earlier decision, answered
-  if (!env_.defer_decisions) {
+  if (op->has_value()) {  // --durable_choose: answered once written
     (*op)->done = std::move(done);
     return Submit(*std::move(*op));
   }
-  bool flush;
-  {
-    absl::MutexLock lock(&mu_);
-    ApplyDecisionLocked(**op, absl::OkStatus());  // answered and joinable from now on
-    pending_[(*op)->event_id].written = false;
-    if (unwritten_.empty()) unwritten_since_ms_ = (*op)->event.decided_at_ms();
-    unwritten_.push_back((*op)->event_id);
-    flush = unwritten_.size() >= kMaxUnwrittenDecisions ||
-            (*op)->event.decided_at_ms() - unwritten_since_ms_ >= env_.decision_flush_ms;
-    metrics_.pending->Set(static_cast<double>(pending_.size()));
-  }
-  done(absl::OkStatus());
+  done(absl::OkStatus());  // answered: an earlier decision, or a deferred one
   if (flush) FlushDecisions(/*wait=*/false);
 }
 
 absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
-    const v1::ChooseRequest& request, v1::ChooseResponse* response) {
+    const v1::ChooseRequest& request, v1::ChooseResponse* response, bool* flush) {
   const int d = record_.num_features();
   if (request.features_size() != d) {
     return absl::InvalidArgumentError(absl::StrCat("features: problem ", id(), " expects ", d,
@@ -369,32 +358,11 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
   }
   const bool caller_id = !request.event_id().empty();
   std::string event_id = caller_id ? request.event_id() : RandomEventId();
-  if (caller_id) {
-    bool maybe_stored;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(event_id);
-      if (it != pending_.end()) {
-        FillResponse(event_id, it->second.record, response);
-        return std::nullopt;
-      }
-      maybe_stored = event_ids_.MayContain(event_id);
-    }
-    if (maybe_stored) {
-      absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
-      if (stored.ok()) {
-        FillResponse(event_id, *stored, response);
-        return std::nullopt;
-      }
-      if (!absl::IsNotFound(stored.status())) return stored.status();
-    }
-  }
   const absl::Span<const double> x(request.features().data(), d);
   std::shared_ptr<const Expert> model;
   int expert = -1;
   double u;
-  {
-    absl::MutexLock lock(&mu_);
+  auto select = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     expert = ducb_.SelectExpert(gen_);
     if (expert < 0) {
       return absl::FailedPreconditionError(
@@ -403,6 +371,31 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
     model = experts_[expert].model;
     u = absl::Uniform<double>(gen_, 0.0, 1.0);
     reservoir_.Offer(x, gen_);
+    return absl::OkStatus();
+  };
+  bool maybe_stored = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (caller_id) {
+      auto it = pending_.find(event_id);
+      if (it != pending_.end()) {
+        FillResponse(event_id, it->second.record, response);
+        return std::nullopt;
+      }
+      maybe_stored = event_ids_.MayContain(event_id);
+    }
+    // A new event id (the common case): choose in the same critical section.
+    if (!maybe_stored) DECISION_RETURN_IF_ERROR(select());
+  }
+  if (maybe_stored) {
+    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+    if (stored.ok()) {
+      FillResponse(event_id, *stored, response);
+      return std::nullopt;
+    }
+    if (!absl::IsNotFound(stored.status())) return stored.status();
+    absl::MutexLock lock(&mu_);
+    DECISION_RETURN_IF_ERROR(select());
   }
   std::vector<double> probs(record_.num_arms());
   if (absl::Status s = model->Predict(x, absl::MakeSpan(probs)); !s.ok()) {
@@ -432,11 +425,22 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
         return std::nullopt;
       }
     }
-    // Visible at once (a concurrent retry returns this decision), joinable once durable.
+    // Visible at once (a concurrent retry returns this decision), joinable once durable;
+    // a deferred decision is both in this critical section.
     pending_[event_id] = Pending{event, /*joining=*/false, /*durable=*/false};
     event_ids_.Insert(event_id);
+    op.event_id = std::move(event_id);
+    if (env_.defer_decisions) {
+      ApplyDecisionLocked(op, absl::OkStatus());  // answered and joinable from now on
+      pending_[op.event_id].written = false;
+      if (unwritten_.empty()) unwritten_since_ms_ = op.event.decided_at_ms();
+      unwritten_.push_back(op.event_id);
+      *flush = unwritten_.size() >= kMaxUnwrittenDecisions ||
+               op.event.decided_at_ms() - unwritten_since_ms_ >= env_.decision_flush_ms;
+      metrics_.pending->Set(static_cast<double>(pending_.size()));
+      return std::nullopt;
+    }
   }
-  op.event_id = std::move(event_id);
   return op;
 }
 

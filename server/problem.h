@@ -220,10 +220,13 @@ class Problem {
   // pi_k(arm | features) for every model of the snapshot.
   absl::StatusOr<std::vector<double>> Propensities(const Snapshot& snapshot,
                                                    const storage::v1::EventRecord& event) const;
-  // Validate and decide (or find the earlier decision of the same event id: nullopt, the
-  // response filled in); the op to commit. The decision is pending, not yet durable.
+  // Validate and decide, or find the earlier decision of the same event id (nullopt, the
+  // response filled in). With deferred decisions the decision is answered and joinable at
+  // once (nullopt; *flush: the caller flushes the unwritten decisions); otherwise it is
+  // pending, not yet joinable, and the op to commit is returned.
   absl::StatusOr<std::optional<WriteOp>> PrepareDecision(const v1::ChooseRequest& request,
-                                                         v1::ChooseResponse* response);
+                                                         v1::ChooseResponse* response,
+                                                         bool* flush);
   // Validate, find the pending event and score every expert on it; the join to commit, or
   // nullopt for a duplicate (the response filled in). The event is marked joining.
   absl::StatusOr<std::optional<WriteOp>> PrepareReward(const v1::RewardRequest& request,
