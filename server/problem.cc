@@ -321,6 +321,14 @@ void Problem::FillResponse(const std::string& event_id, const EventRecord& recor
   response->set_expert_id(record.expert_id());
 }
 
+bool Problem::AnswerPendingLocked(const std::string& event_id,
+                                  v1::ChooseResponse* response) const {
+  auto it = pending_.find(event_id);
+  if (it == pending_.end()) return false;
+  FillResponse(event_id, it->second.record, response);
+  return true;
+}
+
 absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response) {
   return AwaitDone([&](Done done) { Choose(request, response, std::move(done)); });
 }
@@ -377,11 +385,7 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
   {
     absl::MutexLock lock(&mu_);
     if (caller_id) {
-      auto it = pending_.find(event_id);
-      if (it != pending_.end()) {
-        FillResponse(event_id, it->second.record, response);
-        return std::nullopt;
-      }
+      if (AnswerPendingLocked(event_id, response)) return std::nullopt;
       maybe_stored = event_ids_.MayContain(event_id);
     }
     // A new event id (the common case): choose in the same critical section.
@@ -417,14 +421,8 @@ absl::StatusOr<std::optional<Problem::WriteOp>> Problem::PrepareDecision(
   event.set_sequence(-1);
   {
     absl::MutexLock lock(&mu_);
-    if (caller_id) {
-      // A concurrent Choose with the same event id may have won the race.
-      auto it = pending_.find(event_id);
-      if (it != pending_.end()) {
-        FillResponse(event_id, it->second.record, response);
-        return std::nullopt;
-      }
-    }
+    // A concurrent Choose with the same event id may have won the race.
+    if (caller_id && AnswerPendingLocked(event_id, response)) return std::nullopt;
     // Visible at once (a concurrent retry returns this decision), joinable once durable;
     // a deferred decision is both in this critical section.
     pending_[event_id] = Pending{event, /*joining=*/false, /*durable=*/false};

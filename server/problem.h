@@ -223,6 +223,9 @@ class Problem {
   // Validate and decide, or find the earlier decision of the same event id (nullopt, the
   // response filled in). With deferred decisions the decision is answered and joinable at
   // once (nullopt; *flush: the caller flushes the unwritten decisions); otherwise it is
+  // If event_id is a pending decision, fills in its response and returns true.
+  bool AnswerPendingLocked(const std::string& event_id, v1::ChooseResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // pending, not yet joinable, and the op to commit is returned.
   absl::StatusOr<std::optional<WriteOp>> PrepareDecision(const v1::ChooseRequest& request,
                                                          v1::ChooseResponse* response,

@@ -73,6 +73,17 @@ struct ClientStream {
   std::optional<std::string> in_flight_reward;
 };
 
+// The problem both tests use; its reward wait time (60 s) is longer than a test.
+grpc::Status CreateProblem(Stub* stub, const std::string& id) {
+  v1::CreateProblemRequest request;
+  request.set_problem_id(id);
+  request.mutable_config()->set_num_arms(kArms);
+  request.mutable_config()->set_num_features(kFeatures);
+  request.mutable_config()->set_reward_wait_ms(60'000);
+  v1::Problem problem;
+  return Call(&Stub::CreateProblem, stub, request, &problem);
+}
+
 // Streams Choose + Reward pairs until an RPC fails (the server died) or `stop` is set.
 // Runs on its own thread; owns `stream` while it runs.
 void StreamUntilFailure(Stub* stub, const std::string& problem, const std::atomic<bool>* stop,
@@ -152,15 +163,7 @@ TEST_P(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
   int forgotten_in_flight = 0;  // deferred decisions of retried rewards a kill forgot
   std::set<std::string> forgotten;  // every decision seen forgotten, by event id
   ASSERT_NO_FATAL_FAILURE(Start());
-  {
-    v1::CreateProblemRequest request;
-    request.set_problem_id(kProblem);
-    request.mutable_config()->set_num_arms(kArms);
-    request.mutable_config()->set_num_features(kFeatures);
-    request.mutable_config()->set_reward_wait_ms(60'000);
-    v1::Problem problem;
-    ASSERT_GRPC_OK(Call(&Stub::CreateProblem, stub_.get(), request, &problem));
-  }
+  ASSERT_GRPC_OK(CreateProblem(stub_.get(), kProblem));
 
   for (int round = 0; round < kKills; ++round) {
     if (round > 0) {
@@ -398,15 +401,7 @@ class ChunkGapTest : public ::decision::testing::DecisiondTest {
 
 TEST_F(ChunkGapTest, ALogChunkLostInACrashIsWrittenAgain) {
   ASSERT_NO_FATAL_FAILURE(StartServer({"--maintenance_interval_ms=3600000"}));
-  {
-    v1::CreateProblemRequest request;
-    request.set_problem_id(kProblem);
-    request.mutable_config()->set_num_arms(kArms);
-    request.mutable_config()->set_num_features(kFeatures);
-    request.mutable_config()->set_reward_wait_ms(60'000);
-    v1::Problem problem;
-    ASSERT_GRPC_OK(Call(&Stub::CreateProblem, stub_.get(), request, &problem));
-  }
+  ASSERT_GRPC_OK(CreateProblem(stub_.get(), kProblem));
   ASSERT_NO_FATAL_FAILURE(PlayUntil(4096 + 50));  // chunk 0 complete, not written
   process_->Kill();
   ASSERT_NO_FATAL_FAILURE(StartServer());
