@@ -111,6 +111,83 @@ absl::Status DUcb::SwapInEstimator(std::unique_ptr<Estimator> rebuilt) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Appends samples [from, to) of `source` to `wider`, each row followed by columns[e][s -
+// offset] for every new expert e.
+absl::Status AppendWidened(const SampleLog& source, int64_t from, int64_t to,
+                           absl::Span<const std::vector<double>> columns, int64_t offset,
+                           SampleLog* wider) {
+  const int old_n = source.num_experts();
+  std::vector<double> row(old_n + columns.size());
+  for (int64_t s = from; s < to; ++s) {
+    std::copy_n(source.propensities(s), old_n, row.begin());
+    for (size_t e = 0; e < columns.size(); ++e) row[old_n + e] = columns[e][s - offset];
+    if (absl::Status st = wider->Append(source.chooser(s), source.reward(s), row); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DUcb::Extension> DUcb::PrepareExtension(
+    const EstimatorOptions& options, const SampleLog& prefix,
+    absl::Span<const std::vector<double>> columns, const DivergenceMatrix& divergences) {
+  for (size_t e = 0; e < columns.size(); ++e) {
+    if (static_cast<int64_t>(columns[e].size()) != prefix.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("new expert ", e, " has ",
+                                                     columns[e].size(),
+                                                     " backfilled propensities, the log has ",
+                                                     prefix.size(), " samples"));
+    }
+  }
+  Extension x;
+  x.old_experts = prefix.num_experts();
+  x.prefix_size = prefix.size();
+  x.log = SampleLog(prefix.num_experts() + static_cast<int>(columns.size()));
+  if (absl::Status s = AppendWidened(prefix, 0, prefix.size(), columns, 0, &x.log); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<Estimator>> estimator =
+      RebuildEstimator(options, x.log, divergences);
+  if (!estimator.ok()) return estimator.status();
+  x.estimator = *std::move(estimator);
+  return x;
+}
+
+absl::Status DUcb::SwapInExtension(Extension x, absl::Span<const std::vector<double>> tails) {
+  if (x.old_experts != num_experts() || x.prefix_size > log_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the extension was prepared for ", x.old_experts, " experts and ",
+                     x.prefix_size, " samples; the log has ", num_experts(), " and ",
+                     log_.size(), " (experts were added)"));
+  }
+  const int added = x.log.num_experts() - x.old_experts;
+  if (static_cast<int>(tails.size()) != added) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tails.size(), " tails for ", added, " new experts"));
+  }
+  for (const std::vector<double>& tail : tails) {
+    if (static_cast<int64_t>(tail.size()) != log_.size() - x.prefix_size) {
+      return absl::InvalidArgumentError(absl::StrCat("a new expert's tail has ", tail.size(),
+                                                     " propensities, expected ",
+                                                     log_.size() - x.prefix_size));
+    }
+  }
+  if (absl::Status s = AppendWidened(log_, x.prefix_size, log_.size(), tails, x.prefix_size,
+                                     &x.log);
+      !s.ok()) {
+    return s;  // this DUcb is unchanged: only the extension was appended to
+  }
+  if (absl::Status s = x.estimator->Update(x.log); !s.ok()) return s;
+  log_ = std::move(x.log);
+  estimator_ = std::move(x.estimator);
+  for (int e = 0; e < added; ++e) selectable_.push_back(true);
+  return absl::OkStatus();
+}
+
 // -------------------------------------------------------------------- BatchSchedule
 
 absl::Status ValidateBatchOptions(const BatchOptions& options) {

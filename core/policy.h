@@ -74,6 +74,29 @@ class DUcb {
   // or if `rebuilt` has seen samples this log does not have.
   absl::Status SwapInEstimator(std::unique_ptr<Estimator> rebuilt);
 
+  // AddExperts in two steps, for a caller that must not hold its lock through the O(N t)
+  // copy of the log. PrepareExtension builds, from `prefix` (a log().SharedPrefix()) and a
+  // column per new expert covering the prefix's samples, a wider log and its estimator with
+  // `divergences` (old and new experts); it reads nothing else of this DUcb, so it can run
+  // while samples keep being learnt. SwapInExtension appends the samples learnt since, with
+  // tails[e] = new expert e's propensities of samples [prefix size, log().size()), and
+  // makes the result this DUcb's log and estimator. The estimates equal those of FromLog
+  // over the whole wider log, bit for bit (what a restart computes).
+  struct Extension {
+    SampleLog log;
+    std::unique_ptr<Estimator> estimator;
+    int old_experts = 0;
+    int64_t prefix_size = 0;
+  };
+  // INVALID_ARGUMENT on a size mismatch or a propensity outside (0, 1].
+  static absl::StatusOr<Extension> PrepareExtension(
+      const EstimatorOptions& options, const SampleLog& prefix,
+      absl::Span<const std::vector<double>> columns, const DivergenceMatrix& divergences);
+  // FAILED_PRECONDITION (nothing changed) if experts were added since the prefix was taken;
+  // INVALID_ARGUMENT (nothing changed) if a tail has the wrong size or a bad value.
+  absl::Status SwapInExtension(Extension extension,
+                               absl::Span<const std::vector<double>> tails);
+
   // Retired or not-yet-backfilled experts keep being estimated but are never selected.
   // REQUIRES: 0 <= k < num_experts().
   void SetSelectable(int k, bool selectable) { selectable_[k] = selectable; }

@@ -1,19 +1,30 @@
-// The decision service without its transport: every RPC of decision.v1 as a plain method
-// that validates its input, calls the problem's engine and the store, and returns an
-// absl::Status (see the error table in proto/decision/v1/decision.proto). The gRPC layer
-// (grpc_service.h) only converts; tests call this class directly.
+// The decision service without its transport: the registry of problems (as TF Serving's
+// ServerCore is a registry of servables) and the owner of the service's threads. Every RPC
+// of decision.v1 is a method that validates its input (validation.h), calls the problem and
+// returns an absl::Status (see the error table in proto/decision/v1/decision.proto). The
+// gRPC layer (grpc_service.h) only converts; tests call this class directly.
+//
+// Threads:
+//   - the writer executor (one thread): every problem's group commits (problem_commit.cc);
+//   - the blocking executor (two threads): the RPC work that blocks (store scans and
+//     lookups, model parsing, the inline maintenance), so that no reactor thread blocks;
+//   - the maintenance thread (service_maintenance.cc), unless start_maintenance_thread is off;
+//   - the trainer's thread (trainer.h), unless inline_maintenance is on.
+// Each asynchronous method calls `done` exactly once, possibly on another thread, with no
+// lock held. The synchronous forms wait for it: they are for tests and tools, never for a
+// reactor thread.
 //
 // Thread safety: every method may be called concurrently.
 #ifndef DECISION_SERVER_DECISION_SERVICE_H_
 #define DECISION_SERVER_DECISION_SERVICE_H_
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -22,6 +33,7 @@
 #include "absl/synchronization/notification.h"
 #include "decision/v1/decision.pb.h"
 #include "server/clock.h"
+#include "server/executor.h"
 #include "server/metrics.h"
 #include "server/problem.h"
 #include "server/trainer.h"
@@ -42,9 +54,9 @@ struct ServiceOptions {
   int maintenance_interval_ms = 20;
   bool start_maintenance_thread = true;
   // Run a problem's maintenance (expiry, the whole backfill, divergence refresh, training)
-  // synchronously after every Reward instead of on the background threads. Slower, but the
-  // decisions become a deterministic function of the seed and the request sequence: for
-  // tests and reproducible replays.
+  // after every Reward, before the Reward is answered, instead of on the background
+  // threads. Slower, but the decisions become a deterministic function of the seed and the
+  // request sequence: for tests and reproducible replays.
   bool inline_maintenance = false;
   // Batch boundaries (divergence refresh, auto-training) closer than this in wall time are
   // merged: the boundary waits. The refresh costs O(N^2 R K) and, at thousands of rewards
@@ -53,6 +65,9 @@ struct ServiceOptions {
   int64_t min_refresh_interval_ms = 10'000;
   // Threads each XGBoost training job uses.
   int training_threads = 1;
+  // Testing seams (see storage::StoreOptions::fault_injection and ProblemHooks).
+  std::function<absl::Status(absl::string_view what)> store_fault_injection;
+  const ProblemHooks* problem_hooks = nullptr;
 };
 
 class DecisionService {
@@ -64,41 +79,65 @@ class DecisionService {
                                                                Metrics* metrics);
   ~DecisionService();
 
-  // Stops the maintenance thread, checkpoints every problem and closes the store. Further
-  // calls return UNAVAILABLE.
+  // Refuses new calls (UNAVAILABLE), finishes the blocking work in flight, stops the
+  // maintenance and training threads, writes every deferred decision and log chunk,
+  // checkpoints every problem and closes the store. Returns the first failure of these
+  // writes: OK only if everything answered is on disk.
   absl::Status Shutdown();
 
+  // Asynchronous forms: `done` is called once (see the header comment).
+  void CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response, Done done);
+  void RegisterExpert(const v1::RegisterExpertRequest& request, v1::Expert* response,
+                      Done done);
+  void RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response, Done done);
+  void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
+  void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
+  void TrainExperts(const v1::TrainExpertsRequest& request, v1::TrainExpertsResponse* response,
+                    Done done);
+  // One page of ExportLog: request.limit() samples from request.start() (limit 0: all),
+  // read on the blocking executor, then `done` with the status.
+  void ExportLogPage(const v1::ExportLogRequest& request, std::vector<v1::LoggedSample>* page,
+                     Done done);
+
+  // Synchronous forms (tests and tools).
   absl::Status CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response);
-  absl::Status GetProblem(const v1::GetProblemRequest& request, v1::Problem* response);
-  absl::Status ListProblems(const v1::ListProblemsRequest& request,
-                            v1::ListProblemsResponse* response);
   absl::Status RegisterExpert(const v1::RegisterExpertRequest& request, v1::Expert* response);
-  absl::Status ListExperts(const v1::ListExpertsRequest& request,
-                           v1::ListExpertsResponse* response);
   absl::Status RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response);
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
-  // The same, asynchronous: `done` is called once, when the joined sample is durable, or
-  // when the decision is answered (deferred) or durable (durable_choose); see Problem. The
-  // gRPC layer uses these, so that a handler never blocks.
-  void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
-  void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
-  absl::Status GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response);
-  absl::Status ExportLog(const v1::ExportLogRequest& request,
-                         const std::function<absl::Status(const v1::LoggedSample&)>& fn);
   absl::Status TrainExperts(const v1::TrainExpertsRequest& request,
                             v1::TrainExpertsResponse* response);
+  absl::Status ExportLog(const v1::ExportLogRequest& request,
+                         const std::function<absl::Status(const v1::LoggedSample&)>& fn);
 
-  // One round of maintenance for every problem: expiry, one backfill chunk, divergence
-  // refresh, metrics. The maintenance thread calls it; tests with start_maintenance_thread
-  // = false call it themselves.
-  absl::Status RunMaintenance();
+  // In memory, short locks only: these never block and may run on a reactor thread.
+  absl::Status GetProblem(const v1::GetProblemRequest& request, v1::Problem* response);
+  absl::Status ListProblems(const v1::ListProblemsRequest& request,
+                            v1::ListProblemsResponse* response);
+  absl::Status ListExperts(const v1::ListExpertsRequest& request,
+                           v1::ListExpertsResponse* response);
+  absl::Status GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response);
+
+  // One round of maintenance for every problem (service_maintenance.cc). The maintenance
+  // thread calls it; tests with start_maintenance_thread = false call it themselves.
+  // Each task of each problem runs even if an earlier one failed; returns the first error.
+  absl::Status RunMaintenance() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
 
  private:
-  DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics)
-      : options_(options), clock_(clock), metrics_(metrics) {}
-  absl::StatusOr<Problem*> Find(const std::string& problem_id);
-  void MaintenanceLoop();
+  DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics);
+  absl::StatusOr<Problem*> Find(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  Problem::Env ProblemEnv() const;
+  // Runs `work` on the blocking executor and passes its status to `done`.
+  void OffReactor(std::function<absl::Status()> work, Done done);
+  absl::Status CreateProblemNow(const v1::CreateProblemRequest& request, v1::Problem* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status TrainExpertsNow(const v1::TrainExpertsRequest& request,
+                               v1::TrainExpertsResponse* response);
+  // Inline maintenance: the problem's maintenance (and training) after a reward.
+  absl::Status MaintainInline(Problem* p) ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+
+  // service_maintenance.cc
+  void MaintenanceLoop() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
   // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
   absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
@@ -106,13 +145,19 @@ class DecisionService {
   const ServiceOptions options_;
   const Clock* clock_;
   Metrics* metrics_;
+  uint64_t seed_ = 0;
   std::unique_ptr<storage::Store> store_;
+  // Declared after the store and before the problems: destroyed before the problems they
+  // run work for, and after nothing that uses them.
+  std::unique_ptr<Executor> writer_;
+  std::unique_ptr<Executor> blocking_;
   std::unique_ptr<Trainer> trainer_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Problem>> problems_ ABSL_GUARDED_BY(mu_);
   uint32_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one CreateProblem at a time
 
   absl::Notification stop_;
   std::thread maintenance_;
@@ -122,13 +167,6 @@ class DecisionService {
   // maintenance thread then starts the next round at once instead of waiting an interval.
   bool backfill_behind_ ABSL_GUARDED_BY(maintenance_mu_) = false;
 };
-
-// Validates a wire configuration and fills in defaults. INVALID_ARGUMENT names the field.
-absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
-    const std::string& problem_id, const v1::ProblemConfig& config);
-v1::ProblemConfig ConfigFromRecord(const storage::v1::ProblemRecord& record);
-// INVALID_ARGUMENT for a negative start or limit.
-absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);
 
 }  // namespace decision::server
 

@@ -1,10 +1,11 @@
 #include "server/grpc_service.h"
 
 #include <chrono>
-#include <deque>
+#include <vector>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "server/validation.h"
 
 namespace decision::server {
 namespace {
@@ -64,7 +65,9 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Unary(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* GrpcDecisionService::CreateProblem(
     grpc::CallbackServerContext* ctx, const v1::CreateProblemRequest* request,
     v1::Problem* response) {
-  return Unary(ctx, "CreateProblem", [&] { return service_->CreateProblem(*request, response); });
+  return AsyncUnary(ctx, "CreateProblem", [&](Done done) {
+    service_->CreateProblem(*request, response, std::move(done));
+  });
 }
 grpc::ServerUnaryReactor* GrpcDecisionService::GetProblem(grpc::CallbackServerContext* ctx,
                                                           const v1::GetProblemRequest* request,
@@ -79,8 +82,9 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ListProblems(
 grpc::ServerUnaryReactor* GrpcDecisionService::RegisterExpert(
     grpc::CallbackServerContext* ctx, const v1::RegisterExpertRequest* request,
     v1::Expert* response) {
-  return Unary(ctx, "RegisterExpert",
-               [&] { return service_->RegisterExpert(*request, response); });
+  return AsyncUnary(ctx, "RegisterExpert", [&](Done done) {
+    service_->RegisterExpert(*request, response, std::move(done));
+  });
 }
 grpc::ServerUnaryReactor* GrpcDecisionService::ListExperts(
     grpc::CallbackServerContext* ctx, const v1::ListExpertsRequest* request,
@@ -90,7 +94,9 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ListExperts(
 grpc::ServerUnaryReactor* GrpcDecisionService::RetireExpert(
     grpc::CallbackServerContext* ctx, const v1::RetireExpertRequest* request,
     v1::Expert* response) {
-  return Unary(ctx, "RetireExpert", [&] { return service_->RetireExpert(*request, response); });
+  return AsyncUnary(ctx, "RetireExpert", [&](Done done) {
+    service_->RetireExpert(*request, response, std::move(done));
+  });
 }
 grpc::ServerUnaryReactor* GrpcDecisionService::Choose(grpc::CallbackServerContext* ctx,
                                                       const v1::ChooseRequest* request,
@@ -113,13 +119,16 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(
 grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(
     grpc::CallbackServerContext* ctx, const v1::TrainExpertsRequest* request,
     v1::TrainExpertsResponse* response) {
-  return Unary(ctx, "TrainExperts", [&] { return service_->TrainExperts(*request, response); });
+  return AsyncUnary(ctx, "TrainExperts", [&](Done done) {
+    service_->TrainExperts(*request, response, std::move(done));
+  });
 }
 
 namespace {
 
-// Streams the log a page at a time: reads up to kPage samples from the store, writes them
-// one by one (one write in flight, as gRPC requires), then reads the next page.
+// Streams the log a page at a time: the service reads up to kPage samples on its blocking
+// executor, the reactor writes them one by one (one write in flight, as gRPC requires),
+// then asks for the next page. No reactor thread reads the store.
 class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
  public:
   static constexpr int64_t kPage = 512;
@@ -138,7 +147,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
-    page_.pop_front();
+    ++written_;
     WriteNext();
   }
   void OnDone() override { delete this; }
@@ -149,19 +158,19 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
     v1::ExportLogRequest page_request = request_;
     page_request.set_start(next_);
     page_request.set_limit(remaining_ < 0 ? kPage : std::min(kPage, remaining_));
-    absl::Status s = service_->ExportLog(page_request, [&](const v1::LoggedSample& sample) {
-      page_.push_back(sample);
-      return absl::OkStatus();
+    page_.clear();
+    written_ = 0;
+    service_->ExportLogPage(page_request, &page_, [this](absl::Status s) {
+      if (!s.ok()) return Done(ToGrpcStatus(s));
+      if (page_.empty()) return Done(grpc::Status::OK);
+      next_ += static_cast<int64_t>(page_.size());
+      if (remaining_ > 0) remaining_ -= static_cast<int64_t>(page_.size());
+      WriteNext();
     });
-    if (!s.ok()) return Done(ToGrpcStatus(s));
-    if (page_.empty()) return Done(grpc::Status::OK);
-    next_ += static_cast<int64_t>(page_.size());
-    if (remaining_ > 0) remaining_ -= static_cast<int64_t>(page_.size());
-    WriteNext();
   }
   void WriteNext() {
-    if (page_.empty()) return NextPage();
-    StartWrite(&page_.front());
+    if (written_ == page_.size()) return NextPage();
+    StartWrite(&page_[written_]);
   }
   void Done(const grpc::Status& status) {
     if (!status.ok()) {
@@ -175,7 +184,8 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
   const v1::ExportLogRequest request_;
   int64_t next_;
   int64_t remaining_;  // -1: unlimited
-  std::deque<v1::LoggedSample> page_;
+  std::vector<v1::LoggedSample> page_;
+  size_t written_ = 0;  // samples of page_ written
 };
 
 }  // namespace

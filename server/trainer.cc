@@ -44,7 +44,7 @@ absl::Status Trainer::RunPending() {
       queue_.pop_front();
       queued_.erase(job.problem);
     }
-    absl::Status s = Run(job);
+    absl::Status s = RunOne(job);
     if (first.ok()) first = s;
   }
   return first;
@@ -65,12 +65,17 @@ void Trainer::Loop() {
       queue_.pop_front();
       queued_.erase(job.problem);
     }
-    absl::Status s = Run(job);
+    absl::Status s = RunOne(job);
     if (!s.ok()) {
       std::fprintf(stderr, "decisiond: training for problem %s: %s\n", job.problem->id().c_str(),
                    s.ToString().c_str());
     }
   }
+}
+
+absl::Status Trainer::RunOne(const Job& job) {
+  absl::MutexLock lock(&run_mu_);
+  return Run(job);
 }
 
 absl::Status Trainer::Run(const Job& job) {

@@ -4,7 +4,8 @@
 // Problem::RegisterExpert, the same path as the RegisterExpert RPC. (The maintenance bounds
 // the number of active experts of auto-training problems once they finish backfilling.)
 //
-// Thread safety: Enqueue may be called from any thread.
+// Thread safety: every method may be called from any thread. Jobs run one at a time
+// (run_mu_), whether on the trainer's thread or in callers of RunPending.
 #ifndef DECISION_SERVER_TRAINER_H_
 #define DECISION_SERVER_TRAINER_H_
 
@@ -41,7 +42,9 @@ class Trainer {
     int trees;
     int linear;
   };
-  absl::Status Run(const Job& job);
+  absl::Status Run(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
+  // Runs one job under run_mu_.
+  absl::Status RunOne(const Job& job) ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
   void Loop();
 
   const int threads_per_job_;
@@ -49,7 +52,9 @@ class Trainer {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   std::set<Problem*> queued_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::mt19937_64 gen_;  // used by the running job only
+  // Taken before mu_ when both are held.
+  absl::Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::mt19937_64 gen_ ABSL_GUARDED_BY(run_mu_);
   std::thread thread_;
 };
 

@@ -10,12 +10,10 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "storage/format.h"
 
 namespace decision::storage {
 namespace {
-
-constexpr const char* kFamilies[] = {"problems",    "experts", "events",   "samples",
-                                     "backfill",    "checkpoints", "pending", "logchunks"};
 
 // The one place where rocksdb::Status becomes absl::Status.
 absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
@@ -89,7 +87,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   family_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, family_options);
-  for (const char* name : kFamilies) families.emplace_back(name, family_options);
+  for (const char* name : kFamilyNames) families.emplace_back(name, family_options);
   std::unique_ptr<Store> store(new Store());
   store->options_ = options;
   rocksdb::Status s =
@@ -124,11 +122,14 @@ absl::Status Store::Close() {
 }
 
 absl::Status Store::Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
-                        const google::protobuf::MessageLite& record) {
+                        const google::protobuf::MessageLite& record, absl::string_view what) {
   if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  if (options_.fault_injection) {
+    if (absl::Status s = options_.fault_injection(what); !s.ok()) return s;
+  }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
-  return FromRocks(db_->Put(write, cf, key, record.SerializeAsString()), "write");
+  return FromRocks(db_->Put(write, cf, key, record.SerializeAsString()), what);
 }
 
 template <typename Record>
@@ -151,10 +152,6 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& pre
   return FromRocks(it->status(), "scan");
 }
 
-absl::Status Store::PutProblem(uint32_t problem, const v1::ProblemRecord& record) {
-  return Put(problems_, Key32(problem), record);
-}
-
 absl::Status Store::ForEachProblem(
     const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn) {
   return Scan<v1::ProblemRecord>(
@@ -164,7 +161,7 @@ absl::Status Store::ForEachProblem(
 
 absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,
                               const v1::ExpertRecord& record) {
-  return Put(experts_, Key32x2(problem, expert), record);
+  return Put(experts_, Key32x2(problem, expert), record, "expert");
 }
 
 absl::Status Store::ForEachExpert(
@@ -173,11 +170,6 @@ absl::Status Store::ForEachExpert(
   return Scan<v1::ExpertRecord>(
       experts_, prefix, prefix, 0,
       [&](absl::string_view key, const v1::ExpertRecord& r) { return fn(ReadU32(key), r); });
-}
-
-absl::Status Store::PutEvent(uint32_t problem, absl::string_view event_id,
-                             const v1::EventRecord& record) {
-  return Put(events_, absl::StrCat(Key32(problem), event_id), record);
 }
 
 absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_view event_id) {
@@ -189,13 +181,6 @@ absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_v
   v1::EventRecord record;
   if (!record.ParseFromString(value)) return absl::DataLossError("storage: event does not parse");
   return record;
-}
-
-absl::Status Store::ForEachEvent(
-    uint32_t problem,
-    const std::function<absl::Status(absl::string_view, const v1::EventRecord&)>& fn) {
-  const std::string prefix = Key32(problem);
-  return Scan<v1::EventRecord>(events_, prefix, prefix, 0, fn);
 }
 
 absl::Status Store::ForEachEventId(uint32_t problem,
@@ -211,6 +196,9 @@ absl::Status Store::ForEachEventId(uint32_t problem,
 
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
   if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  if (options_.fault_injection) {
+    if (absl::Status s = options_.fault_injection(what); !s.ok()) return s;
+  }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
   return FromRocks(db_->Write(write, batch), what);
@@ -218,6 +206,28 @@ absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
 
 Store::WriteGroup::WriteGroup() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
 Store::WriteGroup::~WriteGroup() = default;
+
+absl::Status Store::AddProblem(WriteGroup* group, uint32_t problem,
+                               const v1::ProblemRecord& record,
+                               const v1::ExpertRecord& first_expert,
+                               const v1::CheckpointRecord& checkpoint) {
+  rocksdb::WriteBatch& batch = *group->batch_;
+  rocksdb::Status s = batch.Put(problems_, Key32(problem), record.SerializeAsString());
+  if (s.ok()) s = batch.Put(experts_, Key32x2(problem, 0), first_expert.SerializeAsString());
+  if (s.ok()) s = batch.Put(checkpoints_, Key32(problem), checkpoint.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "problem batch");
+  ++group->size_;
+  return absl::OkStatus();
+}
+
+absl::Status Store::AddEventUpdate(WriteGroup* group, uint32_t problem,
+                                   absl::string_view event_id, const v1::EventRecord& record) {
+  rocksdb::Status s = group->batch_->Put(events_, absl::StrCat(Key32(problem), event_id),
+                                         record.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "event batch");
+  ++group->size_;
+  return absl::OkStatus();
+}
 
 absl::Status Store::AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                                 const v1::EventRecord& record) {
@@ -250,14 +260,7 @@ absl::Status Store::AddJoin(WriteGroup* group, uint32_t problem, absl::string_vi
 
 absl::Status Store::Commit(WriteGroup* group) {
   if (group->size_ == 0) return absl::OkStatus();
-  return Write(group->batch_.get(), group->size_ == 1 ? "write" : "group write");
-}
-
-absl::Status Store::Decide(uint32_t problem, absl::string_view event_id,
-                           const v1::EventRecord& record) {
-  WriteGroup group;
-  absl::Status added = AddDecision(&group, problem, event_id, record);
-  return added.ok() ? Commit(&group) : added;
+  return Write(group->batch_.get(), "group");
 }
 
 absl::Status Store::AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
@@ -288,14 +291,6 @@ absl::Status Store::ForEachPending(
   return FromRocks(it->status(), "pending scan");
 }
 
-absl::Status Store::Join(uint32_t problem, absl::string_view event_id,
-                         const v1::EventRecord& event, int64_t sequence,
-                         const v1::SampleRecord& sample) {
-  WriteGroup group;
-  absl::Status added = AddJoin(&group, problem, event_id, event, sequence, sample);
-  return added.ok() ? Commit(&group) : added;
-}
-
 absl::Status Store::ForEachSample(
     uint32_t problem, int64_t start, int64_t limit,
     const std::function<absl::Status(int64_t, const v1::SampleRecord&)>& fn) {
@@ -312,7 +307,7 @@ absl::Status Store::PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t
                                      const v1::BackfillChunk& record) {
   std::string key = Key32x2(problem, expert);
   AppendU64(&key, chunk);
-  return Put(backfill_, key, record);
+  return Put(backfill_, key, record, "backfill chunk");
 }
 
 absl::Status Store::ForEachBackfillChunk(
@@ -327,7 +322,7 @@ absl::Status Store::ForEachBackfillChunk(
 absl::Status Store::PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogChunk& record) {
   std::string key = Key32(problem);
   AppendU64(&key, chunk);
-  return Put(logchunks_, key, record);
+  return Put(logchunks_, key, record, "log chunk");
 }
 
 absl::Status Store::ForEachLogChunk(
@@ -339,7 +334,7 @@ absl::Status Store::ForEachLogChunk(
 }
 
 absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record) {
-  return Put(checkpoints_, Key32(problem), record);
+  return Put(checkpoints_, Key32(problem), record, "checkpoint");
 }
 
 absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {

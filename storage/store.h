@@ -1,16 +1,5 @@
-// Durable state of the decision service in an embedded RocksDB.
-//
-// Column families (one per kind of record; keys are fixed-width big-endian integers, except
-// the event id suffix of the events family):
-//   problems     u32 problem                  -> ProblemRecord
-//   experts      u32 problem, u32 expert      -> ExpertRecord (model bytes + metadata)
-//   events       u32 problem, event id bytes  -> EventRecord (decisions, pending or joined)
-//   pending      u32 problem, u64 deadline_ms, event id bytes -> "" (index of pending events)
-//   samples      u32 problem, u64 sequence    -> SampleRecord (the joined log, join order)
-//   backfill     u32 problem, u32 expert, u64 chunk -> BackfillChunk (per-expert columns)
-//   checkpoints  u32 problem                  -> CheckpointRecord (divergences, reservoir)
-//   logchunks    u32 problem, u64 chunk       -> LogChunk (the estimators' view, 4096 samples)
-// Do not change the key layouts or family names: they are part of the on-disk format.
+// Durable state of the decision service in an embedded RocksDB. The key layout, family
+// names and chunk sizes are in storage/format.h, the records in storage/records.proto.
 //
 // Durability (StoreOptions::sync): every write goes to RocksDB's write-ahead log first.
 //   sync = false (default): the WAL is not fsync'ed. An acknowledged write survives a crash
@@ -36,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "storage/format.h"
 #include "storage/records.pb.h"
 
 namespace rocksdb {
@@ -49,6 +39,11 @@ namespace decision::storage {
 struct StoreOptions {
   bool sync = false;  // fsync every write; see the header comment
   bool create_if_missing = true;
+  // Testing seam (like LevelDB's fault-injection Env, reduced to what the tests need): when
+  // set, it is called before every write with a short name of what is written ("group",
+  // "expert", "checkpoint", "backfill chunk", "log chunk"); a non-OK status fails that
+  // write, with nothing written, as an I/O error would. Empty in production.
+  std::function<absl::Status(absl::string_view what)> fault_injection;
 };
 
 class Store {
@@ -80,7 +75,33 @@ class Store {
   // Flushes and closes. Further calls fail. Called by the destructor if not called before.
   absl::Status Close();
 
-  absl::Status PutProblem(uint32_t problem, const v1::ProblemRecord& record);
+  // Group writes (see WriteGroup): nothing is written until Commit.
+  //
+  // A new problem: its record, its first expert and its first checkpoint, so that a crash
+  // leaves either the whole problem or nothing.
+  absl::Status AddProblem(WriteGroup* group, uint32_t problem, const v1::ProblemRecord& record,
+                          const v1::ExpertRecord& first_expert,
+                          const v1::CheckpointRecord& checkpoint);
+  // A new pending decision, indexed by its deadline.
+  absl::Status AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                           const v1::EventRecord& record);
+  // A joined sample: the updated event, the sample at `sequence`, and the removal of the
+  // pending index entry. decision_stored = false: the decision was never written (it is
+  // joined in the same write), so there is no index entry to delete.
+  absl::Status AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                       const v1::EventRecord& event, int64_t sequence,
+                       const v1::SampleRecord& sample, bool decision_stored);
+  // A pending event that expired without being learned (dropped): the event, and the
+  // removal of its index entry if the decision was stored.
+  absl::Status AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                         const v1::EventRecord& record, bool decision_stored);
+  // An event that is no longer pending, rewritten (a late reward's mark). The pending index
+  // is not touched.
+  absl::Status AddEventUpdate(WriteGroup* group, uint32_t problem, absl::string_view event_id,
+                              const v1::EventRecord& record);
+  // Writes every record of the group or none.
+  absl::Status Commit(WriteGroup* group);
+
   absl::Status ForEachProblem(
       const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn);
 
@@ -89,45 +110,16 @@ class Store {
       uint32_t problem,
       const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn);
 
-  // Records a new pending decision and indexes it by deadline, atomically.
-  absl::Status Decide(uint32_t problem, absl::string_view event_id,
-                      const v1::EventRecord& record);
-  // Decide and Join as part of a group (see WriteGroup); nothing is written until Commit.
-  absl::Status AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
-                           const v1::EventRecord& record);
-  // decision_stored = false: the decision was never written (it is joined in the same
-  // group), so there is no deadline index entry to delete.
-  absl::Status AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
-                       const v1::EventRecord& event, int64_t sequence,
-                       const v1::SampleRecord& sample, bool decision_stored = true);
-  // Writes every record of the group or none.
-  absl::Status Commit(WriteGroup* group);
-  // Overwrites an event record (no change to the pending index).
-  absl::Status PutEvent(uint32_t problem, absl::string_view event_id,
-                        const v1::EventRecord& record);
-  // Records, as part of a group, that a pending event expired without being learned
-  // (dropped): writes the event and removes it from the pending index (if the decision was
-  // stored).
-  absl::Status AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
-                         const v1::EventRecord& record, bool decision_stored = true);
   // Pending events in deadline order.
   absl::Status ForEachPending(
       uint32_t problem,
       const std::function<absl::Status(int64_t deadline_ms, absl::string_view event_id)>& fn);
   // NOT_FOUND if the event is unknown.
   absl::StatusOr<v1::EventRecord> GetEvent(uint32_t problem, absl::string_view event_id);
-  absl::Status ForEachEvent(
-      uint32_t problem,
-      const std::function<absl::Status(absl::string_view, const v1::EventRecord&)>& fn);
   // The ids of every stored event of `problem` (keys only: no record is parsed).
   absl::Status ForEachEventId(uint32_t problem,
                               const std::function<void(absl::string_view)>& fn);
 
-  // Joins a sample: writes the updated event, removes it from the pending index (by the
-  // event's deadline_ms) and writes the sample at `sequence`, atomically (one WriteBatch):
-  // after a crash either all of it is there or none.
-  absl::Status Join(uint32_t problem, absl::string_view event_id, const v1::EventRecord& event,
-                    int64_t sequence, const v1::SampleRecord& sample);
   // Samples with sequence >= start, in order, until fn returns a non-OK status (which is
   // returned) or `limit` samples (0: no limit) were visited.
   absl::Status ForEachSample(
@@ -154,7 +146,7 @@ class Store {
  private:
   Store() = default;
   absl::Status Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
-                   const google::protobuf::MessageLite& record);
+                   const google::protobuf::MessageLite& record, absl::string_view what);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
   template <typename Record>
   absl::Status Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,

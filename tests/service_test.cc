@@ -371,7 +371,10 @@ TEST_F(ServiceTest, AChooseWritesTheDeferredDecisionsOnceTheOldestIsAnIntervalOl
   Choose("p", "second");
   EXPECT_EQ(StorageWrites(metrics_), before);  // no maintenance round, not yet 20 ms
   clock_.AdvanceMs(1);
-  Choose("p", "third");  // the first is 20 ms old: this Choose writes all three
+  Choose("p", "third");  // the first is 20 ms old: this Choose queues all three, one write
+  // The write is on the writer thread; a maintenance round waits for it (and finds nothing
+  // left to write: no decision is unwritten, none is due, no batch boundary).
+  ASSERT_TRUE(service_->RunMaintenance().ok());
   EXPECT_EQ(StorageWrites(metrics_), before + 1);
   Choose("p", "fourth");
   EXPECT_EQ(StorageWrites(metrics_), before + 1);

@@ -1,0 +1,92 @@
+// A fixed pool of threads that runs closures in the order they were scheduled (FIFO across
+// the pool). The service keeps two: one thread for the group commits of every problem (the
+// join writer), and a small pool for the blocking work of RPCs (store scans and lookups,
+// model parsing, waits), so that no gRPC reactor thread blocks (STYLE.md, rule 12).
+//
+// Thread safety: Schedule may be called from any thread, including a task of the pool.
+// Stop runs every task scheduled before it (and those they schedule), then joins the
+// threads; tasks scheduled after Stop run in the caller of Schedule, at once.
+#ifndef DECISION_SERVER_EXECUTOR_H_
+#define DECISION_SERVER_EXECUTOR_H_
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace decision::server {
+
+class Executor {
+ public:
+  Executor(int threads, std::string name);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  void Schedule(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string name_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// Group commit in the manner of LevelDB's DBImpl::Write, on an executor: callers Submit ops
+// and return; one task at a time takes everything queued as one group and hands it to
+// `commit`. Ops submitted while a group commits ride in the next group. After each group
+// the task reschedules itself if more is queued, so that problems sharing one writer
+// thread take turns. `commit` runs on the executor, never in the caller of Submit.
+template <typename Op>
+class GroupCommitQueue {
+ public:
+  using CommitFn = std::function<void(std::vector<Op>& group)>;
+  GroupCommitQueue(Executor* executor, CommitFn commit)
+      : executor_(executor), commit_(std::move(commit)) {}
+
+  void Submit(Op op) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool schedule;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(op));
+      schedule = !scheduled_;
+      scheduled_ = true;
+    }
+    if (schedule) executor_->Schedule([this] { CommitOneGroup(); });
+  }
+
+ private:
+  void CommitOneGroup() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<Op> group;
+    {
+      absl::MutexLock lock(&mu_);
+      group.swap(queue_);
+    }
+    commit_(group);
+    bool more;
+    {
+      absl::MutexLock lock(&mu_);
+      more = !queue_.empty();
+      scheduled_ = more;
+    }
+    if (more) executor_->Schedule([this] { CommitOneGroup(); });
+  }
+
+  Executor* const executor_;
+  const CommitFn commit_;
+  absl::Mutex mu_;
+  std::vector<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool scheduled_ ABSL_GUARDED_BY(mu_) = false;  // a CommitOneGroup task is queued or running
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_EXECUTOR_H_

@@ -1,0 +1,46 @@
+#include "server/expert_pool.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/conversions.h"
+
+namespace decision::server {
+
+std::vector<std::shared_ptr<const Expert>> ExpertPool::Models(int n) const {
+  std::vector<std::shared_ptr<const Expert>> models;
+  models.reserve(n);
+  for (int k = 0; k < n; ++k) models.push_back(slots_[k].model);
+  return models;
+}
+
+absl::StatusOr<storage::v1::ExpertRecord> ExpertPool::RetiredRecord(
+    const std::string& problem_id, int id, int selectable) const {
+  if (id < 0 || id >= size()) {
+    return absl::NotFoundError(
+        absl::StrCat("expert ", id, " is unknown to problem ", problem_id));
+  }
+  const storage::v1::ExpertRecord& current = slots_[id].record;
+  if (current.status() == storage::v1::EXPERT_STATE_ACTIVE && selectable <= 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "expert ", id, " is the last selectable expert of problem ", problem_id));
+  }
+  storage::v1::ExpertRecord retired = current;
+  retired.set_status(storage::v1::EXPERT_STATE_RETIRED);
+  return retired;
+}
+
+v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estimated) const {
+  const ExpertSlot& slot = slots_[id];
+  v1::Expert e;
+  e.set_problem_id(problem_id);
+  e.set_expert_id(id);
+  e.set_name(slot.record.name());
+  e.set_kind(slot.model->kind());
+  e.set_status(ExpertStatusToWire(slot.record.status()));
+  e.set_smoothing(slot.model->smoothing());
+  e.set_backfill_total(slot.record.backfill_total());
+  e.set_backfilled(estimated ? slot.record.backfill_total()
+                             : static_cast<int64_t>(slot.backfill.size()));
+  return e;
+}
+
+}  // namespace decision::server

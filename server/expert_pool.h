@@ -1,0 +1,73 @@
+// The experts of one problem: for each, its stored record (model, state), the loaded model,
+// its metrics and, while it is backfilled, the propensities gathered so far. Plain state
+// like PendingTable: no lock (Problem guards it), no I/O.
+//
+// Expert states (storage::v1::ExpertState) and their transitions:
+//   registered -> BACKFILLING -> ACTIVE (backfill complete: D-UCB estimates and selects it)
+//   BACKFILLING or ACTIVE -> RETIRED (RetireExpert, or auto-training's RetireDominated)
+// A retired expert that was still backfilling finishes its backfill, so that it is
+// estimated like every other, but is never selected. Ids are dense: expert k is the k-th
+// registered. D-UCB estimates experts [0, n) once they finish backfilling, in id order.
+#ifndef DECISION_SERVER_EXPERT_POOL_H_
+#define DECISION_SERVER_EXPERT_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/expert.h"
+#include "decision/v1/decision.pb.h"
+#include "server/metrics.h"
+#include "storage/records.pb.h"
+
+namespace decision::server {
+
+struct ExpertSlot {
+  storage::v1::ExpertRecord record;
+  std::shared_ptr<const Expert> model;
+  Metrics::ExpertMetrics metrics;
+  // While not yet estimated: propensities of samples [0, backfill.size()) from the
+  // backfill, and of samples joined since registration, [backfill_total, ...) in `tail`.
+  std::vector<double> backfill;
+  std::vector<double> tail;
+  // False while its record is being written at registration: nothing but the joins (its
+  // tail) touches it yet, and it is dropped if the write fails. Only the last slot can be.
+  bool durable = true;
+};
+
+class ExpertPool {
+ public:
+  int size() const { return static_cast<int>(slots_.size()); }
+  ExpertSlot& at(int id) { return slots_[id]; }
+  const ExpertSlot& at(int id) const { return slots_[id]; }
+  void Add(ExpertSlot slot) { slots_.push_back(std::move(slot)); }
+  // REQUIRES: the last slot is not durable (its registration failed).
+  void DropLast() { slots_.pop_back(); }
+  // Experts whose records are written: a prefix of the ids.
+  int durable_size() const {
+    return !slots_.empty() && !slots_.back().durable ? size() - 1 : size();
+  }
+
+  // The models of experts [0, n), shared: they may be evaluated without the owner's lock.
+  std::vector<std::shared_ptr<const Expert>> Models(int n) const;
+  std::vector<std::shared_ptr<const Expert>> Models() const { return Models(size()); }
+
+  // The record of expert `id` retired, to be written. NOT_FOUND for an unknown id.
+  // `selectable` is the number of experts D-UCB may select now: retiring the last one of an
+  // ACTIVE expert is FAILED_PRECONDITION. An expert already retired returns its record
+  // unchanged.
+  absl::StatusOr<storage::v1::ExpertRecord> RetiredRecord(const std::string& problem_id, int id,
+                                                          int selectable) const;
+
+  // The wire form of expert `id`; `estimated` says whether D-UCB estimates it already.
+  v1::Expert ToWire(const std::string& problem_id, int id, bool estimated) const;
+
+ private:
+  std::vector<ExpertSlot> slots_;
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_EXPERT_POOL_H_

@@ -1,0 +1,333 @@
+// Problem: the expert pool's changes. Registration, retirement, the backfill of a new
+// expert's probabilities over the stored log, and the divergence refresh. The O(N t) and
+// O(N^2 R K) work (rebuilding the log with a new column, the estimator, the divergences)
+// runs without mu_ on a shared prefix of the log and is swapped in under it; expert
+// records are written under expert_writes_mu_ only.
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/conversions.h"
+#include "server/problem.h"
+#include "server/validation.h"
+
+namespace decision::server {
+
+using storage::v1::ExpertRecord;
+
+int Problem::SelectableLocked() const {
+  int selectable = 0;
+  for (int k = 0; k < ducb_.num_experts(); ++k) selectable += ducb_.selectable(k);
+  return selectable;
+}
+
+absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& updated) {
+  DECISION_RETURN_IF_ERROR(Timed([&] {
+    return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
+  }));
+  absl::MutexLock lock(&mu_);
+  experts_.at(expert_id).record = updated;
+  if (expert_id < ducb_.num_experts()) {
+    ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
+                                                   storage::v1::ExpertModelRecord model,
+                                                   double smoothing) {
+  DECISION_ASSIGN_OR_RETURN(
+      std::unique_ptr<Expert> built,
+      BuildExpert(model, record_.num_arms(), record_.num_features(), smoothing));
+  absl::MutexLock writes(&expert_writes_mu_);
+  int expert_id;
+  ExpertRecord record;
+  {
+    // The slot joins the pool before its record is written, so that every sample joined
+    // from now on is in its tail; it is not durable (not backfilled, not in a log chunk)
+    // until the write succeeds.
+    absl::MutexLock lock(&mu_);
+    if (experts_.size() >= kMaxExpertsPerProblem) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "problem ", id(), " has ", experts_.size(), " experts, the maximum"));
+    }
+    expert_id = experts_.size();
+    record.set_name(name);
+    *record.mutable_model() = std::move(model);
+    record.set_smoothing(smoothing);
+    record.set_status(storage::v1::EXPERT_STATE_BACKFILLING);
+    record.set_backfill_total(ducb_.log().size());
+    record.set_registered_at_ms(env_.clock->NowMs());
+    ExpertSlot slot;
+    slot.record = record;
+    slot.model = std::move(built);
+    slot.metrics = env_.metrics->ForExpert(id(), expert_id);
+    slot.metrics.backfill_progress->Set(0.0);
+    slot.durable = false;
+    experts_.Add(std::move(slot));
+  }
+  absl::Status written = Timed([&] {
+    return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), record);
+  });
+  absl::MutexLock lock(&mu_);
+  if (!written.ok()) {
+    experts_.DropLast();
+    return written;
+  }
+  experts_.at(expert_id).durable = true;
+  return experts_.ToWire(id(), expert_id, /*estimated=*/false);
+}
+
+absl::StatusOr<v1::Expert> Problem::RetireExpert(int expert_id) {
+  absl::MutexLock writes(&expert_writes_mu_);
+  absl::StatusOr<ExpertRecord> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    retired = experts_.RetiredRecord(id(), expert_id, SelectableLocked());
+    if (!retired.ok()) return retired.status();
+    if (experts_.at(expert_id).record.status() == storage::v1::EXPERT_STATE_RETIRED) {
+      return experts_.ToWire(id(), expert_id, expert_id < ducb_.num_experts());
+    }
+  }
+  DECISION_RETURN_IF_ERROR(WriteExpertRecord(expert_id, *retired));
+  absl::MutexLock lock(&mu_);
+  return experts_.ToWire(id(), expert_id, expert_id < ducb_.num_experts());
+}
+
+absl::Status Problem::RetireDominated(int max_active) {
+  absl::MutexLock writes(&expert_writes_mu_);
+  std::vector<std::pair<int, ExpertRecord>> retire;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ducb_.log().size() == 0) return absl::OkStatus();
+    std::vector<std::pair<double, int>> active;  // (ucb, expert)
+    double best_lower = -std::numeric_limits<double>::infinity();
+    for (int k = 0; k < ducb_.num_experts(); ++k) {
+      if (!ducb_.selectable(k)) continue;
+      const ExpertEstimate e = ducb_.Estimate(k);
+      active.push_back({e.mean + e.width, k});
+      best_lower = std::max(best_lower, e.mean - e.width);
+    }
+    std::sort(active.begin(), active.end());
+    size_t keep_from = 0;
+    while (keep_from + 1 < active.size() &&
+           (active[keep_from].first < best_lower ||
+            active.size() - keep_from > static_cast<size_t>(std::max(1, max_active)))) {
+      ++keep_from;
+    }
+    for (size_t i = 0; i < keep_from; ++i) {
+      ExpertRecord updated = experts_.at(active[i].second).record;
+      updated.set_status(storage::v1::EXPERT_STATE_RETIRED);
+      retire.emplace_back(active[i].second, std::move(updated));
+    }
+  }
+  // Each write is applied as it succeeds; a failure leaves the rest for the next round.
+  for (const auto& [k, updated] : retire) DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
+  return absl::OkStatus();
+}
+
+absl::Status Problem::StepBackfill(bool* worked) {
+  *worked = false;
+  int expert_id;
+  std::shared_ptr<const Expert> model;
+  int64_t from, total;
+  {
+    absl::MutexLock lock(&mu_);
+    expert_id = ducb_.num_experts();
+    if (expert_id >= experts_.durable_size()) return absl::OkStatus();
+    const ExpertSlot& slot = experts_.at(expert_id);
+    model = slot.model;
+    from = static_cast<int64_t>(slot.backfill.size());
+    total = slot.record.backfill_total();
+  }
+  *worked = true;
+  if (from < total) {
+    DECISION_RETURN_IF_ERROR(BackfillChunk(expert_id, model, from, total));
+    absl::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(experts_.at(expert_id).backfill.size()) < total) {
+      return absl::OkStatus();
+    }
+  }
+  return CompleteBackfill(expert_id);
+}
+
+absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const Expert>& model,
+                                    int64_t from, int64_t total) {
+  const int64_t count = std::min<int64_t>(storage::kBackfillChunkSamples, total - from);
+  const int d = record_.num_features();
+  const int k = record_.num_arms();
+  // Scored in batches of at most kBatchDoubles feature values, so that the memory of one
+  // step does not grow with num_features (validation.h bounds the rest).
+  constexpr int64_t kBatchDoubles = int64_t{1} << 20;
+  const int64_t batch_rows = std::max<int64_t>(1, kBatchDoubles / std::max(1, d));
+  storage::v1::BackfillChunk chunk;
+  std::vector<double> rows, probs;
+  std::vector<int> arms;
+  for (int64_t start = from; start < from + count; start += batch_rows) {
+    const int64_t n = std::min(batch_rows, from + count - start);
+    rows.clear();
+    arms.clear();
+    DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+        index_, start, n, [&](int64_t, const storage::v1::SampleRecord& s) {
+          if (s.features_size() != d || s.arm() < 0 || s.arm() >= k) {
+            return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
+                                                    s.features_size(), " features and arm ",
+                                                    s.arm()));
+          }
+          rows.insert(rows.end(), s.features().begin(), s.features().end());
+          arms.push_back(s.arm());
+          return absl::OkStatus();
+        }));
+    if (static_cast<int64_t>(arms.size()) != n) {
+      return absl::DataLossError(absl::StrCat("problem ", id(), ": backfill found ",
+                                              arms.size(), " samples, expected ", n));
+    }
+    probs.resize(static_cast<size_t>(n) * k);
+    DECISION_RETURN_IF_ERROR(model->PredictBatch(rows, n, absl::MakeSpan(probs)));
+    for (int64_t i = 0; i < n; ++i) chunk.add_values(probs[i * k + arms[i]]);
+  }
+  DECISION_RETURN_IF_ERROR(Timed([&] {
+    return env_.store->PutBackfillChunk(index_, expert_id, from / storage::kBackfillChunkSamples,
+                                        chunk);
+  }));
+  absl::MutexLock lock(&mu_);
+  ExpertSlot& slot = experts_.at(expert_id);
+  slot.backfill.insert(slot.backfill.end(), chunk.values().begin(), chunk.values().end());
+  slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfill.size()) / total);
+  return absl::OkStatus();
+}
+
+absl::Status Problem::CompleteBackfill(int expert_id) {
+  // Divergences of the new expert against the estimated ones, then the log widened by its
+  // column and the estimator rebuilt: all without mu_.
+  std::vector<std::shared_ptr<const Expert>> models;
+  std::vector<double> contexts;
+  DivergenceMatrix previous;
+  {
+    absl::MutexLock lock(&mu_);
+    models = experts_.Models(expert_id + 1);
+    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    previous = ducb_.estimator().divergences();
+  }
+  DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
+                            ComputeDivergencesFor(models, contexts, previous, expert_id));
+  SampleLog prefix;
+  std::vector<double> column;
+  {
+    absl::MutexLock lock(&mu_);
+    prefix = ducb_.log().SharedPrefix();
+    const ExpertSlot& slot = experts_.at(expert_id);
+    const int64_t from_tail = prefix.size() - slot.record.backfill_total();
+    if (from_tail < 0 || from_tail > static_cast<int64_t>(slot.tail.size())) {
+      return absl::InternalError(absl::StrCat("problem ", id(), ": expert ", expert_id,
+                                              " backfill covers ", slot.backfill.size(),
+                                              " + ", slot.tail.size(), " samples, the log has ",
+                                              prefix.size()));
+    }
+    column = slot.backfill;
+    column.insert(column.end(), slot.tail.begin(), slot.tail.begin() + from_tail);
+  }
+  DECISION_ASSIGN_OR_RETURN(
+      DUcb::Extension extension,
+      DUcb::PrepareExtension(EstimatorOptionsOf(record_), prefix, {column}, d));
+  absl::MutexLock writes(&expert_writes_mu_);
+  storage::v1::CheckpointRecord checkpoint;
+  ExpertRecord active;
+  bool retired;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpertSlot& slot = experts_.at(expert_id);
+    const int64_t from_tail = extension.prefix_size - slot.record.backfill_total();
+    std::vector<double> tail(slot.tail.begin() + from_tail, slot.tail.end());
+    DECISION_RETURN_IF_ERROR(ducb_.SwapInExtension(std::move(extension), {tail}));
+    retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED;
+    ducb_.SetSelectable(expert_id, !retired);
+    slot.backfill = {};
+    slot.tail = {};
+    slot.metrics.backfill_progress->Set(1.0);
+    checkpoint = CheckpointLocked();
+    active = slot.record;
+    active.set_status(storage::v1::EXPERT_STATE_ACTIVE);
+  }
+  // The checkpoint (which experts are estimated) first, then the expert's state: a restart
+  // between the two finds the expert estimated and marks it active.
+  DECISION_RETURN_IF_ERROR(
+      Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); }));
+  if (retired) return absl::OkStatus();
+  return WriteExpertRecord(expert_id, active);
+}
+
+absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
+    const std::vector<std::shared_ptr<const Expert>>& models, const std::vector<double>& contexts,
+    const DivergenceMatrix& previous, int keep) const {
+  const int n = static_cast<int>(models.size());
+  const int d = record_.num_features();
+  const size_t rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
+  if (rows == 0) {
+    // No context seen yet: new experts get identity rows until the first refresh.
+    DivergenceMatrix out = DivergenceMatrix::Identity(n);
+    for (int i = 0; i < keep; ++i) {
+      for (int j = 0; j < keep; ++j) {
+        out.m[i * n + j] = previous.M(i, j);
+        out.sigma[i * n + j] = previous.Sigma(i, j);
+      }
+    }
+    return out;
+  }
+  const int k = record_.num_arms();
+  std::vector<std::vector<double>> predictions(n);
+  for (int e = 0; e < n; ++e) {
+    predictions[e].resize(rows * k);
+    DECISION_RETURN_IF_ERROR(
+        models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+  }
+  DivergenceMatrix out;
+  DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
+                                              &previous, keep, &out));
+  return out;
+}
+
+absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_interval_ms) {
+  if (refreshed != nullptr) *refreshed = false;
+  std::vector<std::shared_ptr<const Expert>> models;
+  std::vector<double> contexts;
+  DivergenceMatrix previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
+    if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
+      return absl::OkStatus();
+    }
+    models = experts_.Models(ducb_.num_experts());
+    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    previous = ducb_.estimator().divergences();
+  }
+  DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
+                            ComputeDivergencesFor(models, contexts, previous, /*keep=*/0));
+  SampleLog prefix;  // a read-only view of the log, taken once the divergences are known
+  {
+    absl::MutexLock lock(&mu_);
+    // Experts added meanwhile: the next round computes the divergences again.
+    if (ducb_.num_experts() != static_cast<int>(models.size())) return absl::OkStatus();
+    prefix = ducb_.log().SharedPrefix();
+  }
+  DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Estimator> rebuilt,
+                            DUcb::RebuildEstimator(EstimatorOptionsOf(record_), prefix, d));
+  storage::v1::CheckpointRecord checkpoint;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = ducb_.SwapInEstimator(std::move(rebuilt)); !s.ok()) {
+      if (absl::IsFailedPrecondition(s)) return absl::OkStatus();  // experts added: as above
+      return s;
+    }
+    next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
+    last_refresh_ms_ = env_.clock->NowMs();
+    checkpoint = CheckpointLocked();
+  }
+  if (refreshed != nullptr) *refreshed = true;
+  return Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); });
+}
+
+}  // namespace decision::server

@@ -1,0 +1,82 @@
+// DecisionService: the maintenance loop. Each round, for every problem, in order: write the
+// deferred decisions and the completed log chunks, expire the decisions whose wait time
+// passed, backfill within a time budget, retire dominated experts (auto-training), refresh
+// the divergences at a batch boundary (and queue training). Each task runs even when an
+// earlier one failed (a full disk that fails a log chunk must not stop the expiry); the
+// first error of a round is returned and logged.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "server/decision_service.h"
+
+namespace decision::server {
+
+absl::Status DecisionService::RunMaintenance() {
+  absl::MutexLock round(&maintenance_mu_);
+  std::vector<Problem*> problems;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, p] : problems_) problems.push_back(p.get());
+  }
+  absl::Status status = absl::OkStatus();
+  const auto now = std::chrono::steady_clock::now();
+  const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
+  backfill_behind_ = false;
+  for (Problem* p : problems) {
+    absl::Status s = MaintainProblem(p, std::chrono::milliseconds(100));
+    if (status.ok()) status = s;
+    if (export_metrics) p->ExportMetrics();
+  }
+  if (export_metrics) {
+    last_metrics_export_ = now;
+    metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
+  }
+  return status;
+}
+
+absl::Status DecisionService::MaintainProblem(Problem* p,
+                                              std::chrono::milliseconds backfill_budget) {
+  absl::Status first = absl::OkStatus();
+  auto keep = [&](const char* task, absl::Status s) {
+    if (s.ok()) return;
+    if (first.ok()) {
+      first = absl::Status(s.code(), absl::StrCat("problem ", p->id(), ": ", task, ": ",
+                                                  s.message()));
+    }
+  };
+  keep("writing decisions", p->FlushDecisions());
+  keep("writing log chunks", p->WriteLogChunks());
+  keep("expiry", p->ExpireDue());
+  // Backfill one chunk at a time, within the budget.
+  const auto start = std::chrono::steady_clock::now();
+  bool worked = true;
+  absl::Status backfill = absl::OkStatus();
+  while (worked && backfill.ok() && std::chrono::steady_clock::now() - start < backfill_budget) {
+    backfill = p->StepBackfill(&worked);
+  }
+  keep("backfill", backfill);
+  if (worked && backfill.ok()) backfill_behind_ = true;
+  const storage::v1::ProblemRecord& r = p->record();
+  if (r.auto_train()) keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
+  bool batch_boundary = false;
+  keep("divergence refresh",
+       p->MaybeRefreshDivergences(
+           &batch_boundary, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
+  if (batch_boundary && r.auto_train()) {
+    trainer_->Enqueue(p, r.auto_train_trees(), r.auto_train_linear());
+  }
+  return first;
+}
+
+void DecisionService::MaintenanceLoop() {
+  bool behind = false;
+  while (!stop_.WaitForNotificationWithTimeout(
+      behind ? absl::ZeroDuration() : absl::Milliseconds(options_.maintenance_interval_ms))) {
+    absl::Status s = RunMaintenance();
+    if (!s.ok()) std::fprintf(stderr, "decisiond: maintenance: %s\n", s.ToString().c_str());
+    absl::MutexLock lock(&maintenance_mu_);
+    behind = s.ok() && backfill_behind_;
+  }
+}
+
+}  // namespace decision::server

@@ -1,0 +1,232 @@
+#include "server/validation.h"
+
+#include <cctype>
+#include <cmath>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "core/estimator.h"
+#include "core/expert.h"
+#include "core/status_macros.h"
+#include "server/conversions.h"
+
+namespace decision::server {
+namespace {
+
+constexpr int64_t kDefaultWaitMs = 60'000;
+constexpr int64_t kMaxWaitMs = 30LL * 24 * 3600 * 1000;
+constexpr int kDefaultReservoir = 2048;
+constexpr int kMinReservoir = 16;
+constexpr int kMaxReservoir = 65536;
+constexpr int kDefaultGroups = 16;
+constexpr size_t kMaxProblemIdBytes = 64;
+
+absl::Status ValidateProblemId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxProblemIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("problem_id must have 1 to ",
+                                                   kMaxProblemIdBytes, " characters, got ",
+                                                   id.size()));
+  }
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem_id '", id, "' has a character outside [A-Za-z0-9_.-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnitInterval(double v, const char* field, bool allow_zero) {
+  if (!(std::isfinite(v) && v <= 1.0 && (allow_zero ? v >= 0.0 : v > 0.0))) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", v, "; it must be in ",
+                                                   allow_zero ? "[0, 1]" : "(0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+// Two expert counts, each >= 0, at most `max_total` in all. The sum is formed in 64 bits:
+// two int32 counts from the wire can overflow an int.
+absl::Status CheckExpertCounts(int32_t trees, int32_t linear, int max_total,
+                               const char* prefix) {
+  if (trees < 0 || linear < 0 || int64_t{trees} + int64_t{linear} > max_total) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "tree_experts (", trees,
+                                                   ") and linear_experts (", linear,
+                                                   ") must be >= 0, at most ", max_total,
+                                                   " in all"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSizes(const v1::ProblemConfig& c, int reservoir) {
+  if (c.num_arms() < kMinArms || c.num_arms() > kMaxArmsPerProblem) {
+    return absl::InvalidArgumentError(absl::StrCat("config.num_arms is ", c.num_arms(),
+                                                   "; it must be in [", kMinArms, ", ",
+                                                   kMaxArmsPerProblem, "]"));
+  }
+  if (c.num_features() < 0 || c.num_features() > kMaxFeaturesPerProblem) {
+    return absl::InvalidArgumentError(absl::StrCat("config.num_features is ", c.num_features(),
+                                                   "; it must be in [0, ",
+                                                   kMaxFeaturesPerProblem, "]"));
+  }
+  if (reservoir < kMinReservoir || reservoir > kMaxReservoir) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.divergence_reservoir is ", c.divergence_reservoir(), "; it must be in [",
+        kMinReservoir, ", ", kMaxReservoir, "] (0 for ", kDefaultReservoir, ")"));
+  }
+  // Sizes that multiply into one allocation are bounded together.
+  const int64_t contexts = int64_t{reservoir} * c.num_features();
+  const int64_t predictions = int64_t{reservoir} * c.num_arms();
+  if (contexts > kMaxConfigDoubles || predictions > kMaxConfigDoubles) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: divergence_reservoir (", reservoir, ") x num_features (", c.num_features(),
+        ") = ", contexts, " and divergence_reservoir x num_arms (", c.num_arms(), ") = ",
+        predictions, " must each be at most ", kMaxConfigDoubles,
+        "; lower divergence_reservoir"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEstimatorEnums(const v1::EstimatorConfig& e) {
+  for (const auto& [field, value, valid] :
+       {std::tuple<const char*, int, bool>{"kind", e.kind(), v1::EstimatorKind_IsValid(e.kind())},
+        {"epsilon_rule", e.epsilon_rule(), v1::EpsilonRule_IsValid(e.epsilon_rule())},
+        {"width_rule", e.width_rule(), v1::WidthRule_IsValid(e.width_rule())},
+        {"clip_test", e.clip_test(), v1::ClipTest_IsValid(e.clip_test())},
+        {"grouping", e.grouping(), v1::MedianOfMeansGrouping_IsValid(e.grouping())}}) {
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.estimator.", field, " is ", value, ", not a known value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::string& problem_id,
+                                                                   const v1::ProblemConfig& c) {
+  DECISION_RETURN_IF_ERROR(ValidateProblemId(problem_id));
+  const int reservoir =
+      c.divergence_reservoir() == 0 ? kDefaultReservoir : c.divergence_reservoir();
+  DECISION_RETURN_IF_ERROR(ValidateSizes(c, reservoir));
+  if (c.reward_wait_ms() < 0 || c.reward_wait_ms() > kMaxWaitMs) {
+    return absl::InvalidArgumentError(absl::StrCat("config.reward_wait_ms is ",
+                                                   c.reward_wait_ms(), "; it must be in [1, ",
+                                                   kMaxWaitMs, "] (0 for the default)"));
+  }
+  DECISION_RETURN_IF_ERROR(CheckUnitInterval(c.default_reward(), "config.default_reward", true));
+  if (c.has_smoothing()) {
+    DECISION_RETURN_IF_ERROR(CheckUnitInterval(c.smoothing(), "config.smoothing", false));
+  }
+  if (c.has_batch_multiplier() &&
+      !(std::isfinite(c.batch_multiplier()) && c.batch_multiplier() > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.batch_multiplier is ",
+                                                   c.batch_multiplier(),
+                                                   "; it must be finite and > 0"));
+  }
+  const int groups = c.divergence_groups() == 0 ? kDefaultGroups : c.divergence_groups();
+  if (groups < 1 || groups > reservoir) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.divergence_groups is ", c.divergence_groups(),
+                     "; it must be in [1, divergence_reservoir] (0 for ", kDefaultGroups, ")"));
+  }
+  DECISION_RETURN_IF_ERROR(ValidateEstimatorEnums(c.estimator()));
+  const EstimatorOptions o = EstimatorOptionsFromWire(c.estimator());
+  if (absl::Status s = ValidateEstimatorOptions(o); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config.estimator: ", s.message()));
+  }
+  const v1::AutoTrainConfig& at = c.auto_train();
+  DECISION_RETURN_IF_ERROR(CheckExpertCounts(at.tree_experts(), at.linear_experts(),
+                                             kMaxExpertsPerTrainingJob, "config.auto_train: "));
+  if (at.max_active_experts() < 0 || at.max_active_experts() > kMaxExpertsPerProblem) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.auto_train.max_active_experts is ", at.max_active_experts(),
+        "; it must be in [0, ", kMaxExpertsPerProblem, "] (0 for 32)"));
+  }
+  storage::v1::ProblemRecord r;
+  r.set_problem_id(problem_id);
+  r.set_auto_train(at.enabled());
+  const bool default_counts = at.tree_experts() == 0 && at.linear_experts() == 0;
+  r.set_auto_train_trees(default_counts ? 3 : at.tree_experts());
+  r.set_auto_train_linear(default_counts ? 1 : at.linear_experts());
+  r.set_max_active_experts(at.max_active_experts() == 0 ? 32 : at.max_active_experts());
+  r.set_num_arms(c.num_arms());
+  r.set_num_features(c.num_features());
+  *r.mutable_estimator() = EstimatorRecordOf(o);
+  r.set_reward_wait_ms(c.reward_wait_ms() == 0 ? kDefaultWaitMs : c.reward_wait_ms());
+  r.set_default_reward(c.default_reward());
+  r.set_drop_unrewarded(c.drop_unrewarded());
+  r.set_smoothing(c.has_smoothing() ? c.smoothing() : kDefaultSmoothing);
+  r.set_batch_multiplier(c.has_batch_multiplier() ? c.batch_multiplier() : 7.0);
+  r.set_divergence_reservoir(reservoir);
+  r.set_divergence_groups(groups);
+  return r;
+}
+
+absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features) {
+  if (request.features_size() != num_features) {
+    return absl::InvalidArgumentError(absl::StrCat("features: problem ", request.problem_id(),
+                                                   " expects ", num_features,
+                                                   " features, got ", request.features_size()));
+  }
+  for (int f = 0; f < num_features; ++f) {
+    if (!std::isfinite(request.features(f))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("features[", f, "] is ", request.features(f), "; features must be finite"));
+    }
+  }
+  if (request.event_id().size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("event_id has ", request.event_id().size(),
+                                                   " bytes; at most ", kMaxEventIdBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRewardRequest(const v1::RewardRequest& request) {
+  const double value = request.value();
+  if (!(value >= 0.0 && value <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value is ", value, "; a reward must be in [0, 1]"));
+  }
+  const std::string& event_id = request.event_id();
+  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event_id must have 1 to ", kMaxEventIdBytes, " bytes, got ", event_id.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertRequest& request,
+                                                     double default_smoothing) {
+  if (request.name().size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name has ", request.name().size(),
+                                                   " bytes; at most ", kMaxNameBytes));
+  }
+  if (!request.model().has_smoothing()) return default_smoothing;
+  DECISION_RETURN_IF_ERROR(
+      CheckUnitInterval(request.model().smoothing(), "model.smoothing", false));
+  return request.model().smoothing();
+}
+
+absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request) {
+  if (request.expert_id() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert_id is ", request.expert_id(), "; expert ids start at 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request) {
+  return CheckExpertCounts(request.tree_experts(), request.linear_experts(),
+                           kMaxExpertsPerTrainingJob, "");
+}
+
+absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {
+  if (request.start() < 0 || request.limit() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start (", request.start(), ") and limit (",
+                                                   request.limit(), ") must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace decision::server

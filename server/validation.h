@@ -1,0 +1,54 @@
+// Request validation: every check of a client's input that does not need the problem's
+// state, in one place. Each function returns OK or INVALID_ARGUMENT with a message that names
+// the field, the value and what is allowed. Nothing here reads or writes the store.
+//
+// Every cost a request can cause is bounded here: sizes are checked alone and, where they
+// multiply into one allocation, together (kMaxConfigDoubles).
+//
+// Thread safety: pure functions.
+#ifndef DECISION_SERVER_VALIDATION_H_
+#define DECISION_SERVER_VALIDATION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "decision/v1/decision.pb.h"
+#include "storage/records.pb.h"
+
+namespace decision::server {
+
+inline constexpr int kMinArms = 2;
+inline constexpr int kMaxArmsPerProblem = 4096;
+inline constexpr int kMaxFeaturesPerProblem = 65536;
+inline constexpr int kMaxExpertsPerProblem = 256;
+inline constexpr size_t kMaxEventIdBytes = 128;
+inline constexpr size_t kMaxNameBytes = 128;
+inline constexpr int kMaxExpertsPerTrainingJob = 16;
+// The largest array of doubles one problem's configuration may imply: the divergence
+// reservoir (reservoir x features) and one expert's predictions over it (reservoir x arms).
+// 2^24 doubles = 128 MiB.
+inline constexpr int64_t kMaxConfigDoubles = int64_t{1} << 24;
+
+// Validates a wire configuration and fills in the defaults. INVALID_ARGUMENT names the field.
+absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
+    const std::string& problem_id, const v1::ProblemConfig& config);
+
+// Choose: features (count and finiteness) and the caller's event id.
+absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features);
+// Reward: the value in [0, 1] and an event id of 1 to kMaxEventIdBytes bytes.
+absl::Status ValidateRewardRequest(const v1::RewardRequest& request);
+// RegisterExpert: the name; returns the smoothing to use (the model's, or `default_smoothing`).
+absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertRequest& request,
+                                                     double default_smoothing);
+absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request);
+// TrainExperts: counts >= 0, at most kMaxExpertsPerTrainingJob in all (no overflow).
+absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request);
+// ExportLog: start and limit >= 0.
+absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);
+
+}  // namespace decision::server
+
+#endif  // DECISION_SERVER_VALIDATION_H_
