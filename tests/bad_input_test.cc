@@ -315,6 +315,13 @@ std::vector<BadCase> BadCases(const Suite& suite) {
   auto register_expert = [](v1::RegisterExpertRequest r) {
     return [r](Stub* s) { return Call(s, &Stub::RegisterExpert, r); };
   };
+  auto train = [](int32_t trees, int32_t linear) {
+    v1::TrainExpertsRequest r;
+    r.set_problem_id(kProblem);
+    r.set_tree_experts(trees);
+    r.set_linear_experts(linear);
+    return [r](Stub* s) { return Call(s, &Stub::TrainExperts, r); };
+  };
   auto retire = [](const std::string& problem_id, int expert_id) {
     v1::RetireExpertRequest r;
     r.set_problem_id(problem_id);
@@ -447,6 +454,27 @@ std::vector<BadCase> BadCases(const Suite& suite) {
          c->set_divergence_groups(17);
        })),
        kInvalid, {"config.divergence_groups is 17"}},
+      // Counts whose int sum overflows (2^31 - 1 + 1): formed in 64 bits, not wrapped.
+      {"CreateProblem/auto_train_counts_overflow",
+       create(BadConfig([](auto* c) {
+         c->mutable_auto_train()->set_tree_experts(std::numeric_limits<int32_t>::max());
+         c->mutable_auto_train()->set_linear_experts(1);
+       })),
+       kInvalid, {"config.auto_train", "2147483647", "at most 16"}},
+      // Sizes valid alone whose product is tens of GiB: the reservoir's contexts
+      // (65536 x 65536 doubles = 32 GiB) and its predictions (65536 x 4096 doubles).
+      {"CreateProblem/reservoir_times_features_32GiB",
+       create(BadConfig([](auto* c) {
+         c->set_num_features(65536);
+         c->set_divergence_reservoir(65536);
+       })),
+       kInvalid, {"divergence_reservoir (65536) x num_features (65536)", "at most 16777216"}},
+      {"CreateProblem/reservoir_times_arms_2GiB",
+       create(BadConfig([](auto* c) {
+         c->set_num_arms(4096);
+         c->set_divergence_reservoir(65536);
+       })),
+       kInvalid, {"divergence_reservoir x num_arms (4096)", "at most 16777216"}},
       {"CreateProblem/batch_multiplier_0",
        create(BadConfig([](auto* c) { c->set_batch_multiplier(0.0); })), kInvalid,
        {"config.batch_multiplier is 0"}},
@@ -532,6 +560,11 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"RetireExpert/unknown_problem", retire(kUnknownProblem, 0), kNotFound, {"'nope'"}},
       {"RetireExpert/last_selectable_expert", retire(kOnlyUniform, 0),
        StatusCode::FAILED_PRECONDITION, {"last selectable expert"}},
+
+      // ---- TrainExperts: counts whose int sum overflows, and negative counts.
+      {"TrainExperts/counts_overflow", train(std::numeric_limits<int32_t>::max(), 1), kInvalid,
+       {"tree_experts (2147483647)", "at most 16"}},
+      {"TrainExperts/negative_count", train(-1, 2), kInvalid, {"tree_experts (-1)"}},
 
       // ---- Reads of an unknown problem, and bad ExportLog ranges.
       {"GetProblem/unknown_problem",

@@ -1,0 +1,231 @@
+// Faults inside the service, made with its testing seams (store writes that fail, a sample
+// the estimator refuses) or by writing bad records into the store: each stays local, is
+// reported with the right status, and nothing stored is lost or overwritten.
+#include <string>
+#include <vector>
+
+#include "storage/store.h"
+#include "tests/service_fixture.h"
+
+namespace decision::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A sample written but not learned (the estimator refused it) must not be overwritten by
+// the next join, which would take the same log position: joins stop until a restart, which
+// learns the stored sample.
+TEST_F(ServiceTest, ASampleThatCannotBeLearnedIsNeverOverwritten) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  Choose("p", "a");
+  Choose("p", "b");
+  int failures = 1;
+  hooks_.before_learn = [&](int64_t) {
+    return failures-- > 0 ? absl::InternalError("injected") : absl::OkStatus();
+  };
+  const absl::Status a = Reward("p", "a", 1.0);
+  EXPECT_EQ(a.code(), absl::StatusCode::kInternal) << a;
+  const absl::Status b = Reward("p", "b", 0.0);
+  EXPECT_EQ(b.code(), absl::StatusCode::kInternal) << b;
+  EXPECT_THAT(b.message(), HasSubstr("restart"));
+  std::vector<v1::LoggedSample> log = Export("p");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].event_id(), "a");
+
+  hooks_.before_learn = nullptr;
+  Reopen();
+  EXPECT_EQ(GetProblem("p").samples(), 1);  // "a", learned from the store
+  bool first = false;
+  ASSERT_TRUE(Reward("p", "b", 0.0, &first).ok());
+  EXPECT_TRUE(first);
+  log = Export("p");
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].event_id(), "a");
+  EXPECT_EQ(log[1].event_id(), "b");
+  ExpectEstimatesMatchReference("p");
+}
+
+// CreateProblem is one write: whichever write fails, after a restart the problem either
+// exists and serves, or does not exist; and it exists exactly when the call succeeded.
+TEST_F(ServiceTest, CreateProblemIsAtomic) {
+  for (int fail_from = 0; fail_from < 5; ++fail_from) {
+    SCOPED_TRACE(absl::StrCat("store writes fail from the ", fail_from, "th on"));
+    const std::string id = absl::StrCat("p", fail_from);
+    int writes = 0;
+    fail_writes_ = [&](absl::string_view) { return writes++ >= fail_from; };
+    v1::CreateProblemRequest req;
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(kFeatures);
+    v1::Problem created;
+    const absl::Status s = service_->CreateProblem(req, &created);
+    fail_writes_ = nullptr;
+    Reopen();
+    v1::GetProblemRequest get;
+    get.set_problem_id(id);
+    v1::Problem p;
+    const absl::Status found = service_->GetProblem(get, &p);
+    if (!s.ok()) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+      EXPECT_EQ(found.code(), absl::StatusCode::kNotFound) << found;
+      continue;
+    }
+    ASSERT_TRUE(found.ok()) << found;
+    EXPECT_EQ(p.experts(), 1);
+    v1::ChooseRequest choose;
+    choose.set_problem_id(id);
+    for (int f = 0; f < kFeatures; ++f) choose.add_features(0.5);
+    v1::ChooseResponse c;
+    EXPECT_TRUE(service_->Choose(choose, &c).ok());
+  }
+}
+
+// Shutdown is clean only if everything answered is on disk.
+TEST_F(ServiceTest, ShutdownReportsAFailedFinalWriteOfDecisions) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  Choose("p", "a");  // deferred: answered, not written yet
+  fail_writes_ = [](absl::string_view what) { return what == "group"; };
+  const absl::Status s = service_->Shutdown();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_THAT(s.message(), HasSubstr("injected"));
+  fail_writes_ = nullptr;
+  service_.reset();
+  Open();
+  EXPECT_EQ(GetProblem("p").pending(), 0);  // the decision was lost, and that was reported
+}
+
+// A failing task of a maintenance round (here: writing a log chunk) is reported, and the
+// round's other tasks still run (here: the expiry).
+TEST_F(ServiceTest, AFailedMaintenanceTaskDoesNotStopTheOthers) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  PlayRounds("p", static_cast<int>(storage::kLogChunkSamples));  // completes log chunk 0
+  Choose("p", "late");
+  clock_.AdvanceMs(5000);
+  fail_writes_ = [](absl::string_view what) { return what == "log chunk"; };
+  const absl::Status round = service_->RunMaintenance();
+  EXPECT_EQ(round.code(), absl::StatusCode::kInternal) << round;
+  EXPECT_THAT(round.message(), HasSubstr("log chunk"));
+  const v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.pending(), 0);  // expired all the same
+  EXPECT_EQ(p.samples(), storage::kLogChunkSamples + 1);
+  fail_writes_ = nullptr;
+  EXPECT_TRUE(service_->RunMaintenance().ok());  // the chunk is written now
+  Reopen();
+  EXPECT_EQ(GetProblem("p").samples(), storage::kLogChunkSamples + 1);
+  ExpectEstimatesMatchReference("p");
+}
+
+// Restart checks every size a record states before indexing with it: a record that does not
+// fit the problem is DATA_LOSS, never a read out of bounds.
+class CorruptRecordTest : public ServiceTest {
+ protected:
+  // A problem with a few samples, then the service closed and `corrupt` applied to the
+  // store (problem index 0), then the service opened again.
+  absl::Status OpenAfter(const std::function<absl::Status(storage::Store&)>& corrupt) {
+    CreateProblem("p", /*wait_ms=*/1'000'000);
+    RegisterLinear("p", 4.0);
+    RunMaintenanceUntilActive("p");
+    PlayRounds("p", 20);
+    EXPECT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    {
+      absl::StatusOr<std::unique_ptr<storage::Store>> store =
+          storage::Store::Open(dir_, storage::StoreOptions());
+      EXPECT_TRUE(store.ok()) << store.status();
+      EXPECT_TRUE(corrupt(**store).ok());
+    }
+    ServiceOptions options;
+    options.data_dir = dir_;
+    options.start_maintenance_thread = false;
+    return DecisionService::Open(options, &clock_, &metrics_).status();
+  }
+};
+
+storage::v1::LogChunk FullChunk(int experts) {
+  storage::v1::LogChunk c;
+  c.set_num_experts(experts);
+  for (int64_t i = 0; i < storage::kLogChunkSamples; ++i) {
+    c.add_chooser(0);
+    c.add_reward(0.0);
+    for (int k = 0; k < experts; ++k) c.add_propensities(0.25);
+  }
+  return c;
+}
+
+TEST_F(CorruptRecordTest, LogChunkWithTooFewPropensities) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    storage::v1::LogChunk c = FullChunk(2);
+    c.mutable_propensities()->Truncate(10);
+    return store.PutLogChunk(0, 0, c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("log chunk 0"));
+}
+
+TEST_F(CorruptRecordTest, LogChunkWiderThanTheExperts) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    return store.PutLogChunk(0, 0, FullChunk(9));
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST_F(CorruptRecordTest, LogChunkWithAChooserOutOfRange) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    storage::v1::LogChunk c = FullChunk(2);
+    c.set_chooser(7, 5);
+    return store.PutLogChunk(0, 0, c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("sample 7"));
+}
+
+TEST_F(CorruptRecordTest, CheckpointMatricesOfTheWrongSize) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
+    if (!c.ok()) return c.status();
+    c->mutable_m()->RemoveLast();
+    return store.PutCheckpoint(0, *c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("divergence matrices"));
+}
+
+TEST_F(CorruptRecordTest, CheckpointCoveringMoreExpertsThanStored) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
+    if (!c.ok()) return c.status();
+    c->set_num_experts(5);
+    return store.PutCheckpoint(0, *c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+}
+
+TEST_F(CorruptRecordTest, ReservoirNotAMultipleOfTheFeatures) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
+    if (!c.ok()) return c.status();
+    c->add_reservoir(1.0);
+    return store.PutCheckpoint(0, *c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("reservoir"));
+}
+
+TEST_F(CorruptRecordTest, BackfillChunkLongerThanAChunk) {
+  const absl::Status s = OpenAfter([](storage::Store& store) {
+    storage::v1::BackfillChunk c;
+    for (int64_t i = 0; i <= storage::kBackfillChunkSamples; ++i) c.add_values(0.25);
+    storage::v1::ExpertRecord expert;
+    expert.set_name("late");
+    expert.mutable_model()->set_uniform(true);
+    expert.set_status(storage::v1::EXPERT_STATE_BACKFILLING);
+    expert.set_backfill_total(20);
+    if (absl::Status w = store.PutExpert(0, 2, expert); !w.ok()) return w;
+    return store.PutBackfillChunk(0, 2, 0, c);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("backfill chunk"));
+}
+
+}  // namespace
+}  // namespace decision::server

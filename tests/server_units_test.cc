@@ -1,0 +1,145 @@
+// Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
+// transitions (pending_table.h) and the executor's group commit (executor.h).
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+#include "server/conversions.h"
+#include "server/executor.h"
+#include "server/pending_table.h"
+
+namespace decision::server {
+namespace {
+
+// The stored enum values are the integers earlier versions wrote (static_cast of the core
+// enum): a table that changed them would misread every stored problem.
+TEST(ConversionsTest, StoredEstimatorValuesAreTheCoreEnumsAsWrittenBefore) {
+  for (EstimatorKind kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
+    for (MedianOfMeansGrouping g :
+         {MedianOfMeansGrouping::kContiguous, MedianOfMeansGrouping::kRoundRobin}) {
+      EstimatorOptions o;
+      o.kind = kind;
+      o.grouping = g;
+      o.epsilon_rule = EpsilonRule::kTwoOverT;
+      o.width_rule = WidthRule::kAuthorsCode;
+      o.clip_test = ClipTest::kRewardTimesRatio;
+      const storage::v1::EstimatorRecord r = EstimatorRecordOf(o);
+      EXPECT_EQ(static_cast<int>(r.kind()), static_cast<int>(kind));
+      EXPECT_EQ(static_cast<int>(r.grouping()), static_cast<int>(g));
+      EXPECT_EQ(static_cast<int>(r.epsilon_rule()), static_cast<int>(EpsilonRule::kTwoOverT));
+      EXPECT_EQ(static_cast<int>(r.width_rule()), static_cast<int>(WidthRule::kAuthorsCode));
+      EXPECT_EQ(static_cast<int>(r.clip_test()), static_cast<int>(ClipTest::kRewardTimesRatio));
+      storage::v1::ProblemRecord problem;
+      *problem.mutable_estimator() = r;
+      const EstimatorOptions back = EstimatorOptionsOf(problem);
+      EXPECT_EQ(back.kind, kind);
+      EXPECT_EQ(back.grouping, g);
+      EXPECT_EQ(back.epsilon_rule, EpsilonRule::kTwoOverT);
+    }
+  }
+}
+
+TEST(ConversionsTest, WireValuesRoundTripAndUnspecifiedMeansTheDefault) {
+  v1::EstimatorConfig wire;
+  wire.set_kind(v1::ESTIMATOR_KIND_CLIPPED);
+  wire.set_grouping(v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);
+  wire.set_width_rule(v1::WIDTH_RULE_AUTHORS_CODE);
+  const v1::EstimatorConfig back =
+      EstimatorConfigToWire(EstimatorRecordOf(EstimatorOptionsFromWire(wire)));
+  EXPECT_EQ(back.kind(), v1::ESTIMATOR_KIND_CLIPPED);
+  EXPECT_EQ(back.grouping(), v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);
+  EXPECT_EQ(back.width_rule(), v1::WIDTH_RULE_AUTHORS_CODE);
+  EXPECT_EQ(back.epsilon_rule(), v1::EPSILON_RULE_PAPER);
+  EXPECT_EQ(back.clip_test(), v1::CLIP_TEST_RATIO);
+  const EstimatorOptions defaults = EstimatorOptionsFromWire(v1::EstimatorConfig());
+  EXPECT_EQ(defaults.kind, EstimatorKind::kMedianOfMeans);
+  EXPECT_EQ(defaults.grouping, MedianOfMeansGrouping::kRoundRobin);
+}
+
+TEST(ConversionsTest, ExpertStates) {
+  EXPECT_EQ(ExpertStatusToWire(storage::v1::EXPERT_STATE_BACKFILLING),
+            v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(ExpertStatusToWire(storage::v1::EXPERT_STATE_ACTIVE), v1::EXPERT_STATUS_ACTIVE);
+  EXPECT_EQ(ExpertStatusToWire(storage::v1::EXPERT_STATE_RETIRED), v1::EXPERT_STATUS_RETIRED);
+}
+
+storage::v1::EventRecord Event(int64_t deadline_ms) {
+  storage::v1::EventRecord e;
+  e.set_deadline_ms(deadline_ms);
+  return e;
+}
+
+TEST(PendingTableTest, ADeferredDecisionIsFlushedStoredJoinedAndGone) {
+  PendingTable t;
+  t.Claim("a");
+  EXPECT_EQ(t.answered(), 0);
+  EXPECT_TRUE(t.Decide("a", Event(100), DecisionState::kUnwritten, /*now_ms=*/0).empty());
+  EXPECT_EQ(t.answered(), 1);
+  EXPECT_TRUE(t.FlushDue(/*now_ms=*/20, 4096, 20));
+  EXPECT_FALSE(t.FlushDue(/*now_ms=*/19, 4096, 20));
+  const auto taken = t.TakeUnwritten();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kFlushing);
+  EXPECT_EQ(t.unwritten(), 0u);
+  t.MarkStored("a");
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kStored);
+  EXPECT_TRUE(t.StartJoin(*t.Find("a"), /*expiry=*/false));
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kJoining);
+  EXPECT_TRUE(t.Due(1000).empty());  // a join in progress is not due
+  t.Erase("a");
+  EXPECT_EQ(t.Find("a"), nullptr);
+  EXPECT_EQ(t.answered(), 0);
+}
+
+TEST(PendingTableTest, AFailedJoinOfAnUnwrittenDecisionPutsItBackOnTheFlushList) {
+  PendingTable t;
+  t.Decide("a", Event(100), DecisionState::kUnwritten, 0);
+  EXPECT_FALSE(t.StartJoin(*t.Find("a"), /*expiry=*/true));  // the join writes it
+  EXPECT_EQ(t.unwritten(), 0u);
+  t.AbortJoin("a", 5);
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kUnwritten);
+  EXPECT_EQ(t.unwritten(), 1u);
+  EXPECT_EQ(t.Due(101), std::vector<std::string>{"a"});
+}
+
+TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
+  PendingTable t;
+  t.Claim("a");
+  t.Find("a")->waiters.push_back({nullptr, [](absl::Status) {}});
+  EXPECT_TRUE(t.Decide("a", Event(100), DecisionState::kWriting, 0).empty());
+  EXPECT_EQ(t.answered(), 0);
+  EXPECT_TRUE(t.Due(1000).empty());  // not answered: never expires
+  EXPECT_EQ(t.MarkStored("a").size(), 1u);
+  EXPECT_EQ(t.answered(), 1);
+  EXPECT_EQ(t.Due(1000), std::vector<std::string>{"a"});
+}
+
+TEST(GroupCommitQueueTest, OpsQueuedDuringACommitRideInTheNextGroup) {
+  Executor executor(1, "test");
+  absl::Notification first_started, release;
+  std::vector<std::vector<int>> groups;
+  std::atomic<int> committed{0};
+  GroupCommitQueue<int> queue(&executor, [&](std::vector<int>& group) {
+    if (groups.empty()) {
+      first_started.Notify();
+      release.WaitForNotification();
+    }
+    groups.push_back(group);
+    committed += static_cast<int>(group.size());
+  });
+  queue.Submit(1);
+  first_started.WaitForNotification();
+  for (int i = 2; i <= 5; ++i) queue.Submit(i);
+  release.Notify();
+  executor.Stop();
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0], std::vector<int>{1});
+  EXPECT_EQ(groups[1], (std::vector<int>{2, 3, 4, 5}));
+  EXPECT_EQ(committed.load(), 5);
+}
+
+}  // namespace
+}  // namespace decision::server

@@ -1,0 +1,208 @@
+// The fixture of the in-process service tests: DecisionService with a fake clock and the
+// maintenance run by hand (no background thread), on a fresh temporary directory.
+#ifndef DECISION_TESTS_SERVICE_FIXTURE_H_
+#define DECISION_TESTS_SERVICE_FIXTURE_H_
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/estimator.h"
+#include "server/decision_service.h"
+#include "tests/decisiond_process.h"
+#include "tests/reference_estimators.h"
+
+namespace decision::server {
+
+inline constexpr int kArms = 4;
+inline constexpr int kFeatures = 3;
+
+// Store writes so far (each one observed by the write-latency histogram).
+inline uint64_t StorageWrites(Metrics& metrics) {
+  return metrics.storage_write_latency().Collect().histogram.sample_count;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    Open();
+  }
+  void Open() {
+    ServiceOptions options;
+    options.data_dir = dir_;
+    options.seed = 7;
+    options.start_maintenance_thread = false;
+    options.inline_maintenance = inline_maintenance_;
+    options.durable_choose = durable_choose_;
+    options.store_fault_injection = [this](absl::string_view what) -> absl::Status {
+      if (fail_writes_ != nullptr && fail_writes_(what)) {
+        return absl::InternalError(absl::StrCat("injected failure writing ", what));
+      }
+      return absl::OkStatus();
+    };
+    options.problem_hooks = &hooks_;
+    auto s = DecisionService::Open(options, &clock_, &metrics_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    service_ = *std::move(s);
+  }
+  void Reopen() {
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    Open();
+  }
+
+  void CreateProblem(const std::string& id, int64_t wait_ms = 1000, bool drop = false,
+                     int auto_train_max_active = 0) {
+    v1::CreateProblemRequest req;
+    if (auto_train_max_active > 0) {
+      req.mutable_config()->mutable_auto_train()->set_enabled(true);
+      req.mutable_config()->mutable_auto_train()->set_max_active_experts(auto_train_max_active);
+    }
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(kFeatures);
+    req.mutable_config()->set_reward_wait_ms(wait_ms);
+    req.mutable_config()->set_default_reward(0.25);
+    req.mutable_config()->set_drop_unrewarded(drop);
+    v1::Problem p;
+    ASSERT_TRUE(service_->CreateProblem(req, &p).ok());
+  }
+
+  // A linear softmax expert preferring arm = argmax of the first features.
+  int RegisterLinear(const std::string& problem, double strength) {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id(problem);
+    req.set_name("linear");
+    auto* l = req.mutable_model()->mutable_linear_softmax();
+    for (int a = 0; a < kArms; ++a) {
+      for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? strength : 0.0);
+      l->add_bias(0.0);
+    }
+    v1::Expert e;
+    EXPECT_TRUE(service_->RegisterExpert(req, &e).ok());
+    return e.expert_id();
+  }
+
+  void RunMaintenanceUntilActive(const std::string& problem) {
+    for (int i = 0; i < 1000; ++i) {
+      ASSERT_TRUE(service_->RunMaintenance().ok());
+      v1::ListExpertsRequest req;
+      req.set_problem_id(problem);
+      v1::ListExpertsResponse resp;
+      ASSERT_TRUE(service_->ListExperts(req, &resp).ok());
+      bool all = true;
+      for (const auto& e : resp.experts()) all &= e.status() != v1::EXPERT_STATUS_BACKFILLING;
+      if (all) return;
+    }
+    FAIL() << "backfill did not complete";
+  }
+
+  v1::ChooseResponse Choose(const std::string& problem, const std::string& event_id = "") {
+    v1::ChooseRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(event_id);
+    for (int f = 0; f < kFeatures; ++f) req.add_features(std::uniform_real_distribution<>(0, 1)(gen_));
+    v1::ChooseResponse resp;
+    absl::Status s = service_->Choose(req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    last_features_.assign(req.features().begin(), req.features().end());
+    return resp;
+  }
+  absl::Status Reward(const std::string& problem, const std::string& event_id, double value,
+                      bool* first = nullptr) {
+    v1::RewardRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(event_id);
+    req.set_value(value);
+    v1::RewardResponse resp;
+    absl::Status s = service_->Reward(req, &resp);
+    if (first != nullptr) *first = resp.first();
+    return s;
+  }
+  // Reward 1 when the arm is the argmax of the context's first features.
+  double Label() const {
+    return static_cast<double>(std::max_element(last_features_.begin(), last_features_.end()) -
+                               last_features_.begin());
+  }
+  v1::Problem GetProblem(const std::string& id) {
+    v1::GetProblemRequest req;
+    req.set_problem_id(id);
+    v1::Problem p;
+    EXPECT_TRUE(service_->GetProblem(req, &p).ok());
+    return p;
+  }
+  v1::Estimates Estimates(const std::string& id) {
+    v1::GetEstimatesRequest req;
+    req.set_problem_id(id);
+    v1::Estimates e;
+    EXPECT_TRUE(service_->GetEstimates(req, &e).ok());
+    return e;
+  }
+  std::vector<v1::LoggedSample> Export(const std::string& id) {
+    v1::ExportLogRequest req;
+    req.set_problem_id(id);
+    std::vector<v1::LoggedSample> out;
+    EXPECT_TRUE(service_->ExportLog(req, [&](const v1::LoggedSample& s) {
+                  out.push_back(s);
+                  return absl::OkStatus();
+                }).ok());
+    return out;
+  }
+  // The service's estimates equal the literal reference computed from the exported log
+  // (every expert's propensities) and the reported divergences.
+  void ExpectEstimatesMatchReference(const std::string& problem) {
+    const v1::Estimates e = Estimates(problem);
+    const auto log = Export(problem);
+    ASSERT_EQ(static_cast<int64_t>(log.size()), e.samples());
+    SampleLog rebuilt(e.n());
+    for (const v1::LoggedSample& s : log) {
+      ASSERT_EQ(s.expert_propensities_size(), e.n());
+      ASSERT_TRUE(rebuilt
+                      .Append(s.expert_id(), s.reward(),
+                              std::vector<double>(s.expert_propensities().begin(),
+                                                  s.expert_propensities().end()))
+                      .ok());
+    }
+    DivergenceMatrix d;
+    d.num_experts = e.n();
+    d.m.assign(e.m().begin(), e.m().end());
+    d.sigma.assign(e.sigma().begin(), e.sigma().end());
+    for (int k = 0; k < e.n(); ++k) {
+      const ExpertEstimate ref =
+          reference::Estimate(rebuilt, rebuilt.size(), d, EstimatorOptions(), k);
+      EXPECT_NEAR(e.experts(k).estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
+      EXPECT_NEAR(e.experts(k).width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
+    }
+  }
+
+  void PlayRounds(const std::string& problem, int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      const v1::ChooseResponse c = Choose(problem);
+      ASSERT_TRUE(Reward(problem, c.event_id(), c.arm() == Label() ? 1.0 : 0.0).ok());
+    }
+  }
+
+  // Store writes for which this returns true fail (storage::StoreOptions::fault_injection).
+  std::function<bool(absl::string_view what)> fail_writes_;
+  ProblemHooks hooks_;
+  bool inline_maintenance_ = false;
+  bool durable_choose_ = false;
+  std::string dir_;
+  FakeClock clock_;
+  Metrics metrics_;
+  std::unique_ptr<DecisionService> service_;
+  std::mt19937_64 gen_{42};
+  std::vector<double> last_features_;
+};
+
+}  // namespace decision::server
+
+#endif  // DECISION_TESTS_SERVICE_FIXTURE_H_
