@@ -52,6 +52,37 @@ ABSL_FLAG(int64_t, min_refresh_interval_ms, 10000,
 
 namespace {
 
+decision::server::ServiceOptions OptionsFromFlags() {
+  decision::server::ServiceOptions options;
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
+  options.durable_choose = absl::GetFlag(FLAGS_durable_choose);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.maintenance_interval_ms = absl::GetFlag(FLAGS_maintenance_interval_ms);
+  options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
+  options.start_maintenance_thread = !options.inline_maintenance;
+  options.training_threads = absl::GetFlag(FLAGS_training_threads);
+  options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
+  return options;
+}
+
+// Serves `metrics` on --metrics_listen (unless empty); false, with a message, on failure.
+bool StartMetrics(decision::server::Metrics* metrics,
+                  std::unique_ptr<prometheus::Exposer>* exposer, std::string* address) {
+  const std::string m = absl::GetFlag(FLAGS_metrics_listen);
+  if (m.empty()) return true;
+  try {
+    *exposer = std::make_unique<prometheus::Exposer>(m);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decisiond: cannot serve metrics on %s: %s\n", m.c_str(), e.what());
+    return false;
+  }
+  (*exposer)->RegisterCollectable(metrics->registry());
+  const auto ports = (*exposer)->GetListeningPorts();
+  *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", ports.empty() ? 0 : ports[0]);
+  return true;
+}
+
 int Run() {
   using namespace decision::server;
   // Block the termination signals in every thread; main waits for them with sigwait.
@@ -63,16 +94,7 @@ int Run() {
 
   SystemClock clock;
   Metrics metrics;
-  ServiceOptions options;
-  options.data_dir = absl::GetFlag(FLAGS_data_dir);
-  options.sync_writes = absl::GetFlag(FLAGS_sync_writes);
-  options.durable_choose = absl::GetFlag(FLAGS_durable_choose);
-  options.seed = absl::GetFlag(FLAGS_seed);
-  options.maintenance_interval_ms = absl::GetFlag(FLAGS_maintenance_interval_ms);
-  options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
-  options.start_maintenance_thread = !options.inline_maintenance;
-  options.training_threads = absl::GetFlag(FLAGS_training_threads);
-  options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
+  const ServiceOptions options = OptionsFromFlags();
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
@@ -86,17 +108,7 @@ int Run() {
 
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string metrics_address = "disabled";
-  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(m);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "decisiond: cannot serve metrics on %s: %s\n", m.c_str(), e.what());
-      return 1;
-    }
-    exposer->RegisterCollectable(metrics.registry());
-    const auto ports = exposer->GetListeningPorts();
-    metrics_address = absl::StrCat(m.substr(0, m.rfind(':')), ":", ports.empty() ? 0 : ports[0]);
-  }
+  if (!StartMetrics(&metrics, &exposer, &metrics_address)) return 1;
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -279,94 +279,100 @@ absl::StatusOr<std::vector<double>> Problem::Propensities(
   return out;
 }
 
+absl::Status Problem::LateError(const std::string& event_id, int64_t deadline_ms) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "event ", event_id, " expired at ", deadline_ms, " ms (reward wait time ",
+      record_.reward_wait_ms(), " ms); the reward is counted as late and not learned"));
+}
+
+Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64_t now_ms,
+                                              v1::RewardResponse* response) {
+  RewardPlan plan;
+  PendingDecision* d = pending_.Find(event_id);
+  if (d == nullptr) {
+    // Not pending: joined, expired or unknown. The writer resolves it against the store, in
+    // order with the joins and expiries it writes.
+    plan.action = RewardPlan::kLate;
+    return plan;
+  }
+  switch (d->state) {
+    case DecisionState::kDeciding:
+    case DecisionState::kWriting:
+      plan.answer = absl::UnavailableError(absl::StrCat(
+          "the decision of event ", event_id, " is still being stored; retry the reward"));
+      return plan;
+    case DecisionState::kJoining:
+      response->set_first(false);
+      metrics_.rewards_duplicate->Increment();
+      return plan;
+    case DecisionState::kExpiring:
+      // Racing its expiry: late, like a reward after it. The expiry writes the mark.
+      (d->late_reward ? metrics_.rewards_duplicate : metrics_.rewards_late)->Increment();
+      d->late_reward = true;
+      plan.answer = LateError(event_id, d->record.deadline_ms());
+      return plan;
+    case DecisionState::kUnwritten:
+    case DecisionState::kFlushing:
+    case DecisionState::kStored:
+      break;
+  }
+  if (now_ms > d->record.deadline_ms()) {
+    // The wait time passed but the expiry has not run yet: expire it now, with the late
+    // mark, and answer as for any late reward once the expiry is written.
+    d->late_reward = true;
+    metrics_.rewards_late->Increment();
+    plan.answer = LateError(event_id, d->record.deadline_ms());
+    plan.action = RewardPlan::kExpire;
+    PrepareExpiryLocked(event_id, *d, &plan.op, &plan.models);
+    return plan;
+  }
+  plan.action = RewardPlan::kJoin;
+  plan.op.kind = WriteOp::kJoin;
+  plan.op.event_id = event_id;
+  plan.op.decision_stored = pending_.StartJoin(*d, /*expiry=*/false);
+  plan.op.event = d->record;
+  plan.models = experts_.Models();
+  return plan;
+}
+
 void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
                      Done done) {
   if (absl::Status s = ValidateRewardRequest(request); !s.ok()) return done(s);
-  const std::string& event_id = request.event_id();
-  const int64_t now = env_.clock->NowMs();
-  auto late = [&](int64_t deadline_ms) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "event ", event_id, " expired at ", deadline_ms, " ms (reward wait time ",
-        record_.reward_wait_ms(), " ms); the reward is counted as late and not learned"));
-  };
-  enum class Action { kAnswer, kJoin, kLate };
-  Action action = Action::kAnswer;
-  absl::Status answer = absl::OkStatus();
-  WriteOp op;
-  std::vector<std::shared_ptr<const Expert>> models;
-  std::optional<WriteOp> expiry;
-  std::vector<std::shared_ptr<const Expert>> expiry_models;
+  RewardPlan plan;
   {
     absl::MutexLock lock(&mu_);
-    PendingDecision* d = pending_.Find(event_id);
-    if (d == nullptr) {
-      // Not pending: joined, expired or unknown. The writer resolves it against the store,
-      // in order with the joins and expiries it writes.
-      action = Action::kLate;
-    } else {
-      switch (d->state) {
-        case DecisionState::kDeciding:
-        case DecisionState::kWriting:
-          answer = absl::UnavailableError(absl::StrCat(
-              "the decision of event ", event_id, " is still being stored; retry the reward"));
-          break;
-        case DecisionState::kJoining:
-          response->set_first(false);
-          metrics_.rewards_duplicate->Increment();
-          break;
-        case DecisionState::kExpiring:
-          // Racing its expiry: late, like a reward after it. The expiry writes the mark.
-          (d->late_reward ? metrics_.rewards_duplicate : metrics_.rewards_late)->Increment();
-          d->late_reward = true;
-          answer = late(d->record.deadline_ms());
-          break;
-        case DecisionState::kUnwritten:
-        case DecisionState::kFlushing:
-        case DecisionState::kStored:
-          if (now > d->record.deadline_ms()) {
-            // The wait time passed but the expiry has not run yet: expire it now, with the
-            // late mark, and answer as for any late reward.
-            d->late_reward = true;
-            metrics_.rewards_late->Increment();
-            answer = late(d->record.deadline_ms());
-            expiry.emplace();
-            PrepareExpiryLocked(event_id, *d, &*expiry, &expiry_models);
-          } else {
-            action = Action::kJoin;
-            op.decision_stored = pending_.StartJoin(*d, /*expiry=*/false);
-            op.event = d->record;
-            models = experts_.Models();
-          }
-          break;
-      }
-    }
+    plan = PlanRewardLocked(request.event_id(), env_.clock->NowMs(), response);
   }
-  if (expiry.has_value()) {
-    // Answered once the expiry is written, so that what the answer says is on disk.
-    expiry->done = [answer, done = std::move(done)](absl::Status written) {
-      done(written.ok() ? answer : written);
-    };
-    return SubmitExpiry(*std::move(expiry), std::move(expiry_models));
+  WriteOp& op = plan.op;
+  switch (plan.action) {
+    case RewardPlan::kAnswer:
+      return done(plan.answer);
+    case RewardPlan::kExpire:
+      op.done = [answer = plan.answer, done = std::move(done)](absl::Status written) {
+        done(written.ok() ? answer : written);
+      };
+      return SubmitExpiry(std::move(op), std::move(plan.models));
+    case RewardPlan::kLate:
+      op.kind = WriteOp::kLateReward;
+      op.event_id = request.event_id();
+      op.reward_response = response;
+      op.done = std::move(done);
+      return Submit(std::move(op));
+    case RewardPlan::kJoin:
+      break;
   }
-  if (action == Action::kAnswer) return done(answer);
-  op.event_id = event_id;
-  op.reward_response = response;
-  op.done = std::move(done);
-  if (action == Action::kLate) {
-    op.kind = WriteOp::kLateReward;
-    return Submit(std::move(op));
-  }
-  absl::StatusOr<std::vector<double>> propensities = Propensities(models, op.event);
+  absl::StatusOr<std::vector<double>> propensities = Propensities(plan.models, op.event);
   if (!propensities.ok()) {
     {
       absl::MutexLock lock(&mu_);
-      pending_.AbortJoin(event_id, env_.clock->NowMs());
+      pending_.AbortJoin(op.event_id, env_.clock->NowMs());
     }
-    return op.done(propensities.status());
+    return done(propensities.status());
   }
-  op.kind = WriteOp::kJoin;
   op.reward = request.value();
   op.propensities = *std::move(propensities);
+  op.reward_response = response;
+  op.done = std::move(done);
   Submit(std::move(op));
 }
 

@@ -268,6 +268,23 @@ class Problem {
                      v1::ChooseResponse* response);
   static void AnswerWaiters(std::vector<ChooseWaiter> waiters, const std::string& event_id,
                             const storage::v1::EventRecord& record);
+  // --- Reward (problem.cc)
+  // What a Reward does, decided under mu_ from its event's state (PendingTable).
+  struct RewardPlan {
+    enum Action {
+      kAnswer,  // answer at once with `answer` (duplicate, not yet answerable, racing expiry)
+      kJoin,    // score `op`'s event with `models`, then join it
+      kExpire,  // past its deadline: expire it (`op`), then answer `answer` (late)
+      kLate,    // not pending: the writer resolves it against the store
+    };
+    Action action = kAnswer;
+    absl::Status answer;
+    WriteOp op;
+    std::vector<std::shared_ptr<const Expert>> models;
+  };
+  RewardPlan PlanRewardLocked(const std::string& event_id, int64_t now_ms,
+                              v1::RewardResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LateError(const std::string& event_id, int64_t deadline_ms) const;
   // pi_k(arm | x) for every model; INTERNAL naming the expert if one fails or is out of
   // (0, 1].
   absl::StatusOr<std::vector<double>> Propensities(
@@ -283,6 +300,10 @@ class Problem {
   // Adds op to the batch (a late reward reads the store to decide what to write).
   absl::Status AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch, int64_t* seq,
                           int64_t now_ms, absl::flat_hash_set<std::string>* marked_late);
+  // A kLateReward (answered from the stored event) or kMarkLate: marks the stored event
+  // late once; `marked_late` holds the events marked earlier in the same group.
+  absl::Status AddLateMarkToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
+                                  absl::flat_hash_set<std::string>* marked_late);
   void ApplyLocked(WriteOp& op, const absl::Status& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyJoinLocked(WriteOp& op, const absl::Status& written)

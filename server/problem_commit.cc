@@ -105,43 +105,43 @@ absl::Status Problem::AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
                            op.decision_stored);
     }
     case WriteOp::kLateReward:
-    case WriteOp::kMarkLate: {
-      // The event left the pending table after its join or expiry was written, so the
-      // store has it; this thread writes every change to it, so the read is current.
-      absl::StatusOr<EventRecord> stored = store.GetEvent(index_, op.event_id);
-      op.writes = false;
-      if (absl::IsNotFound(stored.status())) {
-        op.result = absl::NotFoundError(
-            absl::StrCat("event ", op.event_id, " is unknown to problem ", id()));
-        return absl::OkStatus();
-      }
-      if (!stored.ok()) {
-        op.result = stored.status();
-        return absl::OkStatus();
-      }
-      if (stored->state() != storage::v1::EVENT_STATE_EXPIRED) {
-        if (op.reward_response != nullptr) op.reward_response->set_first(false);
-        op.counts_duplicate = op.kind == WriteOp::kLateReward;
-        return absl::OkStatus();
-      }
-      if (op.kind == WriteOp::kLateReward) {
-        op.result = absl::FailedPreconditionError(absl::StrCat(
-            "event ", op.event_id, " expired at ", stored->deadline_ms(),
-            " ms (reward wait time ", record_.reward_wait_ms(),
-            " ms); the reward is counted as late and not learned"));
-      }
-      if (stored->late_reward() || marked_late->contains(op.event_id)) {
-        op.counts_duplicate = op.kind == WriteOp::kLateReward;
-        return absl::OkStatus();
-      }
-      marked_late->insert(op.event_id);
-      op.counts_late = op.kind == WriteOp::kLateReward;
-      op.writes = true;
-      stored->set_late_reward(true);
-      return store.AddEventUpdate(batch, index_, op.event_id, *stored);
-    }
+    case WriteOp::kMarkLate:
+      return AddLateMarkToBatch(op, batch, marked_late);
   }
   return absl::OkStatus();
+}
+
+absl::Status Problem::AddLateMarkToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
+                                         absl::flat_hash_set<std::string>* marked_late) {
+  // The event left the pending table after its join or expiry was written, so the store has
+  // it; this thread writes every change to it, so the read is current.
+  absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, op.event_id);
+  op.writes = false;
+  if (absl::IsNotFound(stored.status())) {
+    op.result = absl::NotFoundError(
+        absl::StrCat("event ", op.event_id, " is unknown to problem ", id()));
+    return absl::OkStatus();
+  }
+  if (!stored.ok()) {
+    op.result = stored.status();
+    return absl::OkStatus();
+  }
+  const bool reward = op.kind == WriteOp::kLateReward;  // else a kMarkLate
+  if (stored->state() != storage::v1::EVENT_STATE_EXPIRED) {
+    if (op.reward_response != nullptr) op.reward_response->set_first(false);
+    op.counts_duplicate = reward;
+    return absl::OkStatus();
+  }
+  if (reward) op.result = LateError(op.event_id, stored->deadline_ms());
+  if (stored->late_reward() || marked_late->contains(op.event_id)) {
+    op.counts_duplicate = reward;
+    return absl::OkStatus();
+  }
+  marked_late->insert(op.event_id);
+  op.counts_late = reward;
+  op.writes = true;
+  stored->set_late_reward(true);
+  return env_.store->AddEventUpdate(batch, index_, op.event_id, *stored);
 }
 
 void Problem::CommitGroup(std::vector<WriteOp>& group) {
