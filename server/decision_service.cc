@@ -80,18 +80,20 @@ absl::Status DecisionService::Shutdown() {
   stop_.Notify();
   if (maintenance_.joinable()) maintenance_.join();
   trainer_->Stop();
-  absl::Status status = absl::OkStatus();
+  std::vector<Problem*> problems;
   {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, problem] : problems_) {
-      absl::Status s = problem->FlushDecisions();
-      if (s.ok()) s = problem->WriteLogChunks();
-      if (s.ok()) s = problem->Checkpoint();
-      if (!s.ok()) {
-        std::fprintf(stderr, "decisiond: shutdown: problem %s: %s\n", id.c_str(),
-                     s.ToString().c_str());
-        if (status.ok()) status = s;
-      }
+    absl::MutexLock lock(&mu_);  // no problem is added once shut_down_ is set
+    for (auto& [id, problem] : problems_) problems.push_back(problem.get());
+  }
+  absl::Status status = absl::OkStatus();
+  for (Problem* problem : problems) {
+    absl::Status s = problem->FlushDecisions();
+    if (s.ok()) s = problem->WriteLogChunks();
+    if (s.ok()) s = problem->Checkpoint();
+    if (!s.ok()) {
+      std::fprintf(stderr, "decisiond: shutdown: problem %s: %s\n", problem->id().c_str(),
+                   s.ToString().c_str());
+      if (status.ok()) status = s;
     }
   }
   writer_->Stop();

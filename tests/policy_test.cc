@@ -262,6 +262,74 @@ TEST(DUcb, SwapInRefusesAnEstimatorForFewerExperts) {
   EXPECT_EQ(live->estimator().num_experts(), 4);
 }
 
+// The server's backfill completion: the log widened by the new expert's column from a
+// prefix while samples keep coming (their new-expert values in a tail), then swapped in.
+// Must equal a restart's FromLog over the wider log, bit for bit, and keep learning alike.
+TEST(DUcb, ExtensionPreparedAsideAndSwappedInEqualsFromLogBitForBit) {
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    EstimatorOptions o;
+    o.kind = kind;
+    const DivergenceMatrix d = ThreeExpertDivergences();
+    auto live = DUcb::Create(o, 2);
+    ASSERT_TRUE(live.ok());
+    SampleLog all(3);  // what a restart reads: every sample with all three propensities
+    std::mt19937_64 gen(13);
+    std::uniform_real_distribution<double> p(0.05, 1.0);
+    std::vector<double> column, tail;
+    auto learn = [&](int64_t n, std::vector<double>* third) {
+      for (int64_t s = 0; s < n; ++s) {
+        const std::vector<double> props = {p(gen), p(gen), p(gen)};
+        const int chooser = static_cast<int>(gen() % 2);
+        const double reward = std::bernoulli_distribution(0.4)(gen) ? 1.0 : 0.0;
+        ASSERT_TRUE(live->Learn(chooser, reward, {props[0], props[1]}).ok());
+        ASSERT_TRUE(all.Append(chooser, reward, props).ok());
+        third->push_back(props[2]);
+      }
+    };
+    learn(9000, &column);
+    const SampleLog prefix = live->log().SharedPrefix();
+    auto extension = DUcb::PrepareExtension(o, prefix, {column}, d);
+    ASSERT_TRUE(extension.ok()) << extension.status();
+    learn(3000, &tail);  // learnt while the extension is prepared
+    ASSERT_TRUE(live->SwapInExtension(*std::move(extension), {tail}).ok());
+    ASSERT_EQ(live->num_experts(), 3);
+    EXPECT_TRUE(live->selectable(2));
+    auto restarted = DUcb::FromLog(o, all.SharedPrefix(), d);
+    ASSERT_TRUE(restarted.ok()) << restarted.status();
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(live->Estimate(k).mean, restarted->Estimate(k).mean) << k;
+      EXPECT_EQ(live->Estimate(k).width, restarted->Estimate(k).width) << k;
+    }
+    // A tail of the wrong size, or an extension for fewer experts, changes nothing.
+    auto stale = DUcb::PrepareExtension(o, prefix, {column}, d);
+    ASSERT_TRUE(stale.ok());
+    EXPECT_EQ(live->SwapInExtension(*std::move(stale), {tail}).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(live->Estimate(2).mean, restarted->Estimate(2).mean);
+  }
+}
+
+TEST(DUcb, ExtensionRefusesColumnsOfTheWrongSizeOrRange) {
+  EstimatorOptions o;
+  auto live = DUcb::Create(o, 2);
+  ASSERT_TRUE(live.ok());
+  for (int s = 0; s < 50; ++s) ASSERT_TRUE(live->Learn(s % 2, 1.0, {0.5, 0.25}).ok());
+  const SampleLog prefix = live->log().SharedPrefix();
+  const DivergenceMatrix d = ThreeExpertDivergences();
+  EXPECT_EQ(DUcb::PrepareExtension(o, prefix, {std::vector<double>(49, 0.5)}, d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<double> bad(50, 0.5);
+  bad[7] = 0.0;
+  EXPECT_EQ(DUcb::PrepareExtension(o, prefix, {bad}, d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto ok = DUcb::PrepareExtension(o, prefix, {std::vector<double>(50, 0.5)}, d);
+  ASSERT_TRUE(ok.ok());
+  ASSERT_TRUE(live->Learn(0, 1.0, {0.5, 0.25}).ok());
+  EXPECT_EQ(live->SwapInExtension(*std::move(ok), {std::vector<double>()}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(live->num_experts(), 2);
+}
+
 TEST(BatchSchedule, WarmupThenBatchesOfSqrtT) {
   BatchSchedule schedule(4, BatchOptions{3, 2.0});
   for (int t = 1; t <= 12; ++t) EXPECT_EQ(schedule.Next(), BatchSchedule::Round::kWarmup);
