@@ -1,5 +1,7 @@
 // The gRPC face of DecisionService: a final adapter that converts requests and statuses
-// and records per-RPC latency and error metrics. It holds no logic.
+// and records per-RPC latency and error metrics. It holds no logic, and no handler blocks
+// its reactor thread: blocking work runs on the service's executors, which finish the
+// reactor (STYLE.md, rule 12).
 #ifndef DECISION_SERVER_GRPC_SERVICE_H_
 #define DECISION_SERVER_GRPC_SERVICE_H_
 
@@ -53,7 +55,9 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
       grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
 
  private:
-  // For the synchronous calls: call() runs in the handler; AsyncUnary with an immediate done.
+  // For the calls that never block (in-memory reads under short locks): call() runs on the
+  // reactor thread; AsyncUnary with an immediate done. Everything that blocks goes through
+  // AsyncUnary, and the service runs it on an executor.
   template <typename F>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const char* method, F&& call);
   // For the asynchronous calls: start(done) queues the work; the reactor finishes in done,
