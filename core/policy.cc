@@ -49,6 +49,28 @@ absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> pr
   return estimator_->Update(log_);
 }
 
+namespace internal {
+
+absl::Status ValidateNewColumns(absl::Span<const std::vector<double>> columns, int64_t samples) {
+  for (size_t e = 0; e < columns.size(); ++e) {
+    if (static_cast<int64_t>(columns[e].size()) != samples) {
+      return absl::InvalidArgumentError(absl::StrCat("new expert ", e, " has ",
+                                                     columns[e].size(),
+                                                     " backfilled propensities, the log has ",
+                                                     samples, " samples"));
+    }
+    for (double p : columns[e]) {
+      if (!(p > 0.0 && p <= 1.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "new expert ", e, " has backfilled propensity ", p, "; it must be in (0, 1]"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
 absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
                               const DivergenceMatrix& divergences) {
   const int new_n = num_experts() + static_cast<int>(backfill.size());
@@ -56,20 +78,7 @@ absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
     return s;
   }
   // Validate every column before changing anything.
-  for (size_t e = 0; e < backfill.size(); ++e) {
-    if (static_cast<int64_t>(backfill[e].size()) != log_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("new expert ", e, " has ",
-                                                     backfill[e].size(),
-                                                     " backfilled propensities, the log has ",
-                                                     log_.size(), " samples"));
-    }
-    for (double p : backfill[e]) {
-      if (!(p > 0.0 && p <= 1.0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "new expert ", e, " has backfilled propensity ", p, "; it must be in (0, 1]"));
-      }
-    }
-  }
+  if (absl::Status s = internal::ValidateNewColumns(backfill, log_.size()); !s.ok()) return s;
   for (const std::vector<double>& column : backfill) {
     absl::Status s = log_.AddExpert(column);
     if (!s.ok()) return s;  // unreachable: validated above
@@ -135,14 +144,7 @@ absl::Status AppendWidened(const SampleLog& source, int64_t from, int64_t to,
 absl::StatusOr<DUcb::Extension> DUcb::PrepareExtension(
     const EstimatorOptions& options, const SampleLog& prefix,
     absl::Span<const std::vector<double>> columns, const DivergenceMatrix& divergences) {
-  for (size_t e = 0; e < columns.size(); ++e) {
-    if (static_cast<int64_t>(columns[e].size()) != prefix.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("new expert ", e, " has ",
-                                                     columns[e].size(),
-                                                     " backfilled propensities, the log has ",
-                                                     prefix.size(), " samples"));
-    }
-  }
+  if (absl::Status s = internal::ValidateNewColumns(columns, prefix.size()); !s.ok()) return s;
   Extension x;
   x.old_experts = prefix.num_experts();
   x.prefix_size = prefix.size();

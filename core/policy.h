@@ -116,6 +116,11 @@ class DUcb {
   std::vector<bool> selectable_;
 };
 
+namespace internal {
+// INVALID_ARGUMENT unless every column has `samples` propensities, each in (0, 1].
+absl::Status ValidateNewColumns(absl::Span<const std::vector<double>> columns, int64_t samples);
+}  // namespace internal
+
 // The schedule of batched D-UCB: a uniform warm-up of warmup_rounds_per_arm * K rounds,
 // then batches; a batch that starts at round t lasts max(1, floor(batch_multiplier *
 // sqrt(t))) rounds. At every batch start the caller adds experts and refreshes divergences.

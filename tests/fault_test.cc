@@ -141,6 +141,17 @@ class CorruptRecordTest : public ServiceTest {
   }
 };
 
+// Applies `edit` to problem 0's checkpoint.
+std::function<absl::Status(storage::Store&)> EditCheckpoint(
+    std::function<void(storage::v1::CheckpointRecord*)> edit) {
+  return [edit](storage::Store& store) -> absl::Status {
+    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
+    if (!c.ok()) return c.status();
+    edit(&*c);
+    return store.PutCheckpoint(0, *c);
+  };
+}
+
 storage::v1::LogChunk FullChunk(int experts) {
   storage::v1::LogChunk c;
   c.set_num_experts(experts);
@@ -180,33 +191,21 @@ TEST_F(CorruptRecordTest, LogChunkWithAChooserOutOfRange) {
 }
 
 TEST_F(CorruptRecordTest, CheckpointMatricesOfTheWrongSize) {
-  const absl::Status s = OpenAfter([](storage::Store& store) {
-    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
-    if (!c.ok()) return c.status();
-    c->mutable_m()->RemoveLast();
-    return store.PutCheckpoint(0, *c);
-  });
+  const absl::Status s =
+      OpenAfter(EditCheckpoint([](storage::v1::CheckpointRecord* c) { c->mutable_m()->RemoveLast(); }));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("divergence matrices"));
 }
 
 TEST_F(CorruptRecordTest, CheckpointCoveringMoreExpertsThanStored) {
-  const absl::Status s = OpenAfter([](storage::Store& store) {
-    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
-    if (!c.ok()) return c.status();
-    c->set_num_experts(5);
-    return store.PutCheckpoint(0, *c);
-  });
+  const absl::Status s =
+      OpenAfter(EditCheckpoint([](storage::v1::CheckpointRecord* c) { c->set_num_experts(5); }));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
 }
 
 TEST_F(CorruptRecordTest, ReservoirNotAMultipleOfTheFeatures) {
-  const absl::Status s = OpenAfter([](storage::Store& store) {
-    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
-    if (!c.ok()) return c.status();
-    c->add_reservoir(1.0);
-    return store.PutCheckpoint(0, *c);
-  });
+  const absl::Status s =
+      OpenAfter(EditCheckpoint([](storage::v1::CheckpointRecord* c) { c->add_reservoir(1.0); }));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("reservoir"));
 }
