@@ -252,12 +252,16 @@ void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardRespons
   // executor, and the reward is answered after it.
   Problem* problem = *p;
   problem->Reward(request, response, [this, problem, done = std::move(done)](absl::Status s) {
-    blocking_->Schedule([this, problem, s = std::move(s), done = std::move(done)] {
+    // `done` is shared: if the executor has stopped (shutdown), the writer thread, which
+    // runs this, answers without the maintenance (which would wait for the writer itself).
+    auto shared_done = std::make_shared<Done>(std::move(done));
+    const bool scheduled = blocking_->TrySchedule([this, problem, s, shared_done] {
       if (absl::Status m = MaintainInline(problem); !m.ok()) {
         std::fprintf(stderr, "decisiond: maintenance: %s\n", m.ToString().c_str());
       }
-      done(s);
+      (*shared_done)(s);
     });
+    if (!scheduled) (*shared_done)(s);
   });
 }
 

@@ -22,6 +22,13 @@ void Executor::Schedule(std::function<void()> task) {
   task();  // stopped: run in the caller
 }
 
+bool Executor::TrySchedule(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return false;
+  tasks_.push_back(std::move(task));
+  return true;
+}
+
 void Executor::Stop() {
   {
     absl::MutexLock lock(&mu_);

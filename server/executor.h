@@ -27,6 +27,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   void Schedule(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Like Schedule, but once stopped returns false and does not run the task.
+  bool TrySchedule(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

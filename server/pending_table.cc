@@ -94,7 +94,14 @@ std::vector<std::pair<std::string, storage::v1::EventRecord>> PendingTable::Take
 
 void PendingTable::ReturnUnwritten(const std::string& event_id, int64_t now_ms) {
   PendingDecision* d = Find(event_id);
-  if (d == nullptr || d->state != DecisionState::kFlushing) return;
+  if (d == nullptr) return;
+  if (d->state == DecisionState::kJoining || d->state == DecisionState::kExpiring) {
+    // Taken by a join while flushing: if that join fails too, the decision goes back to
+    // the flush list, not to kStored.
+    d->stored_before_join = false;
+    return;
+  }
+  if (d->state != DecisionState::kFlushing) return;
   SetState(*d, DecisionState::kUnwritten);
   if (unwritten_.empty()) unwritten_since_ms_ = now_ms;
   d->unwritten_position = unwritten_.insert(unwritten_.end(), event_id);

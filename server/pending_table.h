@@ -92,7 +92,8 @@ class PendingTable {
 
   // Moves every kUnwritten decision to kFlushing and returns them (event id, record).
   std::vector<std::pair<std::string, storage::v1::EventRecord>> TakeUnwritten();
-  // A flush failed: a decision still kFlushing is kUnwritten again.
+  // A flush failed: a decision still kFlushing is kUnwritten again; one a join took
+  // meanwhile counts as never stored (AbortJoin puts it back on the flush list).
   void ReturnUnwritten(const std::string& event_id, int64_t now_ms);
   // Whether the deferred decisions should be written now: `max_unwritten` of them, or the
   // oldest has waited `flush_ms`.

@@ -131,8 +131,6 @@ class Recovery {
       if (static_cast<int64_t>(column.size()) > total) column.resize(total);
     }
     for (int id = n_est_; id < num_experts(); ++id) p_.experts_.at(id).backfill = columns_[id];
-    log_ = SampleLog(n_est_);
-    row_.assign(num_experts(), NAN);
     return absl::OkStatus();
   }
 
@@ -157,6 +155,8 @@ class Recovery {
 
   absl::Status LoadLogChunks() {
     constexpr int64_t kSamples = storage::kLogChunkSamples;
+    log_ = SampleLog(n_est_);
+    row_.assign(num_experts(), NAN);
     // A chunk is written by the maintenance round after its last sample: a crash in between
     // leaves a gap. The log then continues from the samples, and the chunks from the gap on
     // are written again.

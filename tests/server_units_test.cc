@@ -105,6 +105,18 @@ TEST(PendingTableTest, AFailedJoinOfAnUnwrittenDecisionPutsItBackOnTheFlushList)
   EXPECT_EQ(t.Due(101), std::vector<std::string>{"a"});
 }
 
+TEST(PendingTableTest, ADecisionWhoseFlushAndJoinBothFailIsFlushedAgain) {
+  PendingTable t;
+  t.Decide("a", Event(100), DecisionState::kUnwritten, 0);
+  t.TakeUnwritten();
+  EXPECT_TRUE(t.StartJoin(*t.Find("a"), /*expiry=*/false));  // the flush is ahead of it
+  t.ReturnUnwritten("a", 1);  // the flush failed
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kJoining);
+  t.AbortJoin("a", 2);  // and the join too: never stored, so back on the flush list
+  EXPECT_EQ(t.Find("a")->state, DecisionState::kUnwritten);
+  EXPECT_EQ(t.unwritten(), 1u);
+}
+
 TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
   PendingTable t;
   t.Claim("a");
