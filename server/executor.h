@@ -42,6 +42,10 @@ class Executor {
   std::vector<std::thread> threads_;
 };
 
+// WART: the service gives every problem's GroupCommitQueue the same one-thread executor, so
+// a slow write of one problem delays the commits of the others. RocksDB appends to one WAL
+// for all of them anyway; a second writer thread would only overlap the in-memory apply.
+//
 // Group commit in the manner of LevelDB's DBImpl::Write, on an executor: callers Submit ops
 // and return; one task at a time takes everything queued as one group and hands it to
 // `commit`. Ops submitted while a group commits ride in the next group. After each group

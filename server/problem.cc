@@ -201,6 +201,9 @@ void Problem::FailClaim(const std::string& event_id, absl::Status status, Done d
 void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
                      Selection selection, v1::ChooseResponse* response, Done done) {
   if (env_.hooks != nullptr && env_.hooks->after_select) env_.hooks->after_select(event_id);
+  // WART: the chosen expert is evaluated on the caller's thread (a reactor thread under
+  // gRPC). It is CPU work, not a wait, and one model per Choose; but a model whose cost is
+  // not bounded would hold the reactor. Registration does not bound it yet.
   const absl::Span<const double> x(request.features().data(), request.features_size());
   std::vector<double> probs(record_.num_arms());
   if (absl::Status s = selection.model->Predict(x, absl::MakeSpan(probs)); !s.ok()) {
@@ -361,6 +364,9 @@ void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* respo
     case RewardPlan::kJoin:
       break;
   }
+  // WART: every expert scores the context on the caller's (reactor) thread: N model
+  // evaluations per reward, CPU and not a wait, but for large tree experts the reactor's
+  // largest cost. Scoring in batches off the request path is the planned fix.
   absl::StatusOr<std::vector<double>> propensities = Propensities(plan.models, op.event);
   if (!propensities.ok()) {
     {
