@@ -87,7 +87,10 @@ absl::Status DecisionService::Shutdown() {
   }
   absl::Status status = absl::OkStatus();
   for (Problem* problem : problems) {
+    // Twice: a flush queued before this one that failed put its decisions back after this
+    // one took the rest. No decision is answered any more, so the second leaves none.
     absl::Status s = problem->FlushDecisions();
+    if (s.ok()) s = problem->FlushDecisions();
     if (s.ok()) s = problem->WriteLogChunks();
     if (s.ok()) s = problem->Checkpoint();
     if (!s.ok()) {

@@ -186,8 +186,10 @@ class Problem {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
   void ExportMetrics() ABSL_LOCKS_EXCLUDED(mu_);
-  // Writes the deferred decisions not yet written and waits for that write: every decision
-  // answered before the call is written when it returns OK. Blocks.
+  // Writes the deferred decisions not yet written and waits for that write (retried once if
+  // it fails). Blocks. When it returns OK, every decision answered before the call is
+  // written, unless an earlier flush failed while this one was queued (its decisions are
+  // unwritten again): a second call then writes them.
   absl::Status FlushDecisions() ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.

@@ -26,20 +26,16 @@ void Problem::QueueFlushLocked(Done done) {
 }
 
 absl::Status Problem::FlushDecisions() {
-  // A flush that fails puts its decisions back (ApplyLocked); one more try writes them or
+  // A flush that fails puts its decisions back (ApplyLocked): one more try writes them, or
   // reports why not.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::Status s = AwaitDone([&](Done done) {
+  absl::Status s;
+  for (int attempt = 0; attempt < 2 && (attempt == 0 || !s.ok()); ++attempt) {
+    s = AwaitDone([&](Done done) {
       absl::MutexLock lock(&mu_);
       QueueFlushLocked(std::move(done));
     });
-    if (!s.ok()) return s;
-    absl::MutexLock lock(&mu_);
-    if (pending_.unwritten() == 0) return absl::OkStatus();
   }
-  absl::MutexLock lock(&mu_);
-  return absl::InternalError(absl::StrCat("problem ", id(), ": ", pending_.unwritten(),
-                                          " answered decisions could not be written"));
+  return s;
 }
 
 void Problem::ScoreNewExperts(std::vector<WriteOp>& group) {
