@@ -47,7 +47,10 @@ __attribute__((target_clones("avx2", "default"))) void ExpNonPositiveInPlace(
     const double p = p07 + r8 * p813;
     int64_t t_bits;
     std::memcpy(&t_bits, &t, sizeof t_bits);
-    const int64_t scale_bits = (t_bits - shift_bits + 1023) << 52;  // 2^k, a normal number
+    // 2^k, a normal number. Shifted unsigned: for a NaN input the exponent field is out of
+    // range, and a left shift of it as int64_t would be undefined (the result is NaN
+    // either way).
+    const uint64_t scale_bits = static_cast<uint64_t>(t_bits - shift_bits + 1023) << 52;
     double scale;
     std::memcpy(&scale, &scale_bits, sizeof scale);
     data[i] = p * scale;
