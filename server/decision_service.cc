@@ -231,12 +231,17 @@ void DecisionService::RetireExpert(const v1::RetireExpertRequest& request, v1::E
 
 absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
                                      v1::ChooseResponse* response) {
-  return AwaitDone([&](Done done) { Choose(request, response, std::move(done)); });
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  return p->Choose(request, response);
 }
 
 absl::Status DecisionService::Reward(const v1::RewardRequest& request,
                                      v1::RewardResponse* response) {
-  return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
+  if (options_.inline_maintenance) {
+    return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
+  }
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  return p->Reward(request, response);
 }
 
 void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,

@@ -50,7 +50,13 @@ class Executor {
 // and return; one task at a time takes everything queued as one group and hands it to
 // `commit`. Ops submitted while a group commits ride in the next group. After each group
 // the task reschedules itself if more is queued, so that problems sharing one writer
-// thread take turns. `commit` runs on the executor, never in the caller of Submit.
+// thread take turns.
+//
+// `commit` runs on the executor, except for Submit(op, /*commit_here=*/true) when no group
+// is queued or being committed: then the caller commits that one group itself, as the
+// front writer of DBImpl::Write does, and hands anything queued meanwhile to the executor.
+// That spares a caller that may block (a maintenance thread, a synchronous call) two
+// thread hand-offs; a reactor thread never passes true.
 template <typename Op>
 class GroupCommitQueue {
  public:
@@ -58,15 +64,17 @@ class GroupCommitQueue {
   GroupCommitQueue(Executor* executor, CommitFn commit)
       : executor_(executor), commit_(std::move(commit)) {}
 
-  void Submit(Op op) ABSL_LOCKS_EXCLUDED(mu_) {
-    bool schedule;
+  void Submit(Op op, bool commit_here = false) ABSL_LOCKS_EXCLUDED(mu_) {
+    bool idle;
     {
       absl::MutexLock lock(&mu_);
       queue_.push_back(std::move(op));
-      schedule = !scheduled_;
+      idle = !scheduled_;
       scheduled_ = true;
     }
-    if (schedule) executor_->Schedule([this] { CommitOneGroup(); });
+    if (!idle) return;  // the task queued or running takes it
+    if (commit_here) return CommitOneGroup();
+    executor_->Schedule([this] { CommitOneGroup(); });
   }
 
  private:

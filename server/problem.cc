@@ -81,7 +81,13 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
 // ------------------------------------------------------------------------------- Choose
 
 absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response) {
-  return AwaitDone([&](Done done) { Choose(request, response, std::move(done)); });
+  return AwaitDone(
+      [&](Done done) { ChooseAs(request, response, std::move(done), Committer::kCaller); });
+}
+
+void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
+                     Done done) {
+  ChooseAs(request, response, std::move(done), Committer::kWriter);
 }
 
 void Problem::Answer(const std::string& event_id, const EventRecord& record,
@@ -113,8 +119,8 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
   return s;
 }
 
-void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
-                     Done done) {
+void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* response,
+                       Done done, Committer committer) {
   if (absl::Status s = ValidateChooseRequest(request, record_.num_features()); !s.ok()) {
     return done(s);
   }
@@ -160,7 +166,7 @@ void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* respo
     return done(selection.status());
   }
   Decide(request, std::move(event_id), caller_id, *std::move(selection), response,
-         std::move(done));
+         std::move(done), committer);
 }
 
 void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
@@ -184,8 +190,9 @@ void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
         absl::MakeConstSpan(request.features().data(), request.features_size()));
   }
   if (!selection.ok()) return FailClaim(event_id, selection.status(), std::move(done));
+  // On the blocking executor: this thread may commit.
   Decide(request, std::move(event_id), /*claimed=*/true, *std::move(selection), response,
-         std::move(done));
+         std::move(done), Committer::kCaller);
 }
 
 void Problem::FailClaim(const std::string& event_id, absl::Status status, Done done) {
@@ -199,7 +206,8 @@ void Problem::FailClaim(const std::string& event_id, absl::Status status, Done d
 }
 
 void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
-                     Selection selection, v1::ChooseResponse* response, Done done) {
+                     Selection selection, v1::ChooseResponse* response, Done done,
+                     Committer committer) {
   if (env_.hooks != nullptr && env_.hooks->after_select) env_.hooks->after_select(event_id);
   // WART: the chosen expert is evaluated on the caller's thread (a reactor thread under
   // gRPC). It is CPU work, not a wait, and one model per Choose; but a model whose cost is
@@ -235,7 +243,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     op.event = std::move(event);
     op.choose_response = response;
     op.done = std::move(done);
-    return Submit(std::move(op));
+    return Submit(std::move(op), committer);
   }
   // Deferred: answered and joinable at once; written by a flush or by its join.
   std::vector<ChooseWaiter> waiters;
@@ -259,7 +267,13 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
 // ------------------------------------------------------------------------------- Reward
 
 absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response) {
-  return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
+  return AwaitDone(
+      [&](Done done) { RewardAs(request, response, std::move(done), Committer::kCaller); });
+}
+
+void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
+                     Done done) {
+  RewardAs(request, response, std::move(done), Committer::kWriter);
 }
 
 absl::StatusOr<std::vector<double>> Problem::Propensities(
@@ -338,8 +352,8 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
   return plan;
 }
 
-void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
-                     Done done) {
+void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* response,
+                       Done done, Committer committer) {
   if (absl::Status s = ValidateRewardRequest(request); !s.ok()) return done(s);
   RewardPlan plan;
   {
@@ -354,13 +368,13 @@ void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* respo
       op.done = [answer = plan.answer, done = std::move(done)](absl::Status written) {
         done(written.ok() ? answer : written);
       };
-      return SubmitExpiry(std::move(op), std::move(plan.models));
+      return SubmitExpiry(std::move(op), std::move(plan.models), committer);
     case RewardPlan::kLate:
       op.kind = WriteOp::kLateReward;
       op.event_id = request.event_id();
       op.reward_response = response;
       op.done = std::move(done);
-      return Submit(std::move(op));
+      return Submit(std::move(op), committer);
     case RewardPlan::kJoin:
       break;
   }
@@ -379,7 +393,7 @@ void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* respo
   op.propensities = *std::move(propensities);
   op.reward_response = response;
   op.done = std::move(done);
-  Submit(std::move(op));
+  Submit(std::move(op), committer);
 }
 
 // ------------------------------------------------------------------------------ Queries

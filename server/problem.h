@@ -248,6 +248,15 @@ class Problem {
     return s;
   }
 
+  // Who commits a call's write (GroupCommitQueue::Submit): the writer executor, always, for
+  // calls from reactor threads; the caller itself, when no group is pending, for callers
+  // that may block (the synchronous forms, the maintenance thread, the blocking executor).
+  enum class Committer { kWriter, kCaller };
+  void ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done,
+                Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
+  void RewardAs(const v1::RewardRequest& request, v1::RewardResponse* response, Done done,
+                Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
+
   // --- Choose (problem.cc)
   // The decision of a Choose whose expert is selected: scores, records, answers.
   struct Selection {
@@ -258,7 +267,8 @@ class Problem {
   absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
-              Selection selection, v1::ChooseResponse* response, Done done)
+              Selection selection, v1::ChooseResponse* response, Done done,
+              Committer committer)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A claimed Choose whose event id may be stored: looks it up (on the blocking executor).
   void DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
@@ -294,7 +304,9 @@ class Problem {
       const storage::v1::EventRecord& event) const;
 
   // --- The join writer (problem_commit.cc)
-  void Submit(WriteOp op) { writer_.Submit(std::move(op)); }
+  void Submit(WriteOp op, Committer committer = Committer::kWriter) {
+    writer_.Submit(std::move(op), committer == Committer::kCaller);
+  }
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_);
   // Completes the propensities of joins scored before experts were registered (outside
   // mu_), so the apply step rarely has to.
@@ -322,8 +334,8 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Scores the expiry's join (outside mu_) and submits it; on a scoring failure the
   // decision is pending again and op.done (if any) gets the error.
-  void SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models,
+                    Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Experts (problem_experts.cc)
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(

@@ -31,7 +31,8 @@ void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& 
   *models = experts_.Models();
 }
 
-void Problem::SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models) {
+void Problem::SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models,
+                           Committer committer) {
   if (op.kind == WriteOp::kJoin) {
     absl::StatusOr<std::vector<double>> propensities = Propensities(models, op.event);
     if (!propensities.ok()) {
@@ -44,7 +45,7 @@ void Problem::SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>
     }
     op.propensities = *std::move(propensities);
   }
-  Submit(std::move(op));
+  Submit(std::move(op), committer);
 }
 
 absl::Status Problem::ExpireDue() {
@@ -70,7 +71,8 @@ absl::Status Problem::ExpireDue() {
       }
       pending.DecrementCount();
     };
-    SubmitExpiry(std::move(op), std::move(models));
+    // The writer commits them (in few groups); this thread waits below.
+    SubmitExpiry(std::move(op), std::move(models), Committer::kWriter);
   }
   pending.Wait();
   absl::MutexLock lock(&error_mu);

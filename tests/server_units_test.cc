@@ -2,6 +2,8 @@
 // transitions (pending_table.h) and the executor's group commit (executor.h).
 #include <atomic>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -151,6 +153,32 @@ TEST(GroupCommitQueueTest, OpsQueuedDuringACommitRideInTheNextGroup) {
   EXPECT_EQ(groups[0], std::vector<int>{1});
   EXPECT_EQ(groups[1], (std::vector<int>{2, 3, 4, 5}));
   EXPECT_EQ(committed.load(), 5);
+}
+
+TEST(GroupCommitQueueTest, ACallerThatMayBlockCommitsItsOwnGroupOnlyWhenIdle) {
+  Executor executor(1, "test");
+  absl::Notification in_commit, release;
+  std::vector<std::pair<int, bool>> committed;  // (op, committed on the calling thread)
+  const std::thread::id caller = std::this_thread::get_id();
+  GroupCommitQueue<int> queue(&executor, [&](std::vector<int>& group) {
+    for (int op : group) committed.push_back({op, std::this_thread::get_id() == caller});
+    if (group.front() == 2) {
+      in_commit.Notify();
+      release.WaitForNotification();
+    }
+  });
+  queue.Submit(1, /*commit_here=*/true);  // idle: committed here, before Submit returns
+  ASSERT_EQ(committed.size(), 1u);
+  EXPECT_TRUE(committed[0].second);
+  queue.Submit(2);  // on the executor, which holds the group until released
+  in_commit.WaitForNotification();
+  queue.Submit(3, /*commit_here=*/true);  // busy: queued for the executor, not committed here
+  EXPECT_EQ(committed.size(), 2u);
+  release.Notify();
+  executor.Stop();
+  ASSERT_EQ(committed.size(), 3u);
+  EXPECT_EQ(committed[2].first, 3);
+  EXPECT_FALSE(committed[2].second);
 }
 
 }  // namespace
