@@ -153,6 +153,10 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
     if (!answered && !lookup) selection = SelectLocked(x);
   }
   if (answered) return done(absl::OkStatus());
+  if (lookup && committer == Committer::kCaller) {
+    // A caller that may block looks the id up itself.
+    return DecideAfterLookup(request, std::move(event_id), response, std::move(done));
+  }
   if (lookup) {
     // The id may be stored (joined or expired): the store says, on the blocking executor.
     env_.blocking->Schedule([this, request = request, event_id = std::move(event_id), response,

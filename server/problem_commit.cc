@@ -261,6 +261,13 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
     pending_.AbortJoin(op.event_id, env_.clock->NowMs());
     return;
   }
+  if (!learning_stopped_.ok()) {
+    // An earlier join of this group could not be learned: this one's sample is stored one
+    // position past the log's end. A restart learns both from the store.
+    op.result = learning_stopped_;
+    pending_.Erase(op.event_id);
+    return;
+  }
   const int64_t seq = ducb_.log().size();
   const EventRecord& event = op.event;
   // WART: an expert registered after ScoreNewExperts is scored here, under mu_ (a model

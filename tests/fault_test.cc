@@ -1,9 +1,12 @@
 // Faults inside the service, made with its testing seams (store writes that fail, a sample
 // the estimator refuses) or by writing bad records into the store: each stays local, is
 // reported with the right status, and nothing stored is lost or overwritten.
+#include <atomic>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "storage/store.h"
 #include "tests/service_fixture.h"
 
@@ -42,6 +45,61 @@ TEST_F(ServiceTest, ASampleThatCannotBeLearnedIsNeverOverwritten) {
   ASSERT_EQ(log.size(), 2u);
   EXPECT_EQ(log[0].event_id(), "a");
   EXPECT_EQ(log[1].event_id(), "b");
+  ExpectEstimatesMatchReference("p");
+}
+
+// The same when the refused sample shares its group with later joins: they were written
+// past the log's end, so they are refused too (not learned at the wrong position), and a
+// restart learns all of them from the store.
+TEST_F(ServiceTest, JoinsAfterARefusedSampleInItsGroupAreNotLearnedOutOfPlace) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  for (const char* e : {"a0", "a", "b"}) Choose("p", e);
+  absl::Notification in_write, release;
+  std::atomic<bool> hold{true};
+  // The first group write (a0's join) waits in the writer until a and b are queued.
+  fail_writes_ = [&](absl::string_view what) {
+    if (what == "group" && hold.exchange(false)) {
+      in_write.Notify();
+      release.WaitForNotification();
+    }
+    return false;
+  };
+  int failures = 1;  // sample 1 ("a") is refused once
+  hooks_.before_learn = [&](int64_t seq) {
+    return seq == 1 && failures-- > 0 ? absl::InternalError("injected") : absl::OkStatus();
+  };
+  std::vector<absl::Status> answers(3);
+  std::vector<v1::RewardResponse> responses(3);
+  std::vector<v1::RewardRequest> requests(3);
+  absl::BlockingCounter answered(3);
+  auto reward = [&](int i, const char* event_id) {
+    requests[i].set_problem_id("p");
+    requests[i].set_event_id(event_id);
+    requests[i].set_value(1.0);
+    service_->Reward(requests[i], &responses[i], [&, i](absl::Status s) {
+      answers[i] = s;
+      answered.DecrementCount();
+    });
+  };
+  reward(0, "a0");  // the asynchronous form: committed by the writer thread
+  in_write.WaitForNotification();
+  reward(1, "a");
+  reward(2, "b");  // a and b: one group, after a0's
+  release.Notify();
+  answered.Wait();
+  EXPECT_TRUE(answers[0].ok()) << answers[0];
+  EXPECT_EQ(answers[1].code(), absl::StatusCode::kInternal) << answers[1];
+  EXPECT_EQ(answers[2].code(), absl::StatusCode::kInternal) << answers[2];
+  EXPECT_EQ(GetProblem("p").samples(), 1);
+  std::vector<v1::LoggedSample> log = Export("p");
+  ASSERT_EQ(log.size(), 3u);  // all three are stored
+  EXPECT_EQ(log[1].event_id(), "a");
+  EXPECT_EQ(log[2].event_id(), "b");
+
+  hooks_.before_learn = nullptr;
+  fail_writes_ = nullptr;
+  Reopen();
+  EXPECT_EQ(GetProblem("p").samples(), 3);
   ExpectEstimatesMatchReference("p");
 }
 
