@@ -173,6 +173,18 @@ TEST_F(ServiceTest, AFailedMaintenanceTaskDoesNotStopTheOthers) {
   ExpectEstimatesMatchReference("p");
 }
 
+// A store that cannot be opened (here: another service holds its lock) is a clear error,
+// and the half-built service is torn down without touching what it never started.
+TEST_F(ServiceTest, AStoreThatCannotBeOpenedIsAClearError) {
+  ServiceOptions options;
+  options.data_dir = dir_;  // the fixture's service holds it
+  options.start_maintenance_thread = false;
+  const absl::StatusOr<std::unique_ptr<DecisionService>> second =
+      DecisionService::Open(options, &clock_, &metrics_);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInternal) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("opening"));
+}
+
 // Restart checks every size a record states before indexing with it: a record that does not
 // fit the problem is DATA_LOSS, never a read out of bounds.
 class CorruptRecordTest : public ServiceTest {
