@@ -1,12 +1,18 @@
 #include "server/executor.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace decision::server {
 
 Executor::Executor(int threads, std::string name) : name_(std::move(name)) {
   threads_.reserve(threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (int i = 0; i < threads; ++i) {
+    threads_.emplace_back([this] { Loop(); });
+    // Shown by top -H, perf and gdb; Linux allows 15 characters.
+    pthread_setname_np(threads_.back().native_handle(), name_.substr(0, 15).c_str());
+  }
 }
 
 Executor::~Executor() { Stop(); }

@@ -21,6 +21,7 @@ namespace decision::server {
 
 class Executor {
  public:
+  // `name` names the threads (at most 15 characters are kept).
   Executor(int threads, std::string name);
   ~Executor();
   Executor(const Executor&) = delete;

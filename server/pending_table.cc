@@ -4,19 +4,6 @@
 
 namespace decision::server {
 
-const char* DecisionStateName(DecisionState state) {
-  switch (state) {
-    case DecisionState::kDeciding: return "deciding";
-    case DecisionState::kWriting: return "writing";
-    case DecisionState::kUnwritten: return "unwritten";
-    case DecisionState::kFlushing: return "flushing";
-    case DecisionState::kStored: return "stored";
-    case DecisionState::kJoining: return "joining";
-    case DecisionState::kExpiring: return "expiring";
-  }
-  return "unknown";
-}
-
 void PendingTable::SetState(PendingDecision& d, DecisionState s) {
   answered_ += static_cast<int>(Answered(s)) - static_cast<int>(Answered(d.state));
   d.state = s;

@@ -46,7 +46,6 @@ enum class DecisionState {
   kJoining,    // a reward is being joined
   kExpiring,   // the expiry is being joined (default reward) or dropped
 };
-const char* DecisionStateName(DecisionState state);
 
 // A Choose waiting for a decision of the same event id that is being decided or written.
 struct ChooseWaiter {

@@ -457,11 +457,6 @@ v1::Problem Problem::Summary() const {
   return p;
 }
 
-int64_t Problem::NextBatchAt() const {
-  absl::MutexLock lock(&mu_);
-  return next_refresh_at_;
-}
-
 absl::Status Problem::ExportLog(int64_t start, int64_t limit,
                                 const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
   v1::LoggedSample out;

@@ -157,9 +157,6 @@ class Problem {
   std::vector<v1::Expert> ListExperts() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The sample count at which the next batch boundary (divergence refresh, auto-training)
-  // is due.
-  int64_t NextBatchAt() const ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks
   // (a store scan).
   absl::Status ExportLog(int64_t start, int64_t limit,
@@ -308,9 +305,13 @@ class Problem {
     writer_.Submit(std::move(op), committer == Committer::kCaller);
   }
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_);
-  // Completes the propensities of joins scored before experts were registered (outside
-  // mu_), so the apply step rarely has to.
-  void ScoreNewExperts(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends to op.propensities those of models [op.propensities.size(), models.size()):
+  // experts registered after the join was scored. One that fails gets 1/K.
+  void CompletePropensities(WriteOp& op,
+                            const std::vector<std::shared_ptr<const Expert>>& models) const;
+  // After an expiry is written: if a late reward came after the expiry's record was built,
+  // queues the write of the event's late mark.
+  void MarkLateAfterExpiryLocked(const WriteOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds op to the batch (a late reward reads the store to decide what to write).
   absl::Status AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch, int64_t* seq,
                           int64_t now_ms, absl::flat_hash_set<std::string>* marked_late);

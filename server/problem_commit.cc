@@ -38,29 +38,26 @@ absl::Status Problem::FlushDecisions() {
   return s;
 }
 
-void Problem::ScoreNewExperts(std::vector<WriteOp>& group) {
-  size_t scored = SIZE_MAX;
-  for (const WriteOp& op : group) {
-    if (op.kind == WriteOp::kJoin) scored = std::min(scored, op.propensities.size());
-  }
-  std::vector<std::shared_ptr<const Expert>> models;
-  {
-    absl::MutexLock lock(&mu_);
-    if (scored >= static_cast<size_t>(experts_.size())) return;
-    models = experts_.Models();
-  }
+void Problem::CompletePropensities(
+    WriteOp& op, const std::vector<std::shared_ptr<const Expert>>& models) const {
   std::vector<double> probs(record_.num_arms());
-  for (WriteOp& op : group) {
-    if (op.kind != WriteOp::kJoin) continue;
-    const absl::Span<const double> x(op.event.features().data(), op.event.features_size());
-    for (size_t k = op.propensities.size(); k < models.size(); ++k) {
-      // An expert that cannot score this context gets the uniform probability: it was not
-      // part of the decision, and the sample must be learned by the others.
-      const absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
-      const double p = s.ok() ? probs[op.event.arm()] : 0.0;
-      op.propensities.push_back(p > 0.0 && p <= 1.0 ? p : 1.0 / record_.num_arms());
-    }
+  const absl::Span<const double> x(op.event.features().data(), op.event.features_size());
+  for (size_t k = op.propensities.size(); k < models.size(); ++k) {
+    // An expert that cannot score this context gets the uniform probability: it was not
+    // part of the decision, and the sample must be learned by the others.
+    const absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
+    const double p = s.ok() ? probs[op.event.arm()] : 0.0;
+    op.propensities.push_back(p > 0.0 && p <= 1.0 ? p : 1.0 / record_.num_arms());
   }
+}
+
+void Problem::MarkLateAfterExpiryLocked(const WriteOp& op) {
+  const PendingDecision* d = pending_.Find(op.event_id);
+  if (d == nullptr || !d->late_reward || op.event.late_reward()) return;
+  WriteOp mark;
+  mark.kind = WriteOp::kMarkLate;
+  mark.event_id = op.event_id;
+  Submit(std::move(mark));
 }
 
 absl::Status Problem::AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch, int64_t* seq,
@@ -141,18 +138,29 @@ absl::Status Problem::AddLateMarkToBatch(WriteOp& op, storage::Store::WriteGroup
 }
 
 void Problem::CommitGroup(std::vector<WriteOp>& group) {
-  ScoreNewExperts(group);
   int64_t first;
   absl::Status stopped;
+  // Set when a join of the group was scored before an expert registered: that expert
+  // scores it below, outside mu_ (ApplyJoinLocked then rarely has to).
+  std::vector<std::shared_ptr<const Expert>> models;
   {
     absl::MutexLock lock(&mu_);
     first = ducb_.log().size();
     stopped = learning_stopped_;
-    // A reward that came while the expiry was queued is written with it.
     for (WriteOp& op : group) {
+      if (op.kind == WriteOp::kJoin &&
+          op.propensities.size() < static_cast<size_t>(experts_.size()) && models.empty()) {
+        models = experts_.Models();
+      }
+      // A reward that came while the expiry was queued is written with it.
       if (!(op.kind == WriteOp::kDrop || (op.kind == WriteOp::kJoin && op.is_default))) continue;
       const PendingDecision* d = pending_.Find(op.event_id);
       if (d != nullptr && d->late_reward) op.event.set_late_reward(true);
+    }
+  }
+  if (!models.empty()) {
+    for (WriteOp& op : group) {
+      if (op.kind == WriteOp::kJoin) CompletePropensities(op, models);
     }
   }
   storage::Store::WriteGroup batch;
@@ -222,13 +230,7 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
       return;
     case WriteOp::kDrop: {
       if (!ok) return pending_.AbortJoin(op.event_id, env_.clock->NowMs());
-      const PendingDecision* d = pending_.Find(op.event_id);
-      if (d != nullptr && d->late_reward && !op.event.late_reward()) {
-        WriteOp mark;
-        mark.kind = WriteOp::kMarkLate;
-        mark.event_id = op.event_id;
-        Submit(std::move(mark));
-      }
+      MarkLateAfterExpiryLocked(op);
       pending_.Erase(op.event_id);
       metrics_.expired_dropped->Increment();
       return;
@@ -269,17 +271,10 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
     return;
   }
   const int64_t seq = ducb_.log().size();
-  const EventRecord& event = op.event;
-  // WART: an expert registered after ScoreNewExperts is scored here, under mu_ (a model
+  // WART: an expert registered after the group began is scored here, under mu_ (a model
   // evaluation under the lock). It needs a registration to race this group: rare.
   if (op.propensities.size() < static_cast<size_t>(experts_.size())) {
-    std::vector<double> probs(record_.num_arms());
-    const absl::Span<const double> x(event.features().data(), event.features_size());
-    for (int k = static_cast<int>(op.propensities.size()); k < experts_.size(); ++k) {
-      const absl::Status s = experts_.at(k).model->Predict(x, absl::MakeSpan(probs));
-      const double p = s.ok() ? probs[event.arm()] : 0.0;
-      op.propensities.push_back(p > 0.0 && p <= 1.0 ? p : 1.0 / record_.num_arms());
-    }
+    CompletePropensities(op, experts_.Models());
   }
   if (absl::Status learned = LearnLocked(op, seq); !learned.ok()) {
     // The sample is stored at `seq` but the log did not take it: a later group would write
@@ -302,13 +297,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
     unwritten_chunks_.push_back(
         PendingChunkLocked(ducb_.log().size() / storage::kLogChunkSamples - 1));
   }
-  const PendingDecision* d = pending_.Find(op.event_id);
-  if (op.is_default && d != nullptr && d->late_reward && !op.event.late_reward()) {
-    WriteOp mark;
-    mark.kind = WriteOp::kMarkLate;
-    mark.event_id = op.event_id;
-    Submit(std::move(mark));
-  }
+  if (op.is_default) MarkLateAfterExpiryLocked(op);
   pending_.Erase(op.event_id);
   if (op.reward_response != nullptr) op.reward_response->set_first(true);
   if (op.is_default) {

@@ -56,7 +56,7 @@ class Store {
     ~WriteGroup();
     WriteGroup(const WriteGroup&) = delete;
     WriteGroup& operator=(const WriteGroup&) = delete;
-    int size() const { return size_; }  // decisions and joins added
+    int size() const { return size_; }  // records added (a decision, a join, ...: one each)
 
    private:
     friend class Store;
