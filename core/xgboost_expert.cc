@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/xgboost_model_check.h"
 
 namespace decision {
 namespace {
@@ -110,6 +111,10 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   if (model_bytes.empty()) {
     return absl::InvalidArgumentError("xgboost expert: the model bytes are empty");
   }
+  // libxgboost trusts model files: nothing reaches it that the check has not accepted.
+  if (absl::Status s = CheckXgboostModel(model_bytes, num_arms, num_features); !s.ok()) {
+    return s;
+  }
   BoosterHandle booster = nullptr;
   if (XGBoosterCreate(nullptr, 0, &booster) != 0) {
     return absl::InternalError(absl::StrCat("xgboost: cannot create a booster: ",
@@ -158,6 +163,37 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   return std::unique_ptr<Expert>(new XgboostExpert(num_arms, num_features, booster,
                                                    /*inplace=*/booster_kind != "gblinear",
                                                    smoothing));
+}
+
+absl::StatusOr<std::string> ConvertXgboostModelToUbjson(absl::string_view model_bytes) {
+  if (model_bytes.empty()) {
+    return absl::InvalidArgumentError("xgboost conversion: the model bytes are empty");
+  }
+  BoosterHandle booster = nullptr;
+  if (XGBoosterCreate(nullptr, 0, &booster) != 0) {
+    return absl::InternalError(absl::StrCat("xgboost: cannot create a booster: ",
+                                            XGBGetLastError()));
+  }
+  std::string ubjson;
+  absl::Status status;
+  // UNCHECKED: see the header. This is the one place libxgboost reads untrusted bytes.
+  if (XGBoosterLoadModelFromBuffer(booster, model_bytes.data(), model_bytes.size()) != 0) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "xgboost conversion: the model bytes are not a loadable XGBoost model: ",
+        XGBGetLastError()));
+  } else {
+    bst_ulong len = 0;
+    const char* buffer = nullptr;
+    if (XGBoosterSaveModelToBuffer(booster, "{\"format\": \"ubj\"}", &len, &buffer) != 0) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "xgboost conversion: cannot save the model as UBJSON: ", XGBGetLastError()));
+    } else {
+      ubjson.assign(buffer, len);  // the buffer belongs to the booster: copy before freeing
+    }
+  }
+  XGBoosterFree(booster);
+  if (!status.ok()) return status;
+  return ubjson;
 }
 
 }  // namespace decision

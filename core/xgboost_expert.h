@@ -1,5 +1,8 @@
 // An expert backed by an XGBoost `multi:softprob` booster (tree or linear), loaded from
-// model bytes (JSON, UBJSON or XGBoost's legacy binary format) through libxgboost's C API.
+// JSON or UBJSON model bytes through libxgboost's C API, after CheckXgboostModel
+// (core/xgboost_model_check.h) has accepted them: libxgboost trusts its model files, and a
+// crafted one crashes or hangs the process that loads it. XGBoost's legacy binary format
+// is accepted only after ConvertXgboostModelToUbjson, which runs in the model sandbox.
 //
 // A context for which the booster returns no finite positive probability (a diverged model)
 // gets the uniform distribution instead of an error.
@@ -10,6 +13,8 @@
 #define DECISION_CORE_XGBOOST_EXPERT_H_
 
 #include <memory>
+#include <string>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -17,13 +22,27 @@
 
 namespace decision {
 
-// Loads a booster from `model_bytes`. Returns INVALID_ARGUMENT, naming the problem, if the
-// bytes are not a model libxgboost can load, if its objective is not multi:softprob, or if
-// its number of classes or features differs from num_arms / num_features. Never crashes on
-// malformed bytes.
+// Loads a booster from `model_bytes` (JSON or UBJSON). libxgboost sees the bytes only after
+// CheckXgboostModel(model_bytes, num_arms, num_features) has accepted them. Returns
+// INVALID_ARGUMENT, naming the problem, if the check refuses the bytes (among others: the
+// legacy binary format, an objective other than multi:softprob, a number of classes or
+// features other than num_arms / num_features), or if libxgboost then fails to load them.
+// Never crashes on malformed bytes.
 absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_features,
                                                           absl::string_view model_bytes,
                                                           double smoothing = kDefaultSmoothing);
+
+// Loads `model_bytes` in any format libxgboost 1.7.4 reads (JSON, UBJSON or the legacy
+// binary format) and returns the same model saved as UBJSON, ready for CheckXgboostModel.
+// Returns INVALID_ARGUMENT if libxgboost refuses the bytes or cannot save the model.
+//
+// THIS FUNCTION TRUSTS ITS INPUT. IT HANDS THE BYTES TO LIBXGBOOST UNCHECKED, AND A CRAFTED
+// MODEL CAN CRASH, HANG OR EXHAUST THE MEMORY OF THE PROCESS THAT CALLS IT. CALL IT ONLY
+// INSIDE THE MODEL SANDBOX PROCESS (A SEPARATE, RESOURCE-LIMITED PROCESS), NEVER IN THE
+// SERVING PROCESS, AND CHECK ITS OUTPUT WITH CheckXgboostModel BEFORE USING IT.
+//
+// Thread safety: reentrant; each call owns its booster.
+absl::StatusOr<std::string> ConvertXgboostModelToUbjson(absl::string_view model_bytes);
 
 }  // namespace decision
 

@@ -113,6 +113,17 @@ std::string TrainModel(const Params& params, const std::string& format, int roun
   return bytes;
 }
 
+// The bytes converted to UBJSON (trusted here: this process trained them), or "" after
+// recording a failure.
+std::string MustConvert(const std::string& bytes) {
+  absl::StatusOr<std::string> converted = ConvertXgboostModelToUbjson(bytes);
+  if (!converted.ok()) {
+    ADD_FAILURE() << converted.status();
+    return "";
+  }
+  return *std::move(converted);
+}
+
 Params SoftprobTreeParams() {
   return {{"booster", "gbtree"}, {"objective", "multi:softprob"}, {"num_class", "3"},
           {"max_depth", "3"},    {"eta", "0.3"},                  {"nthread", "1"},
@@ -125,6 +136,9 @@ struct Models {
   std::string tree_ubj;
   std::string tree_legacy;  // XGBoost's deprecated binary format
   std::string tree_legacy_with_metric;  // the same, trained with eval_metric set
+  // The legacy models as the sandbox hands them over: through ConvertXgboostModelToUbjson.
+  std::string tree_legacy_converted;
+  std::string tree_legacy_with_metric_converted;
   std::string linear_json;
   std::string binary_logistic_json;
   std::string softmax_json;
@@ -139,6 +153,8 @@ const Models& GetModels() {
     Params with_metric = SoftprobTreeParams();
     with_metric.emplace_back("eval_metric", "mlogloss");
     m->tree_legacy_with_metric = TrainModel(with_metric, "deprecated");
+    m->tree_legacy_converted = MustConvert(m->tree_legacy);
+    m->tree_legacy_with_metric_converted = MustConvert(m->tree_legacy_with_metric);
     m->linear_json = TrainModel({{"booster", "gblinear"},
                                  {"objective", "multi:softprob"},
                                  {"num_class", "3"},
@@ -217,7 +233,7 @@ class TreeModelTest : public testing::TestWithParam<std::string> {
     const Models& m = GetModels();
     if (GetParam() == "json") return m.tree_json;
     if (GetParam() == "ubj") return m.tree_ubj;
-    return m.tree_legacy;
+    return m.tree_legacy_converted;  // "deprecated": loaded after conversion
   }
 };
 
@@ -306,9 +322,23 @@ TEST(XgboostExpert, AllFormatsPredictTheSame) {
 // multi:softprob model is rejected as "the model's objective is 'mlogloss'". Enable once
 // fixed.
 TEST(XgboostExpert, LegacyModelTrainedWithEvalMetricLoads) {
-  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_legacy_with_metric);
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_legacy_with_metric_converted);
   ASSERT_NE(expert, nullptr);
   ExpectSmoothedDistribution(MustPredict(*expert, Data().Row(0)), kDefaultSmoothing);
+}
+
+// libxgboost's legacy binary reader is not checked: the serving process refuses the
+// format, and the sandbox converts it (ConvertXgboostModelToUbjson) into bytes that are.
+TEST(XgboostExpert, LegacyModelsLoadOnlyAfterConversion) {
+  ExpectInvalidModel(3, 4, GetModels().tree_legacy, "legacy binary");
+  ExpectInvalidModel(3, 4, GetModels().tree_legacy_with_metric, "ConvertXgboostModelToUbjson");
+  std::unique_ptr<Expert> converted = MustLoad(GetModels().tree_legacy_converted);
+  std::unique_ptr<Expert> json = MustLoad(GetModels().tree_json);
+  ASSERT_NE(converted, nullptr);
+  ASSERT_NE(json, nullptr);
+  for (int i = 0; i < kRows; i += 13) {
+    EXPECT_EQ(MustPredict(*converted, Data().Row(i)), MustPredict(*json, Data().Row(i))) << i;
+  }
 }
 
 TEST(XgboostExpert, GblinearModelLoadsAndPredictsADistribution) {
@@ -347,7 +377,9 @@ TEST(XgboostExpert, ExtremeFiniteFeaturesGiveADistributionOrInvalidArgument) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Bad model bytes: INVALID_ARGUMENT with a message, never a crash.
+// Bad model bytes: INVALID_ARGUMENT with a message, never a crash. CheckXgboostModel
+// refuses them before libxgboost sees them, so the messages start "xgboost model: "
+// (tests/xgboost_model_check_test.cc checks each defect).
 
 TEST(XgboostExpert, RejectsEmptyBytes) { ExpectInvalidModel(3, 4, "", "empty"); }
 
@@ -356,27 +388,27 @@ TEST(XgboostExpert, RejectsGarbageBytes) {
   for (size_t size : {1, 3, 16, 100, 1000, 5000}) {
     std::string bytes(size, '\0');
     for (char& c : bytes) c = static_cast<char>(gen() & 0xff);
-    ExpectInvalidModel(3, 4, bytes, "loadable");
+    ExpectInvalidModel(3, 4, bytes, "xgboost model");
     // The same garbage behind '{', which sends libxgboost to its JSON / UBJSON readers.
     bytes[0] = '{';
-    ExpectInvalidModel(3, 4, bytes, "loadable");
+    ExpectInvalidModel(3, 4, bytes, "xgboost model");
   }
-  ExpectInvalidModel(3, 4, "not a model at all", "loadable");
+  ExpectInvalidModel(3, 4, "not a model at all", "xgboost model");
 }
 
 TEST(XgboostExpert, RejectsTruncatedModels) {
   const Models& m = GetModels();
   for (const std::string* bytes : {&m.tree_json, &m.tree_ubj, &m.tree_legacy, &m.linear_json}) {
     ASSERT_FALSE(bytes->empty());
-    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() / 2), "loadable");
-    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() - 1), "loadable");
+    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() / 2), "xgboost model");
+    ExpectInvalidModel(3, 4, bytes->substr(0, bytes->size() - 1), "xgboost model");
   }
 }
 
 TEST(XgboostExpert, RejectsJsonThatIsNotAModel) {
   for (const char* text : {"{}", "{\"foo\":1}", "[]", "null", "{\"learner\": {}}",
                            "{\"learner\": 1, \"version\": [1, 7, 4]}"}) {
-    ExpectInvalidModel(3, 4, text, "loadable");
+    ExpectInvalidModel(3, 4, text, "xgboost model");
   }
 }
 
