@@ -232,7 +232,8 @@ class JsonParser final : public ParserBase {
       }
       SkipSpaces();
       if (pos_ == in_.size()) {
-        return Error(f.object ? "the input ends inside an object" : "the input ends inside an array");
+        return Error(f.object ? "the input ends inside an object"
+                              : "the input ends inside an array");
       }
       if (f.count == 0) {  // an object just opened
         if (in_[pos_] == '}') {
@@ -472,7 +473,8 @@ class UbjsonParser final : public ParserBase {
         continue;
       }
       if (pos_ == in_.size()) {
-        return Error(f.object ? "the input ends inside an object" : "the input ends inside an array");
+        return Error(f.object ? "the input ends inside an object"
+                              : "the input ends inside an array");
       }
       if (in_[pos_] == (f.object ? '}' : ']')) {
         ++pos_;
@@ -1206,9 +1208,12 @@ class ModelChecker {
                                doc_.values[split_indices].elem == Elem::kI64;
 
     TreeArrays& a = arrays_;
-    DECISION_RETURN_IF_ERROR(ReadTreeFloats(tree, t, "loss_changes", typed, num_nodes, &a.loss_change));
-    DECISION_RETURN_IF_ERROR(ReadTreeFloats(tree, t, "sum_hessian", typed, num_nodes, &a.sum_hessian));
-    DECISION_RETURN_IF_ERROR(ReadTreeFloats(tree, t, "base_weights", typed, num_nodes, &a.base_weight));
+    DECISION_RETURN_IF_ERROR(
+        ReadTreeFloats(tree, t, "loss_changes", typed, num_nodes, &a.loss_change));
+    DECISION_RETURN_IF_ERROR(
+        ReadTreeFloats(tree, t, "sum_hessian", typed, num_nodes, &a.sum_hessian));
+    DECISION_RETURN_IF_ERROR(
+        ReadTreeFloats(tree, t, "base_weights", typed, num_nodes, &a.base_weight));
     DECISION_RETURN_IF_ERROR(
         ReadInts(tree, t, "left_children", typed, {Elem::kI32}, false, num_nodes, &a.left));
     DECISION_RETURN_IF_ERROR(
