@@ -1454,8 +1454,9 @@ absl::Status CheckXgboostModel(absl::string_view bytes, int num_arms, int num_fe
   switch (DispatchOf(bytes)) {
     case Dispatch::kLegacyBinary:
       return Invalid(
-          "the bytes are not JSON or UBJSON (they do not start with '{'); XGBoost's legacy "
-          "binary format is checked after conversion; see ConvertXgboostModelToUbjson");
+          "not a loadable XGBoost model here: the bytes are not JSON or UBJSON (they do not "
+          "start with '{'); the legacy binary format is checked after conversion; see "
+          "ConvertXgboostModelToUbjson");
     case Dispatch::kInvalidBrace:
       return Invalid(
           "the bytes start with '{' but are neither JSON (next '\"') nor UBJSON (next a "
