@@ -13,6 +13,7 @@
 //   backfill     u32 problem, u32 expert, u64 chunk   -> BackfillChunk (per-expert columns)
 //   checkpoints  u32 problem                          -> CheckpointRecord
 //   logchunks    u32 problem, u64 chunk               -> LogChunk (the estimators' view)
+//   audit        u64 sequence                         -> AuditRecord (admin actions)
 #ifndef DECISION_STORAGE_FORMAT_H_
 #define DECISION_STORAGE_FORMAT_H_
 
@@ -22,7 +23,8 @@ namespace decision::storage {
 
 // Family names, in the order Store opens them. Never rename one.
 inline constexpr const char* kFamilyNames[] = {"problems", "experts",     "events",  "samples",
-                                               "backfill", "checkpoints", "pending", "logchunks"};
+                                               "backfill", "checkpoints", "pending", "logchunks",
+                                               "audit"};
 
 // Samples per LogChunk record: chunk c holds samples [c * kLogChunkSamples, (c + 1) *
 // kLogChunkSamples).

@@ -7,6 +7,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +102,21 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   store->checkpoints_ = store->handles_[6];
   store->pending_ = store->handles_[7];
   store->logchunks_ = store->handles_[8];
+  store->audit_ = store->handles_[9];
+  {
+    std::unique_ptr<rocksdb::Iterator> last(
+        store->db_->NewIterator(rocksdb::ReadOptions(), store->audit_));
+    last->SeekToLast();
+    if (last->Valid()) {
+      if (last->key().size() != 8) {
+        return absl::DataLossError("storage: an audit key is not 8 bytes");
+      }
+      absl::MutexLock lock(&store->audit_mu_);
+      store->next_audit_ =
+          static_cast<int64_t>(ReadU64(absl::string_view(last->key().data(), 8))) + 1;
+    }
+    if (!last->status().ok()) return FromRocks(last->status(), "reading the audit log");
+  }
   return store;
 }
 
@@ -347,6 +363,26 @@ absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
     return absl::DataLossError("storage: checkpoint does not parse");
   }
   return record;
+}
+
+absl::Status Store::AppendAudit(const v1::AuditRecord& record) {
+  absl::MutexLock lock(&audit_mu_);
+  std::string key;
+  AppendU64(&key, static_cast<uint64_t>(next_audit_));
+  if (absl::Status s = Put(audit_, key, record, "audit"); !s.ok()) return s;
+  ++next_audit_;
+  return absl::OkStatus();
+}
+
+absl::Status Store::ForEachAudit(
+    int64_t start, int64_t limit,
+    const std::function<absl::Status(int64_t, const v1::AuditRecord&)>& fn) {
+  std::string from;
+  AppendU64(&from, static_cast<uint64_t>(std::max<int64_t>(start, 0)));
+  return Scan<v1::AuditRecord>(audit_, "", from, limit,
+                               [&](absl::string_view key, const v1::AuditRecord& r) {
+                                 return fn(static_cast<int64_t>(ReadU64(key)), r);
+                               });
 }
 
 uint64_t Store::ApproximateSizeBytes() {

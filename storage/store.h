@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "storage/format.h"
 #include "storage/records.pb.h"
 
@@ -140,6 +141,12 @@ class Store {
   // NOT_FOUND if the problem has no checkpoint yet.
   absl::StatusOr<v1::CheckpointRecord> GetCheckpoint(uint32_t problem);
 
+  // The audit log: appends `record` at the next sequence (from 0).
+  absl::Status AppendAudit(const v1::AuditRecord& record);
+  // Audit records with sequence >= start, in order, at most `limit` (0: no limit).
+  absl::Status ForEachAudit(int64_t start, int64_t limit,
+                            const std::function<absl::Status(int64_t, const v1::AuditRecord&)>& fn);
+
   // Bytes on disk (SST files and WAL), approximately.
   uint64_t ApproximateSizeBytes();
 
@@ -164,6 +171,9 @@ class Store {
   rocksdb::ColumnFamilyHandle* checkpoints_ = nullptr;
   rocksdb::ColumnFamilyHandle* pending_ = nullptr;
   rocksdb::ColumnFamilyHandle* logchunks_ = nullptr;
+  rocksdb::ColumnFamilyHandle* audit_ = nullptr;
+  absl::Mutex audit_mu_;  // one append at a time: sequences are dense
+  int64_t next_audit_ ABSL_GUARDED_BY(audit_mu_) = 0;
 };
 
 }  // namespace decision::storage
