@@ -10,7 +10,7 @@ set -euo pipefail
 build_packages=(
   build-essential cmake pkg-config ninja-build
   protobuf-compiler libprotobuf-dev
-  libgrpc++-dev protobuf-compiler-grpc
+  libgrpc++-dev protobuf-compiler-grpc libssl-dev
   libabsl-dev
   librocksdb-dev
   prometheus-cpp-dev
@@ -26,7 +26,7 @@ build_packages=(
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 librocksdb7.8
   libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 libxgboost0
-  libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g
+  libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g libssl3
 )
 
 packages=("${build_packages[@]}")

@@ -15,11 +15,15 @@ namespace decision::server {
 
 namespace {
 constexpr int kBlockingThreads = 2;
+// How many of a problem's recent contexts a new model is probed on, besides the synthetic
+// rows of ProbeRows.
+constexpr int kProbeRealContexts = 64;
+constexpr int kDefaultAuditPage = 100;
 }  // namespace
 
 DecisionService::DecisionService(const ServiceOptions& options, const Clock* clock,
                                  Metrics* metrics)
-    : options_(options), clock_(clock), metrics_(metrics) {}
+    : options_(options), clock_(clock), metrics_(metrics), sandbox_(options.model_sandbox) {}
 
 Problem::Env DecisionService::ProblemEnv() const {
   Problem::Env env{store_.get(), clock_, metrics_, writer_.get(), blocking_.get(), seed_};
@@ -119,6 +123,45 @@ void DecisionService::OffReactor(std::function<absl::Status()> work, Done done) 
   blocking_->Schedule([work = std::move(work), done = std::move(done)] { done(work()); });
 }
 
+// ------------------------------------------------------------------------------ Audit
+
+void DecisionService::RecordAudit(storage::v1::AuditRecord record) {
+  blocking_->Schedule([this, record = std::move(record)] {
+    if (absl::Status s = store_->AppendAudit(record); !s.ok()) {
+      metrics_->audit_write_errors().Increment();
+      std::fprintf(stderr, "decisiond: audit record of %s by %s not written: %s\n",
+                   record.method().c_str(), record.caller().c_str(), s.ToString().c_str());
+    }
+  });
+}
+
+absl::Status DecisionService::ListAuditLog(const v1::ListAuditLogRequest& request,
+                                           v1::ListAuditLogResponse* response) {
+  DECISION_RETURN_IF_ERROR(ValidateListAuditLogRequest(request));
+  const int limit = request.limit() == 0 ? kDefaultAuditPage : request.limit();
+  response->set_next_start(request.start());
+  return store_->ForEachAudit(
+      request.start(), limit, [&](int64_t seq, const storage::v1::AuditRecord& r) {
+        v1::AuditEntry* e = response->add_entries();
+        e->set_sequence(seq);
+        e->set_at_ms(r.at_ms());
+        e->set_caller(r.caller());
+        e->set_method(r.method());
+        e->set_problem_id(r.problem_id());
+        e->set_detail(r.detail());
+        e->set_code(absl::StatusCodeToString(static_cast<absl::StatusCode>(r.code())));
+        e->set_message(r.message());
+        response->set_next_start(seq + 1);
+        return absl::OkStatus();
+      });
+}
+
+void DecisionService::ListAuditLog(const v1::ListAuditLogRequest& request,
+                                   v1::ListAuditLogResponse* response, Done done) {
+  OffReactor([this, &request, response] { return ListAuditLog(request, response); },
+             std::move(done));
+}
+
 // --------------------------------------------------------------------------- Problems
 
 absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& request,
@@ -195,6 +238,18 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
                             ValidateRegisterExpertRequest(request, p->record().smoothing()));
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
                             ModelRecordFromWire(request.model()));
+  if (model.has_xgboost() && sandbox_.enabled()) {
+    // A client's model is loaded and scored first in the sandbox; what is stored and loaded
+    // here is the probe's canonical form (a legacy binary model becomes UBJSON).
+    ModelProbeRequest probe;
+    probe.num_arms = p->record().num_arms();
+    probe.num_features = p->record().num_features();
+    probe.model = model.xgboost();
+    probe.rows = ProbeRows(p->RecentContexts(kProbeRealContexts), probe.num_features,
+                           kProbeRealContexts);
+    DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
+    model.set_xgboost(std::move(canonical));
+  }
   DECISION_ASSIGN_OR_RETURN(*response,
                             p->RegisterExpert(request.name(), std::move(model), smoothing));
   return absl::OkStatus();

@@ -35,6 +35,7 @@
 #include "server/clock.h"
 #include "server/executor.h"
 #include "server/metrics.h"
+#include "server/model_sandbox.h"
 #include "server/problem.h"
 #include "server/trainer.h"
 #include "storage/store.h"
@@ -65,6 +66,9 @@ struct ServiceOptions {
   int64_t min_refresh_interval_ms = 10'000;
   // Threads each XGBoost training job uses.
   int training_threads = 1;
+  // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
+  // probe_path, models are only checked in-process (core/xgboost_model_check.h).
+  ModelSandboxOptions model_sandbox;
   // Testing seams (see storage::StoreOptions::fault_injection and ProblemHooks).
   std::function<absl::Status(absl::string_view what)> store_fault_injection;
   const ProblemHooks* problem_hooks = nullptr;
@@ -98,6 +102,12 @@ class DecisionService {
   // read on the blocking executor, then `done` with the status.
   void ExportLogPage(const v1::ExportLogRequest& request, std::vector<v1::LoggedSample>* page,
                      Done done);
+  void ListAuditLog(const v1::ListAuditLogRequest& request, v1::ListAuditLogResponse* response,
+                    Done done);
+  // Appends one administrative call to the audit log, on the blocking executor. A record
+  // that cannot be written is reported on stderr and in the metrics; the call it describes
+  // has already happened.
+  void RecordAudit(storage::v1::AuditRecord record);
 
   // Synchronous forms (tests and tools).
   absl::Status CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response);
@@ -109,6 +119,8 @@ class DecisionService {
                             v1::TrainExpertsResponse* response);
   absl::Status ExportLog(const v1::ExportLogRequest& request,
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+  absl::Status ListAuditLog(const v1::ListAuditLogRequest& request,
+                            v1::ListAuditLogResponse* response);
 
   // In memory, short locks only: these never block and may run on a reactor thread.
   absl::Status GetProblem(const v1::GetProblemRequest& request, v1::Problem* response);
@@ -152,6 +164,7 @@ class DecisionService {
   std::unique_ptr<Executor> writer_;
   std::unique_ptr<Executor> blocking_;
   std::unique_ptr<Trainer> trainer_;
+  const ModelSandbox sandbox_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Problem>> problems_ ABSL_GUARDED_BY(mu_);

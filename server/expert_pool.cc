@@ -19,7 +19,8 @@ absl::StatusOr<storage::v1::ExpertRecord> ExpertPool::RetiredRecord(
         absl::StrCat("expert ", id, " is unknown to problem ", problem_id));
   }
   const storage::v1::ExpertRecord& current = slots_[id].record;
-  if (current.status() == storage::v1::EXPERT_STATE_ACTIVE && selectable <= 1) {
+  if (current.status() == storage::v1::EXPERT_STATE_ACTIVE && slots_[id].failure.empty() &&
+      selectable <= 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "expert ", id, " is the last selectable expert of problem ", problem_id));
   }
@@ -36,6 +37,10 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_name(slot.record.name());
   e.set_kind(slot.model->kind());
   e.set_status(ExpertStatusToWire(slot.record.status()));
+  if (!slot.failure.empty()) {
+    e.set_status(v1::EXPERT_STATUS_FAILED);
+    e.set_error(slot.failure);
+  }
   e.set_smoothing(slot.model->smoothing());
   e.set_backfill_total(slot.record.backfill_total());
   e.set_backfilled(estimated ? slot.record.backfill_total()

@@ -5,6 +5,11 @@
 // Expert states (storage::v1::ExpertState) and their transitions:
 //   registered -> BACKFILLING -> ACTIVE (backfill complete: D-UCB estimates and selects it)
 //   BACKFILLING or ACTIVE -> RETIRED (RetireExpert, or auto-training's RetireDominated)
+//   any -> FAILED at a restart whose model no longer loads (in memory only: the stored
+//   state is kept, so a restart that can load the model again restores it). WART: a FAILED
+//   expert that was still backfilling is backfilled with its uniform stand-in, so that the
+//   experts registered after it are estimated; if its model loads again later, its
+//   probabilities over that stretch of the log stay 1/K.
 // A retired expert that was still backfilling finishes its backfill, so that it is
 // estimated like every other, but is never selected. Ids are dense: expert k is the k-th
 // registered. D-UCB estimates experts [0, n) once they finish backfilling, in id order.
@@ -35,6 +40,9 @@ struct ExpertSlot {
   // False while its record is being written at registration: nothing but the joins (its
   // tail) touches it yet, and it is dropped if the write fails. Only the last slot can be.
   bool durable = true;
+  // Non-empty: the expert FAILED (its stored model no longer loads; why). `model` is then a
+  // uniform stand-in so that joins and backfills go on, and it is never selectable.
+  std::string failure;
 };
 
 class ExpertPool {

@@ -8,10 +8,15 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -21,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/exposer.h"
+#include "server/auth.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
 #include "server/grpc_service.h"
@@ -50,7 +56,37 @@ ABSL_FLAG(int64_t, min_refresh_interval_ms, 10000,
           "batch boundaries (divergence refresh, auto-training) closer than this in wall time "
           "are merged");
 
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS)");
+ABSL_FLAG(int, tls_reload_interval_s, 60,
+          "how often the TLS files are re-read; a changed certificate takes effect without a "
+          "restart");
+ABSL_FLAG(bool, insecure_plaintext, false,
+          "allow plaintext gRPC on a non-loopback address (a warning is printed)");
+ABSL_FLAG(std::string, tokens_file, "",
+          "per-role bearer tokens (hashes only; see server/auth.h); re-read on SIGHUP. Without "
+          "it every call is allowed, which decisiond accepts only on loopback unless "
+          "--allow_unauthenticated");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "serve a non-loopback address without a tokens file (a warning is printed)");
+ABSL_FLAG(std::string, model_probe, "",
+          "the decision_model_probe executable that loads clients' XGBoost models in a "
+          "sandbox (default: next to decisiond)");
+ABSL_FLAG(int64_t, model_probe_memory_mb, 2048, "address-space limit of the model probe, MB");
+ABSL_FLAG(int64_t, model_probe_timeout_ms, 30000,
+          "wall-time limit of the model probe (its CPU limit is the same, rounded up to s)");
+
 namespace {
+
+// The model probe next to this executable (/proc/self/exe), or "" if it cannot be found.
+std::string DefaultModelProbe() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "";
+  return (self.parent_path() / "decision_model_probe").string();
+}
 
 decision::server::ServiceOptions OptionsFromFlags() {
   decision::server::ServiceOptions options;
@@ -63,7 +99,74 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
   options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
+  options.model_sandbox.probe_path = absl::GetFlag(FLAGS_model_probe);
+  if (options.model_sandbox.probe_path.empty()) {
+    options.model_sandbox.probe_path = DefaultModelProbe();
+  }
+  options.model_sandbox.memory_mb = absl::GetFlag(FLAGS_model_probe_memory_mb);
+  options.model_sandbox.timeout_ms = absl::GetFlag(FLAGS_model_probe_timeout_ms);
+  options.model_sandbox.cpu_seconds = (options.model_sandbox.timeout_ms + 999) / 1000;
   return options;
+}
+
+// Whether `address` (host:port) binds only the loopback interface.
+bool IsLoopback(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The gRPC port's credentials from the --tls_* flags, or plaintext; nullptr (with a message)
+// if the flags are inconsistent or refuse plaintext here.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFromFlags(const std::string& listen) {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
+                    client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() != key.empty() || (cert.empty() && !client_ca.empty())) {
+    std::fprintf(stderr, "decisiond: --tls_cert and --tls_key go together, and "
+                         "--tls_client_ca needs them\n");
+    return nullptr;
+  }
+  if (cert.empty()) {
+    if (!IsLoopback(listen)) {
+      if (!absl::GetFlag(FLAGS_insecure_plaintext)) {
+        std::fprintf(stderr,
+                     "decisiond: refusing plaintext gRPC on non-loopback %s: give --tls_cert "
+                     "and --tls_key, or --insecure_plaintext on a trusted network\n",
+                     listen.c_str());
+        return nullptr;
+      }
+      std::fprintf(stderr, "decisiond: WARNING: plaintext gRPC on %s (--insecure_plaintext): "
+                           "anyone on the network can read the traffic and its tokens\n",
+                   listen.c_str());
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  for (const std::string& file : {cert, key, client_ca}) {
+    if (!file.empty() && access(file.c_str(), R_OK) != 0) {
+      std::fprintf(stderr, "decisiond: cannot read TLS file %s\n", file.c_str());
+      return nullptr;
+    }
+  }
+  const int interval = absl::GetFlag(FLAGS_tls_reload_interval_s);
+  if (interval < 1) {
+    std::fprintf(stderr, "decisiond: --tls_reload_interval_s must be >= 1\n");
+    return nullptr;
+  }
+  // gRPC's file-watching provider re-reads the files every `interval` seconds: a rotated
+  // certificate (or client CA) is used by new connections without a restart.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      key, cert, client_ca, static_cast<unsigned>(interval));
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (client_ca.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 // Serves `metrics` on --metrics_listen (unless empty); false, with a message, on failure.
@@ -90,7 +193,10 @@ int Run() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A model probe that dies early closes its pipe: the write gets EPIPE, not a signal.
+  signal(SIGPIPE, SIG_IGN);
 
   SystemClock clock;
   Metrics metrics;
@@ -99,6 +205,35 @@ int Run() {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
     return 2;
+  }
+  if (access(options.model_sandbox.probe_path.c_str(), X_OK) != 0 ||
+      options.model_sandbox.memory_mb < 64 || options.model_sandbox.timeout_ms < 100) {
+    std::fprintf(stderr,
+                 "decisiond: the model probe '%s' is not an executable (--model_probe), or "
+                 "--model_probe_memory_mb < 64 or --model_probe_timeout_ms < 100\n",
+                 options.model_sandbox.probe_path.c_str());
+    return 2;
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::shared_ptr<grpc::ServerCredentials> credentials = ServerCredentialsFromFlags(listen);
+  if (credentials == nullptr) return 2;
+  absl::StatusOr<std::unique_ptr<Authorizer>> auth =
+      Authorizer::Open(absl::GetFlag(FLAGS_tokens_file));
+  if (!auth.ok()) {
+    std::fprintf(stderr, "decisiond: %s\n", auth.status().ToString().c_str());
+    return 2;
+  }
+  if ((*auth)->open() && !IsLoopback(listen)) {
+    if (!absl::GetFlag(FLAGS_allow_unauthenticated)) {
+      std::fprintf(stderr,
+                   "decisiond: refusing to serve non-loopback %s without a --tokens_file: "
+                   "anyone who can reach it could create, retire and export everything. Give "
+                   "--tokens_file, or --allow_unauthenticated on a trusted network\n",
+                   listen.c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "decisiond: WARNING: no --tokens_file: every caller on %s may do "
+                         "everything (--allow_unauthenticated)\n", listen.c_str());
   }
   auto service = DecisionService::Open(options, &clock, &metrics);
   if (!service.ok()) {
@@ -112,11 +247,10 @@ int Run() {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  GrpcDecisionService grpc_service(service->get(), &metrics);
+  GrpcDecisionService grpc_service(service->get(), &metrics, auth->get());
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&grpc_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -129,7 +263,17 @@ int Run() {
   std::fflush(stdout);
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  while (true) {
+    sigwait(&signals, &signal);
+    if (signal != SIGHUP) break;
+    // SIGHUP: re-read the tokens file. A bad file keeps the tokens in force.
+    if (absl::Status s = (*auth)->Reload(); !s.ok()) {
+      std::fprintf(stderr, "decisiond: SIGHUP: tokens not reloaded, the old ones stay: %s\n",
+                   s.ToString().c_str());
+    } else {
+      std::fprintf(stderr, "decisiond: SIGHUP: %zu tokens loaded\n", (*auth)->size());
+    }
+  }
   std::fprintf(stderr, "decisiond: signal %d: draining\n", signal);
   server->GetHealthCheckService()->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() +

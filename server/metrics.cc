@@ -71,6 +71,10 @@ Metrics::Metrics()
                            .Name("decision_expert_backfill_progress")
                            .Help("Share of the stored log backfilled for an expert (1 = done)")
                            .Register(*registry_)),
+      expert_failed_(prometheus::BuildGauge()
+                         .Name("decision_expert_failed")
+                         .Help("1 if the expert's stored model no longer loads (FAILED)")
+                         .Register(*registry_)),
       expert_selected_(prometheus::BuildCounter()
                            .Name("decision_expert_selected_total")
                            .Help("Decisions that followed an expert")
@@ -93,6 +97,11 @@ Metrics::Metrics()
                        .Help("Approximate size of the RocksDB store")
                        .Register(*registry_)
                        .Add({});
+  audit_write_errors_ = &prometheus::BuildCounter()
+                             .Name("decision_audit_write_errors_total")
+                             .Help("Audit records of administrative calls that could not be written")
+                             .Register(*registry_)
+                             .Add({});
 }
 
 prometheus::Histogram& Metrics::RpcLatency(const std::string& method) {
@@ -139,6 +148,7 @@ Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert
   m.effective_sample_size = &expert_ess_.Add(labels);
   m.backfill_progress = &expert_backfill_.Add(labels);
   m.selected = &expert_selected_.Add(labels);
+  m.failed = &expert_failed_.Add(labels);
   return m;
 }
 

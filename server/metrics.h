@@ -34,6 +34,7 @@ class Metrics {
   // Storage.
   prometheus::Histogram& storage_write_latency() { return *storage_write_latency_; }
   prometheus::Gauge& storage_size() { return *storage_size_; }
+  prometheus::Counter& audit_write_errors() { return *audit_write_errors_; }
 
   // Per problem.
   struct ProblemMetrics {
@@ -56,6 +57,7 @@ class Metrics {
     prometheus::Gauge* effective_sample_size;
     prometheus::Gauge* backfill_progress;
     prometheus::Counter* selected;
+    prometheus::Gauge* failed;  // 1 while the expert is FAILED
   };
   ExpertMetrics ForExpert(const std::string& problem, int expert);
 
@@ -82,11 +84,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& expert_ucb_;
   prometheus::Family<prometheus::Gauge>& expert_ess_;
   prometheus::Family<prometheus::Gauge>& expert_backfill_;
+  prometheus::Family<prometheus::Gauge>& expert_failed_;
   prometheus::Family<prometheus::Counter>& expert_selected_;
   prometheus::Family<prometheus::Gauge>& divergence_m_;
   prometheus::Family<prometheus::Gauge>& divergence_sigma_;
   prometheus::Histogram* storage_write_latency_;
   prometheus::Gauge* storage_size_;
+  prometheus::Counter* audit_write_errors_;
 
   absl::Mutex mu_;
   std::map<std::string, prometheus::Histogram*> rpc_latency_by_method_ ABSL_GUARDED_BY(mu_);

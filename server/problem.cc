@@ -402,6 +402,14 @@ void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* res
 
 // ------------------------------------------------------------------------------ Queries
 
+std::vector<double> Problem::RecentContexts(int max_rows) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Span<const double> rows = reservoir_.contexts();
+  const size_t d = record_.num_features();
+  const size_t n = d == 0 ? 0 : std::min<size_t>(rows.size() / d, std::max(0, max_rows));
+  return std::vector<double>(rows.begin(), rows.begin() + n * d);
+}
+
 std::vector<v1::Expert> Problem::ListExperts() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Expert> out;

@@ -155,6 +155,9 @@ class Problem {
 
   // Read-only queries (in memory, short lock).
   std::vector<v1::Expert> ListExperts() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A copy of at most `max_rows` recent contexts (the divergence reservoir), row-major: the
+  // real contexts a new model is probed on (model_sandbox.h).
+  std::vector<double> RecentContexts(int max_rows) const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks

@@ -242,7 +242,9 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
     const int64_t from_tail = extension.prefix_size - slot.record.backfill_total();
     std::vector<double> tail(slot.tail.begin() + from_tail, slot.tail.end());
     DECISION_RETURN_IF_ERROR(ducb_.SwapInExtension(std::move(extension), {tail}));
-    retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED;
+    // A FAILED expert keeps its stored state (BACKFILLING): a restart that loads its model
+    // again backfills it for real.
+    retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED || !slot.failure.empty();
     ducb_.SetSelectable(expert_id, !retired);
     slot.backfill = {};
     slot.tail = {};

@@ -12,6 +12,7 @@
 //   7. LoadPending        the decisions still waiting for their reward
 //   8. LoadEventIds       every stored event id, for Choose's idempotency filter
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,13 +57,21 @@ class Recovery {
       if (id != static_cast<uint32_t>(num_experts())) {
         return DataLoss(absl::StrCat("expert ids are not contiguous at ", id));
       }
-      DECISION_ASSIGN_OR_RETURN(
-          std::unique_ptr<Expert> model,
-          BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing()));
+      absl::StatusOr<std::unique_ptr<Expert>> model =
+          BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing());
       ExpertSlot slot;
       slot.record = er;
-      slot.model = std::move(model);
       slot.metrics = p_.env_.metrics->ForExpert(r.problem_id(), static_cast<int>(id));
+      if (!model.ok()) {
+        // A model stored by an earlier version (or corrupted) that no longer loads fails
+        // alone: the problem serves with the others.
+        slot.failure = std::string(model.status().message());
+        std::fprintf(stderr, "decisiond: problem %s: expert %u FAILED: %s\n",
+                     r.problem_id().c_str(), id, slot.failure.c_str());
+        DECISION_ASSIGN_OR_RETURN(model, MakeUniformExpert(r.num_arms(), r.num_features()));
+      }
+      slot.metrics.failed->Set(slot.failure.empty() ? 0.0 : 1.0);
+      slot.model = *std::move(model);
       p_.experts_.Add(std::move(slot));
       return absl::OkStatus();
     });
@@ -222,7 +231,9 @@ class Recovery {
     DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::FromLog(EstimatorOptionsOf(p_.record_),
                                                        std::move(log_), divergences_));
     for (int k = 0; k < n_est_; ++k) {
-      ducb.SetSelectable(k, p_.experts_.at(k).record.status() == storage::v1::EXPERT_STATE_ACTIVE);
+      const ExpertSlot& slot = p_.experts_.at(k);
+      ducb.SetSelectable(k, slot.failure.empty() &&
+                                slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE);
     }
     p_.ducb_ = std::move(ducb);
     const int64_t t = p_.ducb_.log().size();

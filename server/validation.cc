@@ -229,4 +229,13 @@ absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateListAuditLogRequest(const v1::ListAuditLogRequest& request) {
+  if (request.start() < 0 || request.limit() < 0 || request.limit() > kMaxAuditPage) {
+    return absl::InvalidArgumentError(absl::StrCat("start (", request.start(),
+                                                   ") must be >= 0 and limit (", request.limit(),
+                                                   ") in [0, ", kMaxAuditPage, "]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace decision::server

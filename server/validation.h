@@ -48,6 +48,9 @@ absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request)
 absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request);
 // ExportLog: start and limit >= 0.
 absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);
+// start >= 0, 0 <= limit <= kMaxAuditPage.
+inline constexpr int kMaxAuditPage = 1000;
+absl::Status ValidateListAuditLogRequest(const v1::ListAuditLogRequest& request);
 
 }  // namespace decision::server
 

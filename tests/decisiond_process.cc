@@ -14,8 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <random>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -159,6 +163,48 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
   }
   if (response.find(" 200 ") > body) return absl::InternalError("HTTP status is not 200");
   return response.substr(body + 4);
+}
+
+// The gRPC health protocol by hand (Debian ships no generated health stubs):
+// HealthCheckRequest { string service = 1; } and HealthCheckResponse { enum status = 1; }.
+std::string EncodeHealthCheckRequest(const std::string& service) {
+  std::string out;
+  if (service.empty()) return out;
+  out.push_back(0x0a);  // field 1, length-delimited
+  out.push_back(static_cast<char>(service.size()));  // REQUIRES: < 128 bytes
+  out += service;
+  return out;
+}
+
+// The status field of a HealthCheckResponse (0 UNKNOWN, 1 SERVING, 2 NOT_SERVING), or -1.
+int DecodeHealthCheckStatus(const std::string& bytes) {
+  if (bytes.empty()) return 0;  // proto3: the default value is not sent
+  if (bytes.size() == 2 && bytes[0] == 0x08) return static_cast<unsigned char>(bytes[1]);
+  return -1;
+}
+
+grpc::Status HealthCheck(const std::string& address, const std::string& service, int* status) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string request_bytes = EncodeHealthCheckRequest(service);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  grpc::Status result = done.get_future().get();
+  if (result.ok()) {
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (response.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    *status = DecodeHealthCheckStatus(bytes);
+  }
+  return result;
 }
 
 }  // namespace decision::testing

@@ -85,6 +85,10 @@ grpc::Status Call(grpc::Status (v1::DecisionService::Stub::*method)(grpc::Client
 #define ASSERT_GRPC_OK(expr) DECISION_GRPC_CHECK_(ASSERT_TRUE, expr)
 #define EXPECT_GRPC_OK(expr) DECISION_GRPC_CHECK_(EXPECT_TRUE, expr)
 
+// grpc.health.v1.Health/Check of `service` ("" for the server) over a plaintext channel;
+// *status is the answer's status (0 UNKNOWN, 1 SERVING, 2 NOT_SERVING, -1 undecodable).
+grpc::Status HealthCheck(const std::string& address, const std::string& service, int* status);
+
 // GET http://address/path over a plain socket; returns the body.
 absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 

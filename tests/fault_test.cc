@@ -207,9 +207,66 @@ class CorruptRecordTest : public ServiceTest {
     ServiceOptions options;
     options.data_dir = dir_;
     options.start_maintenance_thread = false;
-    return DecisionService::Open(options, &clock_, &metrics_).status();
+    absl::StatusOr<std::unique_ptr<DecisionService>> opened =
+        DecisionService::Open(options, &clock_, &metrics_);
+    if (opened.ok()) service_ = *std::move(opened);
+    return opened.status();
   }
 };
+
+// The value of gauge `name` with label expert=`expert`, or -1.
+double ExpertGauge(Metrics& metrics, const std::string& name, const std::string& expert) {
+  for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      for (const prometheus::ClientMetric::Label& label : m.label) {
+        if (label.name == "expert" && label.value == expert) return m.gauge.value;
+      }
+    }
+  }
+  return -1.0;
+}
+
+// A stored model that no longer loads (written by another version, or damaged) marks its
+// expert FAILED at restart; the problem serves with the others.
+TEST_F(CorruptRecordTest, AStoredModelThatNoLongerLoadsFailsItsExpertAlone) {
+  ASSERT_TRUE(OpenAfter([](storage::Store& store) -> absl::Status {
+                storage::v1::ExpertRecord linear;
+                absl::Status found = store.ForEachExpert(
+                    0, [&](uint32_t id, const storage::v1::ExpertRecord& r) {
+                      if (id == 1) linear = r;
+                      return absl::OkStatus();
+                    });
+                if (!found.ok()) return found;
+                linear.mutable_model()->set_xgboost("{\"learner\": {\"truncated");
+                return store.PutExpert(0, 1, linear);
+              }).ok());
+  v1::ListExpertsRequest list;
+  list.set_problem_id("p");
+  v1::ListExpertsResponse listed;
+  ASSERT_TRUE(service_->ListExperts(list, &listed).ok());
+  const auto& experts = listed.experts();
+  ASSERT_EQ(experts.size(), 2);
+  EXPECT_EQ(experts[0].status(), v1::EXPERT_STATUS_ACTIVE);
+  EXPECT_EQ(experts[1].status(), v1::EXPERT_STATUS_FAILED);
+  EXPECT_THAT(experts[1].error(), HasSubstr("xgboost"));
+  EXPECT_EQ(ExpertGauge(metrics_, "decision_expert_failed", "1"), 1.0);
+  EXPECT_EQ(ExpertGauge(metrics_, "decision_expert_failed", "0"), 0.0);
+  // The problem serves: never with the failed expert, and rewards are learned.
+  const int64_t before = GetProblem("p").samples();
+  for (int i = 0; i < 30; ++i) {
+    const v1::ChooseResponse c = Choose("p");
+    EXPECT_EQ(c.expert_id(), 0);
+    ASSERT_TRUE(Reward("p", c.event_id(), 1.0).ok());
+  }
+  EXPECT_EQ(GetProblem("p").samples(), before + 30);
+  // It can be retired although it is not selectable (and expert 0 is the last that is).
+  v1::RetireExpertRequest retire;
+  retire.set_problem_id("p");
+  retire.set_expert_id(1);
+  v1::Expert retired;
+  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+}
 
 // Applies `edit` to problem 0's checkpoint.
 std::function<absl::Status(storage::Store&)> EditCheckpoint(

@@ -765,56 +765,15 @@ TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
   EXPECT_GT(*size, 0.0);
 }
 
-// The gRPC health protocol by hand (Debian ships no generated health stubs):
-// HealthCheckRequest { string service = 1; } and HealthCheckResponse { enum status = 1; }.
-std::string EncodeHealthCheckRequest(const std::string& service) {
-  std::string out;
-  if (service.empty()) return out;
-  out.push_back(0x0a);  // field 1, length-delimited
-  out.push_back(static_cast<char>(service.size()));  // REQUIRES: < 128 bytes
-  out += service;
-  return out;
-}
-
-// The status field of a HealthCheckResponse (0 UNKNOWN, 1 SERVING, 2 NOT_SERVING), or -1.
-int DecodeHealthCheckStatus(const std::string& bytes) {
-  if (bytes.empty()) return 0;  // proto3: the default value is not sent
-  if (bytes.size() == 2 && bytes[0] == 0x08) return static_cast<unsigned char>(bytes[1]);
-  return -1;
-}
-
-grpc::Status HealthCheck(const std::string& address, const std::string& service, int* status) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  const std::string request_bytes = EncodeHealthCheckRequest(service);
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  grpc::Status result = done.get_future().get();
-  if (result.ok()) {
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (response.Dump(&slices).ok()) {
-      for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    *status = DecodeHealthCheckStatus(bytes);
-  }
-  return result;
-}
-
 // 5. The standard grpc.health.v1 service answers SERVING for the server as a whole.
 TEST_F(IntegrationTest, HealthServiceAnswersServing) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   int status = -1;
-  ASSERT_GRPC_OK(HealthCheck(process_->address(), "", &status));
+  ASSERT_GRPC_OK(testing::HealthCheck(process_->address(), "", &status));
   EXPECT_EQ(status, 1) << "expected SERVING";
   // An unknown service name is NOT_FOUND, as the health protocol specifies.
-  const grpc::Status unknown = HealthCheck(process_->address(), "no.such.Service", &status);
+  const grpc::Status unknown =
+      testing::HealthCheck(process_->address(), "no.such.Service", &status);
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
 }
 
