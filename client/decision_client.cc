@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <thread>
 
@@ -31,18 +33,49 @@ DecisionClient::DecisionClient(const ClientOptions& options) : options_(options)
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.enabled) {
+    grpc::SslCredentialsOptions ssl;
+    const std::pair<const std::string*, std::string*> files[] = {
+        {&options.tls.ca_file, &ssl.pem_root_certs},
+        {&options.tls.cert_file, &ssl.pem_cert_chain},
+        {&options.tls.key_file, &ssl.pem_private_key}};
+    for (const auto& [path, pem] : files) {
+      if (path->empty()) continue;
+      std::ifstream in(*path, std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      if (!in || text.str().empty()) {
+        status_ = absl::InvalidArgumentError("cannot read TLS file " + *path);
+      }
+      *pem = text.str();
+    }
+    if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+      status_ = absl::InvalidArgumentError("a TLS client certificate needs its key, and back");
+    }
+    if (!options.tls.server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls.server_name);
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
   stub_ = v1::DecisionService::NewStub(
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(options.address, credentials, args));
+}
+
+void DecisionClient::Prepare(grpc::ClientContext* ctx,
+                             std::chrono::system_clock::duration deadline) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
+  if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 template <typename Response, typename Call>
 absl::StatusOr<Response> DecisionClient::Unary(int attempts, Call&& call) {
   int64_t backoff_ms = options_.initial_backoff_ms;
   grpc::Status status;
+  if (!status_.ok()) return status_;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(options_.deadline_ms));
+    Prepare(&ctx, std::chrono::milliseconds(options_.deadline_ms));
     Response response;
     status = call(&ctx, &response);
     if (status.ok()) return response;
@@ -170,10 +203,11 @@ absl::Status DecisionClient::ExportLog(
   request.set_problem_id(problem_id);
   request.set_start(start);
   request.set_limit(limit);
+  if (!status_.ok()) return status_;
   grpc::ClientContext ctx;
   // A whole-log export can be long: the deadline scales with nothing we know, so give it an
   // hour; cancel by returning an error from fn.
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::hours(1));
+  Prepare(&ctx, std::chrono::hours(1));
   std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
       stub_->ExportLog(&ctx, request);
   v1::LoggedSample sample;
@@ -185,6 +219,16 @@ absl::Status DecisionClient::ExportLog(
     }
   }
   return FromGrpc(reader->Finish());
+}
+
+absl::StatusOr<v1::ListAuditLogResponse> DecisionClient::ListAuditLog(int64_t start, int limit) {
+  v1::ListAuditLogRequest request;
+  request.set_start(start);
+  request.set_limit(limit);
+  return Unary<v1::ListAuditLogResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListAuditLogResponse* r) {
+        return stub_->ListAuditLog(ctx, request, r);
+      });
 }
 
 }  // namespace decision::client

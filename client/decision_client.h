@@ -11,6 +11,7 @@
 #ifndef DECISION_CLIENT_DECISION_CLIENT_H_
 #define DECISION_CLIENT_DECISION_CLIENT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,8 +24,21 @@
 
 namespace decision::client {
 
+// TLS to decisiond (its --tls_cert/--tls_key, and --tls_client_ca for mutual TLS).
+struct TlsOptions {
+  bool enabled = false;
+  std::string ca_file;      // PEM roots that signed the server's certificate ("": system roots)
+  std::string cert_file;    // PEM client certificate chain, for mutual TLS
+  std::string key_file;     // its private key
+  std::string server_name;  // expected name in the server's certificate ("": the host)
+};
+
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";
+  // Sent as "authorization: Bearer <token>" on every call when not empty (decisiond
+  // --tokens_file). Never logged.
+  std::string token;
+  TlsOptions tls;
   int64_t deadline_ms = 5000;      // per attempt
   int max_attempts = 4;            // 1 = no retries
   int64_t initial_backoff_ms = 50;  // doubled after each UNAVAILABLE
@@ -33,7 +47,11 @@ struct ClientOptions {
 
 class DecisionClient {
  public:
+  // A TLS file that cannot be read makes every call fail with INVALID_ARGUMENT (see
+  // status()).
   explicit DecisionClient(const ClientOptions& options);
+  // OK, or why the client cannot call (an unreadable TLS file).
+  const absl::Status& status() const { return status_; }
 
   absl::StatusOr<v1::Problem> CreateProblem(const std::string& problem_id,
                                             const v1::ProblemConfig& config);
@@ -60,12 +78,17 @@ class DecisionClient {
   // Not retried (a partial stream was already delivered).
   absl::Status ExportLog(const std::string& problem_id, int64_t start, int64_t limit,
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+  // Audit log entries [start, start + limit) (limit 0: the server's page of 100).
+  absl::StatusOr<v1::ListAuditLogResponse> ListAuditLog(int64_t start, int limit);
 
  private:
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(int attempts, Call&& call);
+  // The deadline and the token.
+  void Prepare(grpc::ClientContext* ctx, std::chrono::system_clock::duration deadline) const;
 
   ClientOptions options_;
+  absl::Status status_;
   std::unique_ptr<v1::DecisionService::Stub> stub_;
 };
 

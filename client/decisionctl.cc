@@ -20,14 +20,36 @@
 //   train PROBLEM [--tree_experts=3] [--linear_experts=1]
 //       queues training of experts from the problem's log on the server (they then
 //       backfill and become selectable like registered ones)
+//   audit [--start=N] [--limit=N]
+//       the audit log of administrative calls (needs an admin token)
+//   health
+//       grpc.health.v1.Health/Check of the server (open to every caller, for probes);
+//       exits 0 if SERVING
+//   hash-token
+//       reads a token on stdin and prints the line fragment "sha256:HEX" for decisiond's
+//       --tokens_file (the token itself is never stored)
 //   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
 //       progressive loss as it goes.
+//
+// Security: the bearer token comes from the file --token_file or the environment variable
+// DECISION_TOKEN (never from a flag value, which other users could read in the process
+// list). --tls (with --tls_ca, --tls_cert/--tls_key for mutual TLS, --tls_server_name)
+// connects over TLS.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <openssl/evp.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -41,6 +63,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "client/decision_client.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "decisiond address");
@@ -74,6 +97,14 @@ ABSL_FLAG(int64_t, rounds, 0, "replay: stop after N rounds (0: all)");
 ABSL_FLAG(std::string, curve_csv, "", "replay: write the progressive loss per round");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding the bearer token (default: the DECISION_TOKEN environment variable)");
+ABSL_FLAG(bool, tls, false, "connect with TLS");
+ABSL_FLAG(std::string, tls_ca, "", "--tls: PEM CA of the server's certificate (default: system)");
+ABSL_FLAG(std::string, tls_cert, "", "--tls: PEM client certificate (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "--tls: PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "--tls: the name expected in the server's certificate (default: the host)");
 
 namespace {
 
@@ -366,6 +397,84 @@ int Train(DecisionClient& c, const std::vector<char*>& args) {
   return 0;
 }
 
+int Audit(DecisionClient& c) {
+  auto r = c.ListAuditLog(absl::GetFlag(FLAGS_start), static_cast<int>(absl::GetFlag(FLAGS_limit)));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("%8s %-24s %-16s %-16s %-20s %-18s %s\n", "seq", "time (UTC)", "caller", "method",
+              "problem", "result", "detail");
+  for (const v1::AuditEntry& e : r->entries()) {
+    const std::string when =
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(e.at_ms()), absl::UTCTimeZone());
+    std::printf("%8lld %-24s %-16s %-16s %-20s %-18s %s%s%s\n",
+                static_cast<long long>(e.sequence()), when.c_str(), e.caller().c_str(),
+                e.method().c_str(), e.problem_id().c_str(), e.code().c_str(), e.detail().c_str(),
+                e.message().empty() ? "" : ": ", e.message().c_str());
+  }
+  std::printf("next: --start=%lld\n", static_cast<long long>(r->next_start()));
+  return 0;
+}
+
+// grpc.health.v1 by hand (Debian ships no generated health stubs): an empty
+// HealthCheckRequest, and a HealthCheckResponse whose field 1 is the status (1 = SERVING).
+int Health(const decision::client::ClientOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  if (options.tls.enabled) {
+    grpc::SslCredentialsOptions ssl;
+    if (!options.tls.ca_file.empty()) {
+      auto ca = ReadFile(options.tls.ca_file);
+      if (!ca.ok()) return Fail(ca.status());
+      ssl.pem_root_certs = *ca;
+    }
+    if (!options.tls.cert_file.empty()) {
+      auto cert = ReadFile(options.tls.cert_file);
+      auto key = ReadFile(options.tls.key_file);
+      if (!cert.ok()) return Fail(cert.status());
+      if (!key.ok()) return Fail(key.status());
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    if (!options.tls.server_name.empty()) args.SetSslTargetNameOverride(options.tls.server_name);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::GenericStub stub(grpc::CreateCustomChannel(options.address, credentials, args));
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);  // a ByteBuffer with no slice is not a message
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(options.deadline_ms));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status status = done.get_future().get();
+  if (!status.ok()) return Fail(decision::client::FromGrpc(status));
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  const bool serving = bytes == std::string("\x08\x01", 2);
+  std::printf("%s\n", serving ? "SERVING" : "NOT_SERVING");
+  return serving ? 0 : 1;
+}
+
+int HashToken() {
+  std::string token;
+  std::getline(std::cin, token);
+  if (!token.empty() && token.back() == '\r') token.pop_back();
+  if (token.empty()) return Usage("hash-token reads the token on stdin");
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(token.data(), token.size(), digest, &len, EVP_sha256(), nullptr);
+  std::printf("sha256:");
+  for (unsigned int i = 0; i < len; ++i) std::printf("%02x", digest[i]);
+  std::printf("\n");
+  return 0;
+}
+
 int Replay(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("replay needs PROBLEM");
   auto rows = ReadFile(absl::GetFlag(FLAGS_data));
@@ -441,15 +550,31 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, estimates, choose, reward, export, train, replay (see client/decisionctl.cc)");
+      "retire-expert, estimates, choose, reward, export, train, replay, audit, health, hash-token "
+      "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("missing COMMAND");
   const std::string command = positional[1];
   const std::vector<char*> args(positional.begin() + 2, positional.end());
+  if (command == "hash-token") return HashToken();
   decision::client::ClientOptions options;
   options.address = absl::GetFlag(FLAGS_server);
   options.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
+    auto token = ReadFile(file);
+    if (!token.ok()) return Fail(token.status());
+    options.token = std::string(absl::StripAsciiWhitespace(*token));
+  } else if (const char* env = std::getenv("DECISION_TOKEN"); env != nullptr) {
+    options.token = env;
+  }
+  options.tls.enabled = absl::GetFlag(FLAGS_tls);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (command == "health") return Health(options);
   DecisionClient client(options);
+  if (!client.status().ok()) return Fail(client.status());
   if (command == "create-problem") return CreateProblem(client, args);
   if (command == "list-problems") return ListProblems(client);
   if (command == "register-expert") return RegisterExpert(client, args);
@@ -461,5 +586,6 @@ int main(int argc, char** argv) {
   if (command == "export") return Export(client, args);
   if (command == "train") return Train(client, args);
   if (command == "replay") return Replay(client, args);
+  if (command == "audit") return Audit(client);
   return Usage("unknown command " + command);
 }
