@@ -4,6 +4,9 @@
 // returns an absl::Status (see the error table in proto/decision/v1/decision.proto). The
 // gRPC layer (grpc_service.h) only converts; tests call this class directly.
 //
+// Around it: grpc_service.h (the gRPC adapter: authorization by auth.h, the audit log),
+// model_sandbox.h (clients' XGBoost models are loaded first in decision_model_probe).
+//
 // Threads:
 //   - the writer executor (one thread): every problem's group commits (problem_commit.cc);
 //   - the blocking executor (two threads): the RPC work that blocks (store scans and

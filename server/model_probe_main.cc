@@ -120,7 +120,11 @@ absl::StatusOr<std::string> Probe(absl::string_view input) {
 
 int main(int argc, char** argv) {
   // Limits first, before a byte of the model is read.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (Sanitizer builds reserve terabytes of shadow address space at start: an address-space
+  // limit would fail their every allocation. They keep the CPU and time limits.)
   Limit(RLIMIT_AS, static_cast<rlim_t>(FlagValue(argc, argv, "--memory_mb", 2048)) << 20);
+#endif
   Limit(RLIMIT_CPU, static_cast<rlim_t>(FlagValue(argc, argv, "--cpu_seconds", 20)));
   Limit(RLIMIT_FSIZE, 0);
   Limit(RLIMIT_CORE, 0);
