@@ -380,6 +380,59 @@ TEST_F(SecurityTest, MetricsExposeNoTokensEventIdsOrFeatures) {
   EXPECT_EQ(body->find("0.123456789"), std::string::npos) << "a feature value";
 }
 
+// Every crafted model of the fuzz corpus, sent to a running decisiond: each valid seed is
+// registered, every other one is INVALID_ARGUMENT with a reason, and the server stays up
+// and serves (the crashes and hangs of issue 13 were all at registration or prediction).
+TEST_F(SecurityTest, EveryCraftedModelIsRefusedAndTheServerStaysUp) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  v1::CreateProblemRequest create;
+  create.set_problem_id("m");
+  create.mutable_config()->set_num_arms(3);
+  create.mutable_config()->set_num_features(4);
+  v1::Problem problem;
+  ASSERT_GRPC_OK(Call(&v1::DecisionService::Stub::CreateProblem, stub_.get(), create, &problem));
+  int refused = 0, registered = 0;
+  const std::string corpus = std::string(DECISION_SOURCE_DIR) + "/tests/fuzz/corpus/xgboost_model";
+  for (const auto& entry : std::filesystem::directory_iterator(corpus)) {
+    const std::string name = entry.path().filename();
+    v1::RegisterExpertRequest r;
+    r.set_problem_id("m");
+    r.set_name(name.substr(0, 100));
+    r.mutable_model()->mutable_xgboost()->set_model(ReadText(entry.path()));
+    v1::Expert out;
+    const grpc::Status s = Call(&v1::DecisionService::Stub::RegisterExpert, stub_.get(), r, &out,
+                                std::chrono::seconds(60));
+    if (name.rfind("valid", 0) == 0) {
+      EXPECT_TRUE(s.ok()) << name << ": " << s.error_message();
+      ++registered;
+    } else {
+      EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << name << ": " << s.error_message();
+      EXPECT_NE(s.error_message(), "") << name;
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, 10);
+  v1::ListExpertsRequest list;
+  list.set_problem_id("m");
+  v1::ListExpertsResponse experts;
+  ASSERT_GRPC_OK(Call(&v1::DecisionService::Stub::ListExperts, stub_.get(), list, &experts));
+  EXPECT_EQ(experts.experts_size(), 1 + registered);
+  for (int i = 0; i < 20; ++i) {
+    v1::ChooseRequest choose;
+    choose.set_problem_id("m");
+    for (int f = 0; f < 4; ++f) choose.add_features(i * 0.1 - f);
+    v1::ChooseResponse chosen;
+    ASSERT_GRPC_OK(Call(&v1::DecisionService::Stub::Choose, stub_.get(), choose, &chosen));
+    v1::RewardRequest reward;
+    reward.set_problem_id("m");
+    reward.set_event_id(chosen.event_id());
+    reward.set_value(1.0);
+    v1::RewardResponse rewarded;
+    ASSERT_GRPC_OK(Call(&v1::DecisionService::Stub::Reward, stub_.get(), reward, &rewarded));
+  }
+  EXPECT_EQ(process_->Terminate(), 0);
+}
+
 // Non-loopback addresses: plaintext and open access must be asked for.
 TEST_F(SecurityTest, NonLoopbackNeedsTlsAndTokensOrExplicitFlags) {
   EXPECT_FALSE(DecisiondProcess::Start(dir_, {"--listen=0.0.0.0:0"}).ok());
