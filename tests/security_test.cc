@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/decision_client.h"
 #include "tests/decisiond_fixture.h"
 
 namespace decision::testing {
@@ -539,6 +540,39 @@ TEST_F(TlsTest, MutualTlsRefusesPlaintextAndAnonymousClientsAndReloadsCertificat
   EXPECT_EQ(CallOverTls("ca2", true), StatusCode::OK);
   EXPECT_EQ(CallOverTls("ca1", true), StatusCode::UNAVAILABLE);
   EXPECT_EQ(process_->Terminate(), 0);
+}
+
+// The client library: TLS with a CA file, a client certificate, a server name override and
+// a bearer token, against mutual TLS and a tokens file.
+TEST_F(TlsTest, ClientLibrarySpeaksMutualTlsWithAToken) {
+  const std::string tokens = pki_ + "/tokens.txt";
+  WriteFile(tokens, "ops admin,observe sha256:" + HashOf("tok-ops") + "\n");
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--tls_cert=" + pki_ + "/server.pem",
+                                       "--tls_key=" + pki_ + "/server.key",
+                                       "--tls_client_ca=" + pki_ + "/ca1.pem",
+                                       "--tokens_file=" + tokens}));
+  client::ClientOptions options;
+  options.address = process_->address();
+  options.tls.enabled = true;
+  options.tls.ca_file = pki_ + "/ca1.pem";
+  options.tls.cert_file = pki_ + "/client.pem";
+  options.tls.key_file = pki_ + "/client.key";
+  options.tls.server_name = "decisiond.test";
+  options.token = "tok-ops";
+  client::DecisionClient c(options);
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  v1::ProblemConfig config;
+  config.set_num_arms(2);
+  ASSERT_TRUE(c.CreateProblem("tls", config).ok());
+  const auto listed = c.ListProblems();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->problems_size(), 1);
+  // Without the token: UNAUTHENTICATED; with an unreadable CA file: a clear local error.
+  options.token.clear();
+  EXPECT_EQ(client::DecisionClient(options).ListProblems().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  options.tls.ca_file = pki_ + "/no-such-ca.pem";
+  EXPECT_EQ(client::DecisionClient(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(TlsTest, ServerOnlyTlsServesClientsWithoutCertificates) {
