@@ -195,8 +195,6 @@ int Run() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // A model probe that dies early closes its pipe: the write gets EPIPE, not a signal.
-  signal(SIGPIPE, SIG_IGN);
 
   SystemClock clock;
   Metrics metrics;

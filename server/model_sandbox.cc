@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,8 +69,13 @@ std::string DescribeDeath(int wait_status, bool timed_out, const ModelSandboxOpt
 absl::StatusOr<std::string> ModelSandbox::Check(const ModelProbeRequest& request) const {
   const std::string input = probe::EncodeRequest(request.num_arms, request.num_features,
                                                  request.model, request.rows);
+  // The request goes over a socket pair rather than a pipe: send() with MSG_NOSIGNAL
+  // reports a probe that stopped reading as EPIPE without raising SIGPIPE in this process
+  // (which the embedding program may not ignore).
   int in_pipe[2], out_pipe[2];
-  if (pipe2(in_pipe, O_CLOEXEC) != 0) return Errno("pipe");
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in_pipe) != 0) {
+    return Errno("socketpair");
+  }
   Fd in_read(in_pipe[0]), in_write(in_pipe[1]);
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return Errno("pipe");
   Fd out_read(out_pipe[0]), out_write(out_pipe[1]);
@@ -127,7 +133,8 @@ absl::StatusOr<std::string> ModelSandbox::Check(const ModelProbeRequest& request
     const int ready = poll(fds, n, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
     if (ready < 0 && errno != EINTR) break;
     if (n == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = write(in_write.get(), input.data() + written, input.size() - written);
+      const ssize_t w = send(in_write.get(), input.data() + written, input.size() - written,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w > 0) written += w;
       // EPIPE: the probe stopped reading (it refused the header, or died); its answer or
       // its exit status says why.
