@@ -54,10 +54,22 @@ ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads shar
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
 ABSL_FLAG(std::string, decisiond_flags, "",
           "extra decisiond flags, space-separated (e.g. \"--durable_choose\")");
+ABSL_FLAG(std::string, token, "",
+          "bearer token sent on every call (for a decisiond with --tokens_file; a decisiond "
+          "without one ignores it)");
 ABSL_FLAG(std::string, calibrate_work_us, "",
           "comma-separated W: also drive null_server --work_us=W and print its ratios");
 
 namespace {
+
+// The --token metadata, read once (flags are not read in the hot loop).
+void AddToken(grpc::ClientContext* ctx) {
+  static const std::string* const header = [] {
+    const std::string token = absl::GetFlag(FLAGS_token);
+    return token.empty() ? nullptr : new std::string("Bearer " + token);
+  }();
+  if (header != nullptr) ctx->AddMetadata("authorization", *header);
+}
 
 namespace v1 = decision::v1;
 using Clock = std::chrono::steady_clock;
@@ -119,6 +131,7 @@ class Slot {
     if (now >= end_) return finished_();
     ctx_ = std::make_unique<grpc::ClientContext>();
     ctx_->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    AddToken(ctx_.get());
     start_ = Clock::now();
     if (!due_.empty() && due_.front().first <= now) {
       reward_.set_event_id(due_.front().second);
@@ -237,6 +250,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    AddToken(&ctx);
     v1::CreateProblemRequest req;
     req.set_problem_id(problem);
     req.mutable_config()->set_num_arms(k);
@@ -253,6 +267,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
   for (int e = 1; e < absl::GetFlag(FLAGS_experts); ++e) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    AddToken(&ctx);
     v1::RegisterExpertRequest req;
     req.set_problem_id(problem);
     req.set_name(absl::StrCat("linear-", e));
@@ -268,6 +283,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
   for (int attempt = 0; attempt < 600; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
+    AddToken(&ctx);
     v1::ListExpertsRequest req;
     req.set_problem_id(problem);
     v1::ListExpertsResponse resp;
