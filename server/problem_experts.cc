@@ -14,6 +14,10 @@
 #include "server/validation.h"
 
 namespace decision::server {
+namespace {
+// How many of the problem's recent contexts a new expert is scored on at registration.
+constexpr int kRegistrationScoredContexts = 512;
+}  // namespace
 
 using storage::v1::ExpertRecord;
 
@@ -41,6 +45,24 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
   DECISION_ASSIGN_OR_RETURN(
       std::unique_ptr<Expert> built,
       BuildExpert(model, record_.num_arms(), record_.num_features(), smoothing));
+  // The common way a valid model fails on this problem's data (a table whose keys miss the
+  // contexts, a linear model whose logits overflow on them): scored on a uniform sample of
+  // the contexts seen, it is refused here rather than failing later in the backfill.
+  if (const int d = record_.num_features(); d > 0) {
+    const std::vector<double> recent = RecentContexts(kRegistrationScoredContexts);
+    const size_t n = recent.size() / d;
+    std::vector<double> probs(n * record_.num_arms());
+    for (size_t i = 0; i < n; ++i) {
+      const absl::Status s = built->Predict(absl::MakeConstSpan(recent).subspan(i * d, d),
+                                            absl::MakeSpan(probs).subspan(i * record_.num_arms(),
+                                                                          record_.num_arms()));
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the expert cannot score a context this problem has seen (", s.message(),
+            "); it would fail on the stored log"));
+      }
+    }
+  }
   absl::MutexLock writes(&expert_writes_mu_);
   int expert_id;
   ExpertRecord record;

@@ -353,5 +353,65 @@ TEST_F(CorruptRecordTest, BackfillChunkLongerThanAChunk) {
   EXPECT_THAT(s.message(), HasSubstr("backfill chunk"));
 }
 
+// Issue 14's reproducers: experts that are valid models but cannot score the contexts this
+// problem sees. Registration scores a new expert on a sample of them and refuses it with
+// INVALID_ARGUMENT; nothing is stored and the problem goes on learning.
+class ExpertThatCannotScoreTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    ServiceTest::SetUp();
+    CreateProblem("p", /*wait_ms=*/1'000'000);
+    for (int i = 0; i < 20; ++i) {
+      v1::ChooseRequest req;
+      req.set_problem_id("p");
+      for (int f = 0; f < kFeatures; ++f) req.add_features(5.0 + i);
+      v1::ChooseResponse resp;
+      ASSERT_TRUE(service_->Choose(req, &resp).ok());
+      ASSERT_TRUE(Reward("p", resp.event_id(), 1.0).ok());
+    }
+  }
+  void ExpectRefusedAndNothingStored(const v1::RegisterExpertRequest& req) {
+    v1::Expert e;
+    const absl::Status s = service_->RegisterExpert(req, &e);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("cannot score a context"));
+    v1::ListExpertsRequest list;
+    list.set_problem_id("p");
+    v1::ListExpertsResponse listed;
+    ASSERT_TRUE(service_->ListExperts(list, &listed).ok());
+    EXPECT_EQ(listed.experts_size(), 1);
+    // The problem still learns, and a restart finds the same single expert.
+    PlayRounds("p", 5);
+    EXPECT_EQ(GetProblem("p").samples(), 25);
+    Reopen();
+    v1::ListExpertsResponse after_restart;
+    ASSERT_TRUE(service_->ListExperts(list, &after_restart).ok());
+    EXPECT_EQ(after_restart.experts_size(), 1);
+  }
+};
+
+TEST_F(ExpertThatCannotScoreTest, TableWhoseKeysMissTheContextsIsRefused) {
+  v1::RegisterExpertRequest req;
+  req.set_problem_id("p");
+  req.set_name("table");
+  auto* t = req.mutable_model()->mutable_table();
+  for (int r = 0; r < 2; ++r) {
+    auto* row = t->add_rows();
+    for (int a = 0; a < kArms; ++a) row->add_probabilities(1.0 / kArms);
+  }
+  t->set_key_feature(0);  // the contexts have 5..24 there: no row
+  ExpectRefusedAndNothingStored(req);
+}
+
+TEST_F(ExpertThatCannotScoreTest, LinearWhoseLogitsOverflowIsRefused) {
+  v1::RegisterExpertRequest req;
+  req.set_problem_id("p");
+  req.set_name("huge");
+  auto* l = req.mutable_model()->mutable_linear_softmax();
+  for (int i = 0; i < kArms * kFeatures; ++i) l->add_weights(1e308);
+  for (int a = 0; a < kArms; ++a) l->add_bias(0.0);
+  ExpectRefusedAndNothingStored(req);
+}
+
 }  // namespace
 }  // namespace decision::server
