@@ -377,6 +377,12 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
     return absl::FailedPreconditionError(
         absl::StrCat("problem ", p->id(), " has no joined sample to train on"));
   }
+  if (!p->HasPositiveReward()) {
+    // Training weighs each sample by its reward: with none positive there is nothing to
+    // learn, and the job would only fail in the background.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", p->id(), " has no sample with a positive reward to train on"));
+  }
   response->set_queued_jobs(trainer_->Enqueue(p, trees, linear));
   if (options_.inline_maintenance) return trainer_->RunPending();
   return absl::OkStatus();

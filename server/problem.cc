@@ -410,6 +410,11 @@ std::vector<double> Problem::RecentContexts(int max_rows) const {
   return std::vector<double>(rows.begin(), rows.begin() + n * d);
 }
 
+bool Problem::HasPositiveReward() const {
+  absl::MutexLock lock(&mu_);
+  return positive_rewards_ > 0;
+}
+
 std::vector<v1::Expert> Problem::ListExperts() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::Expert> out;

@@ -158,6 +158,8 @@ class Problem {
   // A copy of at most `max_rows` recent contexts (the divergence reservoir), row-major: the
   // real contexts a new model is probed on (model_sandbox.h).
   std::vector<double> RecentContexts(int max_rows) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether some sample of the log has a positive reward (what training learns from).
+  bool HasPositiveReward() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks
@@ -384,6 +386,8 @@ class Problem {
   // store, so every later join fails with it (nothing more is written at that position)
   // until a restart reloads the problem.
   absl::Status learning_stopped_ ABSL_GUARDED_BY(mu_);
+  // Samples of the log with a positive reward: training needs at least one.
+  int64_t positive_rewards_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
 };
 

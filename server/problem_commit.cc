@@ -300,6 +300,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   if (op.is_default) MarkLateAfterExpiryLocked(op);
   pending_.Erase(op.event_id);
   if (op.reward_response != nullptr) op.reward_response->set_first(true);
+  if (op.reward > 0.0) ++positive_rewards_;
   if (op.is_default) {
     metrics_.expired_default->Increment();
   } else {

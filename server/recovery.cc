@@ -237,6 +237,7 @@ class Recovery {
     }
     p_.ducb_ = std::move(ducb);
     const int64_t t = p_.ducb_.log().size();
+    for (int64_t s = 0; s < t; ++s) p_.positive_rewards_ += p_.ducb_.log().reward(s) > 0.0;
     for (int64_t chunk = chunks_read_; (chunk + 1) * storage::kLogChunkSamples <= t; ++chunk) {
       p_.unwritten_chunks_.push_back(p_.PendingChunkLocked(chunk));
     }

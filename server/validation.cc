@@ -208,11 +208,9 @@ absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertReq
   return request.model().smoothing();
 }
 
-absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request) {
-  if (request.expert_id() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expert_id is ", request.expert_id(), "; expert ids start at 0"));
-  }
+absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest&) {
+  // Every int32 is a well-formed expert id: one the problem does not have (negative ones
+  // included) is NOT_FOUND, as for every other id.
   return absl::OkStatus();
 }
 

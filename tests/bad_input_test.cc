@@ -555,8 +555,8 @@ std::vector<BadCase> BadCases(const Suite& suite) {
 
       // ---- RetireExpert.
       {"RetireExpert/unknown_expert_99", retire(kProblem, 99), kNotFound, {"expert 99"}},
-      // Expert ids are 0, 1, 2, ...: a negative one is a malformed id, not an unknown one.
-      {"RetireExpert/negative_expert_id", retire(kProblem, -1), kInvalid, {"-1"}},
+      // A negative id is unknown like any other id the problem does not have.
+      {"RetireExpert/negative_expert_id", retire(kProblem, -1), kNotFound, {"expert -1"}},
       {"RetireExpert/unknown_problem", retire(kUnknownProblem, 0), kNotFound, {"'nope'"}},
       {"RetireExpert/last_selectable_expert", retire(kOnlyUniform, 0),
        StatusCode::FAILED_PRECONDITION, {"last selectable expert"}},

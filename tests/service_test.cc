@@ -374,5 +374,26 @@ TEST_F(ServiceTest, ProblemsAreListedAndKeptAcrossRestart) {
   EXPECT_EQ(service_->CreateProblem(dup, &p).code(), absl::StatusCode::kAlreadyExists);
 }
 
+// Training learns from rewarded samples: with none positive, TrainExperts is
+// FAILED_PRECONDITION at once (it used to answer OK and fail in the background), also after
+// a restart; one positive reward is enough.
+TEST_F(ServiceTest, TrainExpertsNeedsAPositiveReward) {
+  CreateProblem("p");
+  v1::TrainExpertsRequest train;
+  train.set_problem_id("p");
+  v1::TrainExpertsResponse queued;
+  EXPECT_EQ(service_->TrainExperts(train, &queued).code(), absl::StatusCode::kFailedPrecondition);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Reward("p", Choose("p").event_id(), 0.0).ok());
+  const absl::Status none = service_->TrainExperts(train, &queued);
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(none.message()), ::testing::HasSubstr("positive reward"));
+  Reopen();
+  EXPECT_EQ(service_->TrainExperts(train, &queued).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Reward("p", Choose("p").event_id(), 0.5).ok());
+  EXPECT_TRUE(service_->TrainExperts(train, &queued).ok());
+  Reopen();
+  EXPECT_TRUE(service_->TrainExperts(train, &queued).ok());
+}
+
 }  // namespace
 }  // namespace decision::server
