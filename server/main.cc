@@ -1,6 +1,11 @@
 // decisiond: the decision service. Flags are defined here and nowhere else.
 //
-//   decisiond --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9464 --data_dir=./data
+//   decisiond --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9464 --data_dir=./data \
+//             --tls_cert=server.pem --tls_key=server.key --tokens_file=tokens.txt
+//
+// On a non-loopback address it refuses to start without TLS and a tokens file unless
+// --insecure_plaintext and --allow_unauthenticated say otherwise (README, "Security").
+// SIGHUP re-reads the tokens file.
 //
 // On start it prints one line "decisiond listening on HOST:PORT metrics on HOST:PORT" (the
 // ports actually bound, so port 0 works), then serves until SIGTERM or SIGINT: it stops
