@@ -1,12 +1,24 @@
 #include "tests/fuzz/fuzz_support.h"
 
+#include <xgboost/c_api.h>
+
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "google/protobuf/stubs/logging.h"
 
 namespace decision::fuzz {
 namespace {
+
+// Quiet: protobuf logs every string field with invalid UTF-8 it parses, libxgboost warns
+// about old JSON models; at thousands of inputs a second the logging is most of the time.
+[[maybe_unused]] const bool kQuiet = [] {
+  google::protobuf::SetLogHandler(nullptr);
+  XGBSetGlobalConfig("{\"verbosity\": 0}");
+  return true;
+}();
 
 std::vector<std::vector<double>> Contexts(int d) {
   std::vector<std::vector<double>> contexts;

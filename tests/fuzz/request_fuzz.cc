@@ -14,6 +14,7 @@
 // (ConfigFromRecord, what GetProblem returns) is accepted again and gives the same record;
 // accepted tokens have a valid name and at least one role.
 // Seeds: corpus/request/, written by write_fuzz_seeds.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -75,8 +76,10 @@ void CreateProblem(const v1::CreateProblemRequest& request) {
   FUZZ_CHECK(uniform.ok(), "the first expert: %s", uniform.status().ToString().c_str());
   // The batch schedule, at the start and far into the log.
   int64_t previous = 0;
-  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{3} * r.num_arms(), int64_t{1000},
-                    int64_t{1} << 30, int64_t{1} << 40}) {
+  std::vector<int64_t> ts = {0, 1, int64_t{3} * r.num_arms(), 1000, int64_t{1} << 30,
+                             int64_t{1} << 40};
+  std::sort(ts.begin(), ts.end());
+  for (int64_t t : ts) {
     const int64_t next = NextRefresh(r, t);
     FUZZ_CHECK(next > t && next >= previous, "NextRefresh(%lld) = %lld",
                static_cast<long long>(t), static_cast<long long>(next));
