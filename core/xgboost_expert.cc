@@ -2,6 +2,8 @@
 
 #include <xgboost/c_api.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -28,6 +30,15 @@ std::string ConfigValue(const std::string& json, absl::string_view key) {
   return json.substr(start, end - start);
 }
 
+}  // namespace
+
+float XgboostFeature(double x) {
+  return static_cast<float>(std::clamp(x, -static_cast<double>(FLT_MAX),
+                                       static_cast<double>(FLT_MAX)));
+}
+
+namespace {
+
 class XgboostExpert final : public Expert {
  public:
   XgboostExpert(int num_arms, int num_features, BoosterHandle booster, bool inplace,
@@ -40,7 +51,8 @@ class XgboostExpert final : public Expert {
   absl::Status PredictRaw(absl::Span<const double> rows, size_t n,
                           absl::Span<double> probs) const override {
     absl::MutexLock lock(&mu_);
-    buffer_.assign(rows.begin(), rows.end());
+    buffer_.resize(rows.size());
+    std::transform(rows.begin(), rows.end(), buffer_.begin(), XgboostFeature);
     char array_interface[256];
     std::snprintf(array_interface, sizeof(array_interface),
                   "{\"data\": [%llu, true], \"shape\": [%zu, %d], \"typestr\": \"<f4\", "

@@ -22,6 +22,13 @@
 
 namespace decision {
 
+// The float libxgboost is given for feature value `x` (finite): x rounded to float, and a
+// value beyond float's range saturated to +-FLT_MAX rather than made infinite, which
+// libxgboost refuses ("Input data contains `inf` or `nan`"): a finite context, which
+// ValidateContext accepts, always predicts, and every split on a finite threshold sends it
+// where the double would go. Used for prediction and training alike.
+float XgboostFeature(double x);
+
 // Loads a booster from `model_bytes` (JSON or UBJSON). libxgboost sees the bytes only after
 // CheckXgboostModel(model_bytes, num_arms, num_features) has accepted them. Returns
 // INVALID_ARGUMENT, naming the problem, if the check refuses the bytes (among others: the

@@ -7,6 +7,7 @@
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
+#include "core/xgboost_expert.h"
 
 namespace decision {
 namespace {
@@ -29,7 +30,7 @@ absl::Status XgbError(const char* what) {
 
 void TrainingSet::Add(absl::Span<const double> x, int arm, double reward, double propensity) {
   if (!(reward > 0.0)) return;
-  rows.insert(rows.end(), x.begin(), x.end());
+  for (double v : x) rows.push_back(XgboostFeature(v));
   labels.push_back(static_cast<float>(arm));
   weights.push_back(static_cast<float>(reward / propensity));
 }

@@ -23,11 +23,16 @@ fi
 # What the sanitizer stages build: the unit tests of core/ (xgboost_expert_test,
 # xgboost_trainer_test and regret_test spend their time in uninstrumented XGBoost or in
 # long simulations), the in-process service tests, and the integration tests with the
-# decisiond they start. Every test of these executables runs; ctest lists the tests of
+# decisiond they start, and fuzz_corpus_test (every committed fuzz input through its target,
+# tests/fuzz/README.md). Every test of these executables runs; ctest lists the tests of
 # targets not built as *_NOT_BUILT, and e2e_prometheus needs decisionctl and Prometheus.
+# fuzz_corpus_test loads XGBoost models, as integration_test's decisiond does, but only
+# models CheckXgboostModel accepted: the reason xgboost_*_test stay out (libxgboost fed
+# unchecked garbage) does not apply, and its XGBoost work takes a second.
 targets=(numeric_test kernels_test expert_test divergence_test estimator_test policy_test
          event_id_filter_test server_units_test service_test concurrency_test fault_test
-         integration_test security_test model_sandbox_test xgboost_model_check_test)
+         integration_test security_test model_sandbox_test xgboost_model_check_test
+         fuzz_corpus_test)
 not_run='_NOT_BUILT$|^e2e_prometheus$'
 supp="$PWD/deploy/sanitizers"
 

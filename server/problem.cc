@@ -32,8 +32,15 @@ std::string RandomEventId() {
 int64_t NextRefresh(const storage::v1::ProblemRecord& r, int64_t t) {
   const int64_t warmup = 3 * static_cast<int64_t>(r.num_arms());
   if (t < warmup) return warmup;
-  return t + std::max<int64_t>(
-                 1, static_cast<int64_t>(r.batch_multiplier() * std::sqrt(static_cast<double>(t))));
+  // CreateProblem only checks that batch_multiplier is finite and > 0: b sqrt(t) can exceed
+  // int64 (b = 1e300), where the conversion is undefined (x86 gives INT64_MIN: a refresh at
+  // every sample), and a corrupt record's b can be NaN. The step is at least 1 and saturates
+  // at 2^53 samples, further than any log.
+  constexpr double kMaxStep = 9007199254740992.0;  // 2^53
+  const double step = r.batch_multiplier() * std::sqrt(static_cast<double>(t));
+  return t + (step >= kMaxStep ? static_cast<int64_t>(kMaxStep)
+              : step >= 1.0    ? static_cast<int64_t>(step)
+                               : 1);
 }
 
 Problem::Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& env, DUcb ducb)

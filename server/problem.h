@@ -391,7 +391,8 @@ class Problem {
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
 };
 
-// The first batch boundary is after the warm-up of 3K samples, then every b sqrt(t).
+// The first batch boundary is after the warm-up of 3K samples, then every b sqrt(t) (at
+// least 1, at most 2^53; 1 if b is NaN).
 int64_t NextRefresh(const storage::v1::ProblemRecord& record, int64_t t);
 
 }  // namespace decision::server

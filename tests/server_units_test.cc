@@ -1,6 +1,7 @@
 // Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
 // transitions (pending_table.h) and the executor's group commit (executor.h).
 #include <atomic>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "server/conversions.h"
 #include "server/executor.h"
 #include "server/pending_table.h"
+#include "server/problem.h"
 
 namespace decision::server {
 namespace {
@@ -72,6 +74,23 @@ storage::v1::EventRecord Event(int64_t deadline_ms) {
   storage::v1::EventRecord e;
   e.set_deadline_ms(deadline_ms);
   return e;
+}
+
+// Found by tests/fuzz/request_fuzz: a batch_multiplier CreateProblem accepts (finite, > 0)
+// made b sqrt(t) overflow int64 in the conversion (undefined; x86 gave INT64_MIN, so a
+// divergence refresh at every sample).
+TEST(NextRefreshTest, TheStepIsAtLeastOneAndSaturates) {
+  storage::v1::ProblemRecord r;
+  r.set_num_arms(4);
+  r.set_batch_multiplier(7.0);
+  EXPECT_EQ(NextRefresh(r, 0), 12);
+  EXPECT_EQ(NextRefresh(r, 10000), 10000 + 700);
+  r.set_batch_multiplier(1e300);
+  EXPECT_EQ(NextRefresh(r, 1000), 1000 + (int64_t{1} << 53));
+  r.set_batch_multiplier(1e-9);
+  EXPECT_EQ(NextRefresh(r, 1000), 1001);
+  r.set_batch_multiplier(std::nan(""));  // only a corrupt record
+  EXPECT_EQ(NextRefresh(r, 1000), 1001);
 }
 
 TEST(PendingTableTest, ADeferredDecisionIsFlushedStoredJoinedAndGone) {

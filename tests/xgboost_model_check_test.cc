@@ -14,8 +14,11 @@
 //
 // tests/fuzz/corpus/xgboost_model/ holds seed inputs for a fuzzer of CheckXgboostModel with
 // num_arms 3 and num_features 4: files named valid_* pass, the others are rejected (the test
-// FuzzCorpus checks this). To regenerate them, run this test with --gtest_filter='*Write*'
-// and DECISION_WRITE_FUZZ_CORPUS set to that directory.
+// FuzzCorpus checks this). They are written by CorpusFiles() below; to write them again:
+//   cmake --build build --target write_xgboost_fuzz_corpus
+//   build/tests/write_xgboost_fuzz_corpus tests/fuzz/corpus/xgboost_model
+// (this file compiled with DECISION_WRITE_XGBOOST_FUZZ_CORPUS: its main() writes the files
+// instead of running the tests).
 #include "core/xgboost_model_check.h"
 
 #include <xgboost/c_api.h>
@@ -1618,17 +1621,6 @@ std::vector<std::pair<std::string, std::string>> CorpusFiles() {
 
 std::string CorpusDir() { return DECISION_SOURCE_DIR "/tests/fuzz/corpus/xgboost_model"; }
 
-TEST(FuzzCorpus, WriteFuzzCorpus) {
-  const char* dir = std::getenv("DECISION_WRITE_FUZZ_CORPUS");
-  if (dir == nullptr) GTEST_SKIP() << "set DECISION_WRITE_FUZZ_CORPUS to write the corpus";
-  for (const auto& [name, bytes] : CorpusFiles()) {
-    ASSERT_FALSE(bytes.empty()) << name;
-    std::ofstream out(std::string(dir) + "/" + name, std::ios::binary);
-    out.write(bytes.data(), bytes.size());
-    ASSERT_TRUE(out.good()) << name;
-  }
-}
-
 TEST(FuzzCorpus, FilesAreJudgedAsNamed) {
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(CorpusDir())) {
@@ -1651,3 +1643,22 @@ TEST(FuzzCorpus, FilesAreJudgedAsNamed) {
 
 }  // namespace
 }  // namespace decision
+
+#ifdef DECISION_WRITE_XGBOOST_FUZZ_CORPUS
+// write_xgboost_fuzz_corpus DIR: writes CorpusFiles() into DIR (not a test).
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s DIR (tests/fuzz/corpus/xgboost_model)\n", argv[0]);
+    return 2;
+  }
+  for (const auto& [name, bytes] : decision::CorpusFiles()) {
+    std::ofstream out(std::string(argv[1]) + "/" + name, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (bytes.empty() || !out.good()) {
+      std::fprintf(stderr, "%s: cannot write %zu bytes\n", name.c_str(), bytes.size());
+      return 1;
+    }
+  }
+  return 0;
+}
+#endif
