@@ -13,7 +13,10 @@
 //     FAILED_PRECONDITION: counted as "late probes", not as errors) and a few acknowledged
 //     rewards are sent again with another value (the API answers OK, first = false);
 //   - registers experts at intervals (table, linear softmax, small XGBoost models built from
-//     the data), retires one now and then, and calls TrainExperts;
+//     the data), retires one now and then, and calls TrainExperts; with
+//     --expert_churn=false (a control: growth by design without the experts piling up) it
+//     registers the first six only, waits until they are active, and then changes no expert
+//     (no registration, retirement or TrainExperts, letter's auto-training off);
 //   - calls the retention hook, which does nothing yet (decisiond has no retention RPC);
 //   - restarts decisiond on the same data directory with SIGTERM at 40% of the duration and
 //     with SIGKILL at 70%; the client reconnects to the new address. RPCs that overlap the
@@ -101,6 +104,10 @@ ABSL_FLAG(double, letter_batch_multiplier, 50,
           "the letter problem's batch_multiplier b (batch boundaries, hence auto-training, "
           "every b sqrt(t) samples; decisiond's default 7 trains an expert every 10 s at this "
           "rate, and every join scores every expert ever trained)");
+ABSL_FLAG(bool, expert_churn, true,
+          "register, retire and train experts during the run, with auto-training in the letter "
+          "problem; false: one expert of each kind per problem at the start only, then none "
+          "added or retired and no auto-training (the control for the RSS growth)");
 ABSL_FLAG(double, flat_tolerance, 0.10,
           "RSS and fds are flat if the last window's mean is within this share of the second's");
 
@@ -145,6 +152,7 @@ struct ProblemSpec {
   bool click_reward = false;  // reward 1 if arm == label, else 0; otherwise U(0, 1)
   bool late_probes = false;   // some decisions get a reward after their wait time
   bool auto_train = false;
+  double batch_multiplier = 0;  // 0: decisiond's default
   int arms() const { return data.num_classes; }
   int features() const { return data.num_features; }
 };
@@ -766,6 +774,29 @@ class Churn {
     }
   }
 
+  // Waits until problem p has no backfilling expert (a registered expert is active once its
+  // probabilities over the stored log are computed); false if that takes over `timeout`.
+  bool WaitActive(int p, Clock::duration timeout) {
+    const ProblemSpec& spec = (*s_->problems)[p];
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int backfilling = -1;
+      Call("ListExperts", [&](DecisionClient& c) {
+        absl::StatusOr<v1::ListExpertsResponse> r = c.ListExperts(spec.id);
+        if (r.ok()) {
+          backfilling = 0;
+          for (const v1::Expert& e : r->experts()) {
+            backfilling += e.status() == v1::EXPERT_STATUS_BACKFILLING;
+          }
+        }
+        return r.status();
+      });
+      if (backfilling == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+
   void Train(int p) {
     const ProblemSpec& spec = (*s_->problems)[p];
     if (Call("TrainExperts",
@@ -1288,7 +1319,9 @@ absl::Status Soak::Setup() {
     p.reward_wait_ms = src.wait_ms;
     p.click_reward = src.click;
     p.late_probes = src.late;
-    p.auto_train = src.auto_train;
+    // The letter problem keeps its batch schedule (divergence refreshes) in both modes.
+    p.auto_train = src.auto_train && absl::GetFlag(FLAGS_expert_churn);
+    if (src.auto_train) p.batch_multiplier = absl::GetFlag(FLAGS_letter_batch_multiplier);
     problems_.push_back(std::move(p));
   }
   events_.open(out_dir_ + "/events.csv");
@@ -1300,23 +1333,24 @@ absl::Status Soak::Setup() {
     config.set_num_arms(p.arms());
     config.set_num_features(p.features());
     config.set_reward_wait_ms(p.reward_wait_ms);
+    if (p.batch_multiplier > 0) config.set_batch_multiplier(p.batch_multiplier);
     if (p.auto_train) {
-      config.set_batch_multiplier(absl::GetFlag(FLAGS_letter_batch_multiplier));
       config.mutable_auto_train()->set_enabled(true);
       config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_auto_train_trees));
       config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_auto_train_linear));
     }
     if (auto r = client->CreateProblem(p.id, config); !r.ok()) return r.status();
     setup_notes_.push_back(absl::StrFormat(
-        "%s: %d arms, %d features, %d rows of data, wait %d ms, reward %s%s%s", p.id, p.arms(),
+        "%s: %d arms, %d features, %d rows of data, wait %d ms, reward %s%s%s%s", p.id, p.arms(),
         p.features(), p.data.size(), p.reward_wait_ms,
         p.click_reward ? "1 if the arm is the row's label, else 0" : "uniform in [0, 1]",
-        p.auto_train ? absl::StrFormat(", auto-training %d tree + %d linear experts per batch, "
-                                       "batch boundaries every %g sqrt(t) samples",
+        p.auto_train ? absl::StrFormat(", auto-training %d tree + %d linear experts per batch",
                                        absl::GetFlag(FLAGS_auto_train_trees),
-                                       absl::GetFlag(FLAGS_auto_train_linear),
-                                       absl::GetFlag(FLAGS_letter_batch_multiplier))
+                                       absl::GetFlag(FLAGS_auto_train_linear))
                      : "",
+        p.batch_multiplier > 0
+            ? absl::StrFormat(", batch boundaries every %g sqrt(t) samples", p.batch_multiplier)
+            : "",
         p.late_probes ? ", late probes" : ""));
   }
   return absl::OkStatus();
@@ -1375,10 +1409,21 @@ int Soak::Run() {
   const auto end = at(1.0);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
 
-  // One expert of each kind in each problem before the load starts.
+  // One expert of each kind in each problem before the load starts (without churn, the
+  // only ones: the load starts once they are active).
+  const bool expert_churn = absl::GetFlag(FLAGS_expert_churn);
   Churn churn(shared_.get(), &churn_counts_, seed);
   for (int p = 0; p < 2; ++p) {
     for (int kind = 0; kind < 3; ++kind) churn.Register(p, kind);
+  }
+  if (!expert_churn) {
+    for (int p = 0; p < 2; ++p) {
+      if (!churn.WaitActive(p, std::chrono::seconds(60))) {
+        std::fprintf(stderr, "decision_soak: %s: experts still backfilling after 60 s\n",
+                     problems_[p].id.c_str());
+        return 2;
+      }
+    }
   }
 
   sampler_ = std::make_unique<Sampler>(shared_.get(), t0_, data_dir_, out_dir_ + "/timeline.csv");
@@ -1396,15 +1441,15 @@ int Soak::Run() {
 
   // The churn schedule, in fractions of the duration: registrations every 1/30 (cycling
   // through the problems and the three kinds), retirements every 1/12, TrainExperts every
-  // 1/8 (alternating problems), the retention hook every 1/10.
+  // 1/8 (alternating problems), the retention hook every 1/10. Without churn: the hook only.
   std::vector<std::pair<double, std::function<void()>>> schedule;
-  for (int i = 1; i < 30; ++i) {
+  for (int i = 1; i < 30 && expert_churn; ++i) {
     schedule.emplace_back(i / 30.0, [&churn, i] { churn.Register(i % 2, (i / 2) % 3); });
   }
   // Retirements in satimage only (letter's auto-training retires experts itself).
-  for (int i = 1; i < 12; ++i)
+  for (int i = 1; i < 12 && expert_churn; ++i)
     schedule.emplace_back(i / 12.0 + 0.01, [&churn] { churn.Retire(1); });
-  for (int i = 1; i < 8; ++i)
+  for (int i = 1; i < 8 && expert_churn; ++i)
     schedule.emplace_back(i / 8.0 + 0.02, [&churn, i] { churn.Train(i % 2); });
   for (int i = 1; i < 10; ++i)
     schedule.emplace_back(i / 10.0 + 0.03, [&churn] { churn.Retention(); });
@@ -1574,7 +1619,18 @@ int Soak::WriteSummary() {
                         "RPC yet; the hook (Churn::Retention in bench/soak/soak_main.cc) was "
                         "called %d times and did nothing\n",
                         churn_counts_.retention_calls.load());
-  absl::StrAppend(&out, "\nresult: ", all ? "PASS" : "FAIL", "\n\nrun:\n");
+  const bool expert_churn = absl::GetFlag(FLAGS_expert_churn);
+  absl::StrAppend(&out, "\nresult: ", all ? "PASS" : "FAIL",
+                  expert_churn ? " (expert churn)" : " (fixed experts, --expert_churn=false)",
+                  "\n\nrun:\n");
+  absl::StrAppend(
+      &out,
+      expert_churn
+          ? "  mode: expert churn (--expert_churn=true): registrations, retirements and "
+            "TrainExperts during the run, auto-training in soak-letter\n"
+          : "  mode: fixed experts (--expert_churn=false): one expert of each kind per problem "
+            "registered before the load, active before it started; no registration, "
+            "retirement, TrainExperts or auto-training after that\n");
   absl::StrAppendFormat(&out,
                         "  %.0f s of load at %.0f decisions/s from %d threads (rpc deadline %d ms, "
                         "no client retries), decisiond %s%s%s\n",
@@ -1654,18 +1710,19 @@ int Soak::WriteSummary() {
       ((late(&ResourceSample::storage_size_bytes) - late(&ResourceSample::sst_bytes)) -
        (early(&ResourceSample::storage_size_bytes) - early(&ResourceSample::sst_bytes))) /
       (1 << 20);
+  const double rest_mib = rss_growth_mib - log_growth_mib - memtable_growth_mib;
+  const double experts_added = late(&ResourceSample::experts) - early(&ResourceSample::experts);
   absl::StrAppendFormat(
       &out,
       "  between the two windows: joined samples %.0f -> %.0f, experts in the logs %.0f -> "
       "%.0f; RSS %+.1f MiB, of which the sample logs (8 (N + 1.5) bytes per sample, by "
       "design) %+.1f MiB, RocksDB memtables (storage size - SST bytes) %+.1f MiB, the rest "
-      "(models, block cache, allocator, anything leaked) %+.1f MiB (%.2f MiB per expert "
-      "added)\n",
+      "(models, block cache, allocator, anything leaked) %+.1f MiB%s\n",
       early(&ResourceSample::samples), late(&ResourceSample::samples),
       early(&ResourceSample::experts), late(&ResourceSample::experts), rss_growth_mib,
-      log_growth_mib, memtable_growth_mib, rss_growth_mib - log_growth_mib - memtable_growth_mib,
-      (rss_growth_mib - log_growth_mib - memtable_growth_mib) /
-          (late(&ResourceSample::experts) - early(&ResourceSample::experts)));
+      log_growth_mib, memtable_growth_mib, rest_mib,
+      experts_added >= 1 ? absl::StrFormat(" (%.2f MiB per expert added)", rest_mib / experts_added)
+                         : "");
   absl::StrAppendFormat(
       &out,
       "  decisiond CPU (100%% = one core) mean %.0f%% then %.0f%%; load RPC "
