@@ -40,18 +40,20 @@ std::string MakeTempDir() {
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     const std::vector<std::string>& argv_in, std::string* first_line) {
+  // The child inherits stdin, stdout (this pipe) and stderr only: no other descriptor of
+  // the test (files, earlier children's pipes) leaks into the server, whose open files the
+  // soak counts. Everything the child runs between fork and exec is async-signal-safe.
   int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) return absl::InternalError("pipe failed");
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
   std::vector<std::string> args = argv_in;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    dup2(pipe_fds[1], STDOUT_FILENO);  // the duplicate does not close on exec
+    closefrom(STDERR_FILENO + 1);
     execv(argv[0], argv.data());
     _exit(127);
   }
