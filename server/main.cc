@@ -1,6 +1,6 @@
 // decisiond: the decision service. Flags are defined here and nowhere else.
 //
-//   decisiond --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9464 --data_dir=./data \
+//   decisiond --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9464 --data_dir=./data
 //             --tls_cert=server.pem --tls_key=server.key --tokens_file=tokens.txt
 //
 // On a non-loopback address it refuses to start without TLS and a tokens file unless
