@@ -124,6 +124,9 @@ class Recovery {
     columns_.resize(num_experts());
     for (int id = 0; id < num_experts(); ++id) {
       const int64_t total = p_.experts_.at(id).record.backfill_total();
+      if (total < 0) {
+        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ", total));
+      }
       if (total == 0) continue;
       std::vector<double>& column = columns_[id];
       DECISION_RETURN_IF_ERROR(store_.ForEachBackfillChunk(

@@ -318,6 +318,23 @@ TEST_F(CorruptRecordTest, ProblemRecordOutsideWhatCreateProblemAccepts) {
   EXPECT_THAT(s.message(), HasSubstr("num_features"));
 }
 
+// Found while writing tests/fuzz/recovery_fuzz (confirmed by it): a negative backfill_total
+// made LoadBackfills resize the expert's column to 2^64 - 1 (std::length_error).
+TEST_F(CorruptRecordTest, NegativeBackfillTotal) {
+  const absl::Status s = OpenAfter([](storage::Store& store) -> absl::Status {
+    storage::v1::ExpertRecord linear;
+    absl::Status read = store.ForEachExpert(0, [&](uint32_t id, const storage::v1::ExpertRecord& r) {
+      if (id == 1) linear = r;
+      return absl::OkStatus();
+    });
+    if (!read.ok()) return read;
+    linear.set_backfill_total(-1);
+    return store.PutExpert(0, 1, linear);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("backfill_total -1"));
+}
+
 TEST_F(CorruptRecordTest, LogChunkWithTooFewPropensities) {
   const absl::Status s = OpenAfter([](storage::Store& store) {
     storage::v1::LogChunk c = FullChunk(2);
