@@ -19,6 +19,7 @@
 #include "core/status_macros.h"
 #include "server/conversions.h"
 #include "server/problem.h"
+#include "server/validation.h"
 
 namespace decision::server {
 
@@ -123,6 +124,9 @@ class Recovery {
     columns_.resize(num_experts());
     for (int id = 0; id < num_experts(); ++id) {
       const int64_t total = p_.experts_.at(id).record.backfill_total();
+      if (total < 0) {
+        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ", total));
+      }
       if (total == 0) continue;
       std::vector<double>& column = columns_[id];
       DECISION_RETURN_IF_ERROR(store_.ForEachBackfillChunk(
@@ -306,6 +310,9 @@ class Recovery {
 absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index,
                                                        storage::v1::ProblemRecord record,
                                                        const Env& env) {
+  // The record sizes the problem (its reservoir, the experts' shapes, the scoring buffers)
+  // and nothing else checks it: a damaged one is refused here, before anything is sized.
+  DECISION_RETURN_IF_ERROR(CheckStoredProblem(record));
   DECISION_ASSIGN_OR_RETURN(DUcb empty, DUcb::Create(EstimatorOptionsOf(record), 0));
   std::unique_ptr<Problem> p(new Problem(index, std::move(record), env, std::move(empty)));
   DECISION_RETURN_IF_ERROR(Recovery(p.get(), index).Run());

@@ -163,6 +163,14 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   return r;
 }
 
+absl::Status CheckStoredProblem(const storage::v1::ProblemRecord& record) {
+  const absl::StatusOr<storage::v1::ProblemRecord> valid =
+      ProblemRecordFromConfig(record.problem_id(), ConfigFromRecord(record));
+  if (valid.ok()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("stored problem '", record.problem_id(),
+                                          "': ", valid.status().message()));
+}
+
 absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features) {
   if (request.features_size() != num_features) {
     return absl::InvalidArgumentError(absl::StrCat("features: problem ", request.problem_id(),

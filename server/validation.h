@@ -36,6 +36,11 @@ inline constexpr int64_t kMaxConfigDoubles = int64_t{1} << 24;
 absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
     const std::string& problem_id, const v1::ProblemConfig& config);
 
+// A problem record read back from the store: OK if CreateProblem could have written it (its
+// wire form, ConfigFromRecord, passes ProblemRecordFromConfig), else DATA_LOSS naming the
+// field. A restart checks it before anything is sized from the record.
+absl::Status CheckStoredProblem(const storage::v1::ProblemRecord& record);
+
 // Choose: features (count and finiteness) and the caller's event id.
 absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features);
 // Reward: the value in [0, 1] and an event id of 1 to kMaxEventIdBytes bytes.

@@ -150,7 +150,7 @@ absl::Status Store::Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
 
 template <typename Record>
 absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
-                         const std::string& start, int64_t limit,
+                         const std::string& start, int64_t limit, size_t suffix_bytes,
                          const std::function<absl::Status(absl::string_view, const Record&)>& fn) {
   if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
@@ -162,6 +162,12 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& pre
       return absl::DataLossError("storage: a record does not parse");
     }
     absl::string_view suffix(it->key().data() + prefix.size(), it->key().size() - prefix.size());
+    // The callers decode the suffix as fixed-width integers: a damaged key is not read past.
+    if (suffix.size() != suffix_bytes) {
+      return absl::DataLossError(absl::StrCat("storage: a key has ", suffix.size(),
+                                              " bytes after its prefix, expected ",
+                                              suffix_bytes));
+    }
     if (absl::Status s = fn(suffix, record); !s.ok()) return s;
     ++visited;
   }
@@ -171,7 +177,7 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& pre
 absl::Status Store::ForEachProblem(
     const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn) {
   return Scan<v1::ProblemRecord>(
-      problems_, "", "", 0,
+      problems_, "", "", 0, 4,
       [&](absl::string_view key, const v1::ProblemRecord& r) { return fn(ReadU32(key), r); });
 }
 
@@ -184,7 +190,7 @@ absl::Status Store::ForEachExpert(
     uint32_t problem, const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn) {
   const std::string prefix = Key32(problem);
   return Scan<v1::ExpertRecord>(
-      experts_, prefix, prefix, 0,
+      experts_, prefix, prefix, 0, 4,
       [&](absl::string_view key, const v1::ExpertRecord& r) { return fn(ReadU32(key), r); });
 }
 
@@ -313,7 +319,7 @@ absl::Status Store::ForEachSample(
   const std::string prefix = Key32(problem);
   std::string first = prefix;
   AppendU64(&first, static_cast<uint64_t>(start));
-  return Scan<v1::SampleRecord>(samples_, prefix, first, limit,
+  return Scan<v1::SampleRecord>(samples_, prefix, first, limit, 8,
                                 [&](absl::string_view key, const v1::SampleRecord& r) {
                                   return fn(static_cast<int64_t>(ReadU64(key)), r);
                                 });
@@ -331,7 +337,7 @@ absl::Status Store::ForEachBackfillChunk(
     const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn) {
   const std::string prefix = Key32x2(problem, expert);
   return Scan<v1::BackfillChunk>(
-      backfill_, prefix, prefix, 0,
+      backfill_, prefix, prefix, 0, 8,
       [&](absl::string_view key, const v1::BackfillChunk& r) { return fn(ReadU64(key), r); });
 }
 
@@ -345,7 +351,7 @@ absl::Status Store::ForEachLogChunk(
     uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn) {
   const std::string prefix = Key32(problem);
   return Scan<v1::LogChunk>(
-      logchunks_, prefix, prefix, 0,
+      logchunks_, prefix, prefix, 0, 8,
       [&](absl::string_view key, const v1::LogChunk& r) { return fn(ReadU64(key), r); });
 }
 
@@ -379,7 +385,7 @@ absl::Status Store::ForEachAudit(
     const std::function<absl::Status(int64_t, const v1::AuditRecord&)>& fn) {
   std::string from;
   AppendU64(&from, static_cast<uint64_t>(std::max<int64_t>(start, 0)));
-  return Scan<v1::AuditRecord>(audit_, "", from, limit,
+  return Scan<v1::AuditRecord>(audit_, "", from, limit, 8,
                                [&](absl::string_view key, const v1::AuditRecord& r) {
                                  return fn(static_cast<int64_t>(ReadU64(key)), r);
                                });

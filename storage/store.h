@@ -10,7 +10,8 @@
 //     second).
 //
 // Errors: RocksDB statuses are converted once, here: IO errors and corruption become
-// INTERNAL, a missing record NOT_FOUND, a record that does not parse DATA_LOSS.
+// INTERNAL, a missing record NOT_FOUND, a record that does not parse or whose key has the
+// wrong size DATA_LOSS.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef DECISION_STORAGE_STORE_H_
@@ -155,9 +156,11 @@ class Store {
   absl::Status Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
                    const google::protobuf::MessageLite& record, absl::string_view what);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
+  // Records whose key starts with `prefix`, from `start`; fn gets the rest of the key, which
+  // must have `suffix_bytes` bytes (else DATA_LOSS).
   template <typename Record>
   absl::Status Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
-                    const std::string& start, int64_t limit,
+                    const std::string& start, int64_t limit, size_t suffix_bytes,
                     const std::function<absl::Status(absl::string_view, const Record&)>& fn);
 
   StoreOptions options_;

@@ -290,6 +290,51 @@ storage::v1::LogChunk FullChunk(int experts) {
   return c;
 }
 
+// Found by tests/fuzz/record_fuzz: nothing checked the problem record itself, which sizes
+// the problem: a damaged one (here num_features = 2^30) made the restart allocate the
+// context reservoir, 2048 x 2^30 doubles, and die of std::bad_alloc instead of DATA_LOSS.
+TEST_F(CorruptRecordTest, ProblemRecordOutsideWhatCreateProblemAccepts) {
+  const absl::Status s = OpenAfter([](storage::Store& store) -> absl::Status {
+    storage::v1::ProblemRecord problem;
+    storage::v1::ExpertRecord first;
+    absl::Status read = store.ForEachProblem([&](uint32_t, const storage::v1::ProblemRecord& r) {
+      problem = r;
+      return absl::OkStatus();
+    });
+    if (read.ok()) {
+      read = store.ForEachExpert(0, [&](uint32_t id, const storage::v1::ExpertRecord& r) {
+        if (id == 0) first = r;
+        return absl::OkStatus();
+      });
+    }
+    absl::StatusOr<storage::v1::CheckpointRecord> checkpoint = store.GetCheckpoint(0);
+    if (!read.ok() || !checkpoint.ok()) return absl::InternalError("reading the store");
+    problem.set_num_features(1 << 30);
+    storage::Store::WriteGroup group;
+    absl::Status added = store.AddProblem(&group, 0, problem, first, *checkpoint);
+    return added.ok() ? store.Commit(&group) : added;
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("num_features"));
+}
+
+// Found while writing tests/fuzz/recovery_fuzz (confirmed by it): a negative backfill_total
+// made LoadBackfills resize the expert's column to 2^64 - 1 (std::length_error).
+TEST_F(CorruptRecordTest, NegativeBackfillTotal) {
+  const absl::Status s = OpenAfter([](storage::Store& store) -> absl::Status {
+    storage::v1::ExpertRecord linear;
+    absl::Status read = store.ForEachExpert(0, [&](uint32_t id, const storage::v1::ExpertRecord& r) {
+      if (id == 1) linear = r;
+      return absl::OkStatus();
+    });
+    if (!read.ok()) return read;
+    linear.set_backfill_total(-1);
+    return store.PutExpert(0, 1, linear);
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("backfill_total -1"));
+}
+
 TEST_F(CorruptRecordTest, LogChunkWithTooFewPropensities) {
   const absl::Status s = OpenAfter([](storage::Store& store) {
     storage::v1::LogChunk c = FullChunk(2);

@@ -9,17 +9,27 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "server/clock.h"
+#include "server/decision_service.h"
+#include "server/metrics.h"
+
 extern "C" int DecisionFuzz_xgboost_model(const uint8_t* data, size_t size);
 extern "C" int DecisionFuzz_expert_model(const uint8_t* data, size_t size);
 extern "C" int DecisionFuzz_request(const uint8_t* data, size_t size);
 extern "C" int DecisionFuzz_record(const uint8_t* data, size_t size);
 extern "C" int DecisionFuzz_recovery(const uint8_t* data, size_t size);
+
+namespace decision::fuzz {
+// recovery_fuzz.cc: writes a recovery input's records into a new store at `dir`.
+void WriteFuzzStore(const uint8_t* data, size_t size, const std::string& dir);
+}  // namespace decision::fuzz
 
 namespace {
 
@@ -49,5 +59,36 @@ TEST(FuzzReplay, ExpertModel) { EXPECT_GT(Replay("expert_model", DecisionFuzz_ex
 TEST(FuzzReplay, Request) { EXPECT_GT(Replay("request", DecisionFuzz_request), 0); }
 TEST(FuzzReplay, Record) { EXPECT_GT(Replay("record", DecisionFuzz_record), 0); }
 TEST(FuzzReplay, Recovery) { EXPECT_GT(Replay("recovery", DecisionFuzz_recovery), 0); }
+
+// The crash inputs of recovery_fuzz are stores a restart must refuse: not only no crash (the
+// replay above), but DATA_LOSS naming what is wrong (a key too short to hold its integers,
+// a negative backfill_total).
+TEST(FuzzReplay, RecoveryCrashInputsAreDataLoss) {
+  const std::filesystem::path corpus = std::filesystem::path(DECISION_FUZZ_CORPUS_DIR) / "recovery";
+  const std::string dir = ::testing::TempDir() + "/fuzz-replay-store";
+  int crashes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(corpus)) {
+    if (e.path().filename().string().rfind("crash-", 0) != 0) continue;
+    ++crashes;
+    SCOPED_TRACE(e.path().string());
+    std::ifstream in(e.path(), std::ios::binary);
+    std::stringstream content;
+    content << in.rdbuf();
+    const std::string bytes = content.str();
+    std::filesystem::remove_all(dir);
+    decision::fuzz::WriteFuzzStore(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                                   dir);
+    decision::server::FakeClock clock;
+    decision::server::Metrics metrics;
+    decision::server::ServiceOptions options;
+    options.data_dir = dir;
+    options.start_maintenance_thread = false;
+    absl::StatusOr<std::unique_ptr<decision::server::DecisionService>> service =
+        decision::server::DecisionService::Open(options, &clock, &metrics);
+    EXPECT_EQ(service.status().code(), absl::StatusCode::kDataLoss) << service.status();
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_GT(crashes, 0);
+}
 
 }  // namespace

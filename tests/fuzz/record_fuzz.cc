@@ -3,8 +3,10 @@
 // with each: fast, no store (recovery_fuzz is the slow, faithful form with a real store).
 //
 // Input: byte 0 % 8 picks the record; then the ProblemRecord of the problem the record
-// belongs to (2 length bytes, little-endian, then the bytes); the rest is the record:
-//   0  ProblemRecord (the rest; the first is ignored): the context reservoir, the estimator
+// belongs to (2 length bytes, little-endian, then the bytes), which must pass
+// CheckStoredProblem as at a restart; the rest is the record:
+//   0  ProblemRecord (the rest; the first is ignored): CheckStoredProblem, and for a record
+//      it accepts, the context reservoir, the estimator
 //      options, DUcb, the batch schedule (NextRefresh), the first expert, the wire config;
 //   1  ExpertRecord: BuildExpert with the problem's shape and the record's smoothing, as
 //      LoadExperts does, then predictions (each a distribution);
@@ -32,6 +34,7 @@
 #include "core/sample_log.h"
 #include "server/conversions.h"
 #include "server/problem.h"
+#include "server/validation.h"
 #include "storage/format.h"
 #include "tests/fuzz/fuzz_support.h"
 
@@ -49,6 +52,10 @@ bool Parse(absl::string_view bytes, Message* m) {
 }
 
 void Problem(const rec::ProblemRecord& r) {
+  const absl::Status stored = CheckStoredProblem(r);
+  FUZZ_CHECK(stored.ok() || stored.code() == absl::StatusCode::kDataLoss, "%s",
+             stored.ToString().c_str());
+  if (!stored.ok()) return;
   // What Problem's constructor and Problem::Load derive from the record.
   ContextReservoir reservoir(r.num_features(), r.divergence_reservoir());
   absl::StatusOr<DUcb> ducb = DUcb::Create(EstimatorOptionsOf(r), 0);
@@ -191,6 +198,12 @@ extern "C" int DECISION_FUZZ_ENTRY(const uint8_t* data, size_t size) {
   if (!problem.ParseFromArray(problem_bytes.data(), static_cast<int>(problem_bytes.size()))) {
     return 0;
   }
+  // Problem::Load refuses a problem record that CreateProblem could not have written before
+  // it reads any other record of the problem.
+  const absl::Status stored = decision::server::CheckStoredProblem(problem);
+  FUZZ_CHECK(stored.ok() || stored.code() == absl::StatusCode::kDataLoss, "%s",
+             stored.ToString().c_str());
+  if (!stored.ok() && selector % 8 != 0) return 0;
   decision::server::Run(selector, problem, in.Rest());
   return 0;
 }

@@ -44,23 +44,33 @@ const std::string& StoreDir() {
   return *dir;
 }
 
-// Writes the records of `in` into a new store at `dir`. False if RocksDB refuses.
-bool WriteStore(fuzz::Input& in, const std::string& dir) {
+}  // namespace
+}  // namespace decision::server
+
+namespace decision::fuzz {
+
+// Writes the records of the input into a new store at `dir` (also used by the replay test).
+void WriteFuzzStore(const uint8_t* data, size_t size, const std::string& dir) {
+  Input in(data, size);
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;
+  // The service's Open replays the write-ahead log: no need to write table files here.
+  options.avoid_flush_during_shutdown = true;
   // Small memtables: the default 64 MiB ones allocate 8 MiB arena blocks per family.
   rocksdb::ColumnFamilyOptions family_options;
   family_options.write_buffer_size = 1 << 20;
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, family_options);
-  for (const char* name : storage::kFamilyNames) families.emplace_back(name, family_options);
+  for (const char* name : decision::storage::kFamilyNames) {
+    families.emplace_back(name, family_options);
+  }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(options, dir, families, &handles, &db);
   FUZZ_CHECK(s.ok(), "creating the store: %s", s.ToString().c_str());
   while (!in.empty()) {
-    const int family = 1 + in.Byte() % kFamilies;
+    const int family = 1 + in.Byte() % server::kFamilies;
     const absl::string_view key = in.Chunk();
     size_t length = in.Byte();
     length |= static_cast<size_t>(in.Byte()) << 8;
@@ -74,8 +84,12 @@ bool WriteStore(fuzz::Input& in, const std::string& dir) {
   s = db->Close();
   delete db;
   FUZZ_CHECK(s.ok(), "closing the store: %s", s.ToString().c_str());
-  return true;
 }
+
+}  // namespace decision::fuzz
+
+namespace decision::server {
+namespace {
 
 void Exercise(DecisionService& service) {
   v1::ListProblemsResponse problems;
@@ -128,8 +142,7 @@ extern "C" int DECISION_FUZZ_ENTRY(const uint8_t* data, size_t size) {
   using namespace decision::server;
   const std::string& dir = StoreDir();
   std::filesystem::remove_all(dir);
-  decision::fuzz::Input in(data, size);
-  WriteStore(in, dir);
+  decision::fuzz::WriteFuzzStore(data, size, dir);
   FakeClock clock;
   Metrics metrics;
   ServiceOptions options;

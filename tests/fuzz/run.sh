@@ -7,6 +7,8 @@
 #   tests/fuzz/run.sh MINUTES [TARGET...]     targets: xgboost_model expert_model request
 #                                             record recovery (default: all)
 #   FUZZ_RUNS=N       also stop a target after N executions (-runs=N)
+#   FUZZ_TIMEOUT=S    -timeout (default 10 s; recovery_fuzz takes ~1 s an input, and
+#                     several on a loaded machine)
 #   FUZZ_ARGS="..."   more libFuzzer flags
 #
 # Each target runs on a scratch corpus, build-fuzz/fuzz-work/TARGET/corpus (kept between
@@ -47,7 +49,7 @@ for target in "${targets[@]}"; do
   status=0
   # shellcheck disable=SC2086
   "$build/tests/fuzz/${target}_fuzz" -max_total_time=$((minutes * 60)) -rss_limit_mb=2048 \
-    -timeout=10 -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
+    -timeout="${FUZZ_TIMEOUT:-10}" -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
     ${FUZZ_RUNS:+-runs=$FUZZ_RUNS} ${FUZZ_ARGS:-} \
     "$work/corpus" "tests/fuzz/corpus/$target" > "$log" 2>&1 || status=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
