@@ -3,8 +3,9 @@
 # Idempotent: it installs only what is missing, so it is cheap to run before every build.
 # Used by the README's two commands, by .ci/run and by the Dockerfile: one source of truth.
 #
-# Usage: deploy/install-deps.sh [--runtime]
+# Usage: deploy/install-deps.sh [--runtime | --fuzz]
 #   --runtime  only the shared libraries the decisiond binary needs (the Docker runtime stage)
+#   --fuzz     the build packages and clang with libFuzzer (tests/fuzz/run.sh)
 set -euo pipefail
 
 build_packages=(
@@ -29,9 +30,14 @@ runtime_packages=(
   libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g libssl3
 )
 
+# clang 14 and its runtimes (libFuzzer, ASan, UBSan), for the fuzz targets only.
+fuzz_packages=(clang-14 libclang-rt-14-dev)
+
 packages=("${build_packages[@]}")
 if [[ "${1:-}" == "--runtime" ]]; then
   packages=("${runtime_packages[@]}")
+elif [[ "${1:-}" == "--fuzz" ]]; then
+  packages+=("${fuzz_packages[@]}")
 fi
 
 missing=()

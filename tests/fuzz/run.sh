@@ -29,8 +29,12 @@ targets=("$@")
 ((${#targets[@]} > 0)) || targets=(xgboost_model expert_model request record recovery)
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 
+deploy/install-deps.sh --fuzz
 mkdir -p "$build"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ \
+# The compiler is set on the first configure only (changing it empties CMake's cache).
+compiler=()
+[[ -f "$build/CMakeCache.txt" ]] || compiler=(-DCMAKE_CXX_COMPILER=clang++-14)
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${compiler[@]}" \
   -DDECISION_FUZZ=ON -DDECISION_BUILD_BENCH=OFF > "$build/configure.log" \
   || { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j 2 --target "${targets[@]/%/_fuzz}"
