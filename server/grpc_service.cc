@@ -52,7 +52,8 @@ struct MethodRole {
   const char* method;
   Role role;
 };
-// Every RPC of decision.v1 and the role it needs (auth.h). An RPC missing here is refused.
+// Every RPC of decision.v1 and the role it needs (auth.h). An RPC missing here needs admin,
+// the strictest role.
 constexpr MethodRole kMethodRoles[] = {
     {"Choose", Role::kDecide},           {"Reward", Role::kDecide},
     {"GetProblem", Role::kObserve},      {"ListProblems", Role::kObserve},
@@ -101,7 +102,9 @@ grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerCo
   }
   std::function<void(const absl::Status&)> audit;
   if (Audited(method)) {
-    audit = [this, method, caller = grant->name, problem = std::string(call.problem_id),
+    // The problem id is the caller's, not yet validated: the record keeps at most 256 bytes.
+    audit = [this, method, caller = grant->name,
+             problem = std::string(call.problem_id.substr(0, 256)),
              detail = std::move(call.audit_detail)](const absl::Status& s) {
       storage::v1::AuditRecord record;
       record.set_at_ms(absl::ToUnixMillis(absl::Now()));
