@@ -2,6 +2,7 @@
 // on a small synthetic problem with fixed seeds: 300 contexts of 4 features uniform in
 // [0, 1), and the label (arm) is the index of the largest of features 0..2 (feature 3 is
 // noise). Training takes a few milliseconds; each model is trained once per process.
+#include "tests/xgboost_training_data.h"
 #include "core/xgboost_expert.h"
 
 #include <xgboost/c_api.h>
@@ -29,42 +30,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kRows = 300;
-constexpr int kFeatures = 4;
-constexpr int kClasses = 3;
+constexpr int kRows = xgb_test::kXgbRows;
+constexpr int kFeatures = xgb_test::kXgbFeatures;
+constexpr int kClasses = xgb_test::kXgbClasses;
+using TrainingData = xgb_test::XgbTrainingData;
+const TrainingData& Data() { return xgb_test::XgbData(); }
 
-// The synthetic training set. Features are float (what XGBoost trains on) and exactly
-// representable as double, so the expert sees the same values the booster was trained on.
-struct TrainingData {
-  std::vector<float> features;  // kRows x kFeatures, row-major
-  std::vector<float> labels;    // class in {0, 1, 2}
-
-  std::vector<double> Row(int i) const {
-    return std::vector<double>(features.begin() + i * kFeatures,
-                               features.begin() + (i + 1) * kFeatures);
-  }
-};
-
-const TrainingData& Data() {
-  static const TrainingData* const data = [] {
-    auto* d = new TrainingData;
-    std::mt19937 gen(1);  // fixed seed; the conversion below is exact and portable
-    d->features.resize(kRows * kFeatures);
-    d->labels.resize(kRows);
-    for (int i = 0; i < kRows; ++i) {
-      for (int f = 0; f < kFeatures; ++f) {
-        d->features[i * kFeatures + f] = static_cast<float>(gen() >> 8) / 16777216.0f;
-      }
-      int best = 0;
-      for (int f = 1; f < kClasses; ++f) {
-        if (d->features[i * kFeatures + f] > d->features[i * kFeatures + best]) best = f;
-      }
-      d->labels[i] = static_cast<float>(best);
-    }
-    return d;
-  }();
-  return *data;
-}
 
 using Params = std::vector<std::pair<std::string, std::string>>;
 

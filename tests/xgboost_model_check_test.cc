@@ -19,6 +19,7 @@
 //   build/tests/write_xgboost_fuzz_corpus tests/fuzz/corpus/xgboost_model
 // (this file compiled with DECISION_WRITE_XGBOOST_FUZZ_CORPUS: its main() writes the files
 // instead of running the tests).
+#include "tests/xgboost_training_data.h"
 #include "core/xgboost_model_check.h"
 
 #include <xgboost/c_api.h>
@@ -54,38 +55,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kClasses = 3;
-constexpr int kFeatures = 4;
-constexpr int kRows = 300;
+constexpr int kRows = xgb_test::kXgbRows;
+constexpr int kFeatures = xgb_test::kXgbFeatures;
+constexpr int kClasses = xgb_test::kXgbClasses;
+using TrainingData = xgb_test::XgbTrainingData;
+const TrainingData& Data() { return xgb_test::XgbData(); }
 
 // ---------------------------------------------------------------------------------------
 // Models trained by libxgboost.
 
-struct TrainingData {
-  std::vector<float> features;  // kRows x kFeatures, row-major
-  std::vector<float> labels;
-};
-
-const TrainingData& Data() {
-  static const TrainingData* const data = [] {
-    auto* d = new TrainingData;
-    std::mt19937 gen(1);
-    d->features.resize(kRows * kFeatures);
-    d->labels.resize(kRows);
-    for (int i = 0; i < kRows; ++i) {
-      for (int f = 0; f < kFeatures; ++f) {
-        d->features[i * kFeatures + f] = static_cast<float>(gen() >> 8) / 16777216.0f;
-      }
-      int best = 0;
-      for (int f = 1; f < kClasses; ++f) {
-        if (d->features[i * kFeatures + f] > d->features[i * kFeatures + best]) best = f;
-      }
-      d->labels[i] = static_cast<float>(best);
-    }
-    return d;
-  }();
-  return *data;
-}
 
 using Params = std::vector<std::pair<std::string, std::string>>;
 
