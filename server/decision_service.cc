@@ -58,10 +58,17 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
     absl::MutexLock lock(&service->mu_);
     DECISION_RETURN_IF_ERROR(service->store_->ForEachProblem(
         [&](uint32_t index, const storage::v1::ProblemRecord& record) -> absl::Status {
-          DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Problem> p,
-                                    Problem::Load(index, record, env));
           service->next_index_ = std::max(service->next_index_, index + 1);
-          service->problems_[record.problem_id()] = std::move(p);
+          absl::StatusOr<std::unique_ptr<Problem>> p = Problem::Load(index, record, env);
+          if (!p.ok()) {
+            // One problem that cannot be loaded fails alone: the others serve.
+            std::fprintf(stderr, "decisiond: problem %s FAILED to load and serves no call: %s\n",
+                         record.problem_id().c_str(), p.status().ToString().c_str());
+            service->failed_problems_[record.problem_id()] = p.status();
+            metrics->ProblemFailed(record.problem_id()).Set(1.0);
+            return absl::OkStatus();
+          }
+          service->problems_[record.problem_id()] = *std::move(p);
           return absl::OkStatus();
         }));
   }
@@ -108,11 +115,30 @@ absl::Status DecisionService::Shutdown() {
   return status.ok() ? closed : status;
 }
 
+absl::Status DecisionService::FailedLoadError(const std::string& problem_id,
+                                              const absl::Status& why) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "problem '", problem_id, "' failed to load at start-up and serves no call until its "
+      "store records are repaired and decisiond restarts: ", why.ToString()));
+}
+
+absl::Status DecisionService::ProblemLoadStatus(const std::string& problem_id) {
+  absl::MutexLock lock(&mu_);
+  if (auto failed = failed_problems_.find(problem_id); failed != failed_problems_.end()) {
+    return failed->second;
+  }
+  if (problems_.contains(problem_id)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("problem '", problem_id, "' does not exist"));
+}
+
 absl::StatusOr<Problem*> DecisionService::Find(const std::string& problem_id) {
   absl::ReaderMutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the service is shutting down");
   if (problem_id.empty()) return absl::InvalidArgumentError("problem_id is empty");
   auto it = problems_.find(problem_id);
+  if (auto failed = failed_problems_.find(problem_id); failed != failed_problems_.end()) {
+    return FailedLoadError(problem_id, failed->second);
+  }
   if (it == problems_.end()) {
     return absl::NotFoundError(absl::StrCat("problem '", problem_id, "' does not exist"));
   }
@@ -176,7 +202,8 @@ absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& r
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the service is shutting down");
-    if (problems_.contains(request.problem_id())) {
+    if (problems_.contains(request.problem_id()) ||
+        failed_problems_.contains(request.problem_id())) {
       return absl::AlreadyExistsError(
           absl::StrCat("problem '", request.problem_id(), "' already exists"));
     }
@@ -213,19 +240,26 @@ absl::Status DecisionService::GetProblem(const v1::GetProblemRequest& request,
 
 absl::Status DecisionService::ListProblems(const v1::ListProblemsRequest&,
                                            v1::ListProblemsResponse* response) {
-  std::vector<Problem*> sorted;
+  std::vector<Problem*> serving;
+  std::vector<v1::Problem> failed;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the service is shutting down");
-    for (auto& [id, p] : problems_) sorted.push_back(p.get());
+    for (auto& [id, p] : problems_) serving.push_back(p.get());
+    for (const auto& [id, why] : failed_problems_) {
+      failed.emplace_back();
+      failed.back().set_problem_id(id);
+      failed.back().set_error(FailedLoadError(id, why).ToString());
+    }
   }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const Problem* a, const Problem* b) { return a->id() < b->id(); });
-  for (Problem* p : sorted) {
-    v1::Problem* out = response->add_problems();
-    *out = p->Summary();
-    *out->mutable_config() = ConfigFromRecord(p->record());
+  for (Problem* p : serving) {
+    failed.emplace_back(p->Summary());
+    *failed.back().mutable_config() = ConfigFromRecord(p->record());
   }
+  std::sort(failed.begin(), failed.end(), [](const v1::Problem& a, const v1::Problem& b) {
+    return a.problem_id() < b.problem_id();
+  });
+  for (v1::Problem& p : failed) *response->add_problems() = std::move(p);
   return absl::OkStatus();
 }
 

@@ -126,6 +126,9 @@ class DecisionService {
                             v1::ListAuditLogResponse* response);
 
   // In memory, short locks only: these never block and may run on a reactor thread.
+  // What Problem::Load returned for a problem at Open: OK for one that serves (or was
+  // created since), its error for one that failed to load, NOT_FOUND for an unknown id.
+  absl::Status ProblemLoadStatus(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status GetProblem(const v1::GetProblemRequest& request, v1::Problem* response);
   absl::Status ListProblems(const v1::ListProblemsRequest& request,
                             v1::ListProblemsResponse* response);
@@ -141,6 +144,7 @@ class DecisionService {
  private:
   DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics);
   absl::StatusOr<Problem*> Find(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  static absl::Status FailedLoadError(const std::string& problem_id, const absl::Status& why);
   Problem::Env ProblemEnv() const;
   // Runs `work` on the blocking executor and passes its status to `done`.
   void OffReactor(std::function<absl::Status()> work, Done done);
@@ -171,6 +175,8 @@ class DecisionService {
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Problem>> problems_ ABSL_GUARDED_BY(mu_);
+  // Problems that failed to load at Open, and why: every call to one is refused.
+  absl::flat_hash_map<std::string, absl::Status> failed_problems_ ABSL_GUARDED_BY(mu_);
   uint32_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one CreateProblem at a time

@@ -5,11 +5,21 @@
 // Expert states (storage::v1::ExpertState) and their transitions:
 //   registered -> BACKFILLING -> ACTIVE (backfill complete: D-UCB estimates and selects it)
 //   BACKFILLING or ACTIVE -> RETIRED (RetireExpert, or auto-training's RetireDominated)
-//   any -> FAILED at a restart whose model no longer loads (in memory only: the stored
-//   state is kept, so a restart that can load the model again restores it). WART: a FAILED
-//   expert that was still backfilling is backfilled with its uniform stand-in, so that the
-//   experts registered after it are estimated; if its model loads again later, its
-//   probabilities over that stretch of the log stay 1/K.
+//   any -> FAILED (quarantined), two ways:
+//     - its model fails on a context (an error, or a probability outside (0, 1]) in a
+//       Choose, a join, a backfill or a divergence refresh. The FAILED record (the stored
+//       state plus `failure`) is written by the next maintenance round, and a restart keeps
+//       it quarantined without loading the model;
+//     - at a restart, its stored model no longer loads (in memory only: the stored state is
+//       kept, so a restart that can load the model again restores it).
+//   A FAILED expert is never selected. Its model is a uniform stand-in, so the joins and
+//   the backfill go on: the samples joined after the failure carry 1/K in its column, and
+//   the experts registered after it get estimated. Its divergences stay frozen at their
+//   last values, which weigh the samples it chose while healthy. The estimates of the
+//   other experts depend only on their own columns, the chooser's logged propensity and
+//   those divergences: they are exact, as if the failed expert had stopped being selected.
+//   WART: if a model that failed to load at a restart loads again later, its probabilities
+//   over the stretch of the log it was down for stay 1/K.
 // A retired expert that was still backfilling finishes its backfill, so that it is
 // estimated like every other, but is never selected. Ids are dense: expert k is the k-th
 // registered. D-UCB estimates experts [0, n) once they finish backfilling, in id order.
@@ -40,9 +50,11 @@ struct ExpertSlot {
   // False while its record is being written at registration: nothing but the joins (its
   // tail) touches it yet, and it is dropped if the write fails. Only the last slot can be.
   bool durable = true;
-  // Non-empty: the expert FAILED (its stored model no longer loads; why). `model` is then a
-  // uniform stand-in so that joins and backfills go on, and it is never selectable.
+  // Non-empty: the expert FAILED (why). `model` is then the uniform stand-in, and it is
+  // never selectable.
   std::string failure;
+  // A runtime quarantine whose FAILED record is not written yet (Problem::PersistFailures).
+  bool failure_unwritten = false;
 };
 
 class ExpertPool {

@@ -42,6 +42,15 @@ Metrics::Metrics()
                    .Help("Decisions whose reward never came within the wait time, by "
                          "handling: default (learned with the default reward) or dropped")
                    .Register(*registry_)),
+      undelivered_(prometheus::BuildCounter()
+                       .Name("decision_undelivered_total")
+                       .Help("Decisions whose Choose was cancelled or passed its deadline "
+                             "before the answer was sent: dropped, never learned")
+                       .Register(*registry_)),
+      problem_failed_(prometheus::BuildGauge()
+                          .Name("decision_problem_failed")
+                          .Help("1 if the problem failed to load at start-up and serves no call")
+                          .Register(*registry_)),
       pending_(prometheus::BuildGauge()
                    .Name("decision_pending")
                    .Help("Decisions waiting for their reward")
@@ -73,7 +82,8 @@ Metrics::Metrics()
                            .Register(*registry_)),
       expert_failed_(prometheus::BuildGauge()
                          .Name("decision_expert_failed")
-                         .Help("1 if the expert's stored model no longer loads (FAILED)")
+                         .Help("1 if the expert is FAILED: quarantined after it could not "
+                               "score a context, or its stored model no longer loads")
                          .Register(*registry_)),
       expert_selected_(prometheus::BuildCounter()
                            .Name("decision_expert_selected_total")
@@ -133,10 +143,15 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.reward_sum = &reward_sum_.Add(labels);
   m.expired_default = &expired_.Add(with("handling", "default"));
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
+  m.undelivered = &undelivered_.Add(labels);
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);
   return m;
+}
+
+prometheus::Gauge& Metrics::ProblemFailed(const std::string& problem) {
+  return problem_failed_.Add({{"problem", problem}});
 }
 
 Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert) {

@@ -45,11 +45,14 @@ class Metrics {
     prometheus::Counter* reward_sum;
     prometheus::Counter* expired_default;
     prometheus::Counter* expired_dropped;
+    prometheus::Counter* undelivered;  // answers that never reached the client
     prometheus::Gauge* pending;
     prometheus::Gauge* samples;
     prometheus::Gauge* estimated_regret;
   };
   ProblemMetrics ForProblem(const std::string& problem);
+  // 1 for a problem that failed to load (DecisionService::Open).
+  prometheus::Gauge& ProblemFailed(const std::string& problem);
 
   struct ExpertMetrics {
     prometheus::Gauge* estimate;
@@ -77,6 +80,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& rewards_;
   prometheus::Family<prometheus::Counter>& reward_sum_;
   prometheus::Family<prometheus::Counter>& expired_;
+  prometheus::Family<prometheus::Counter>& undelivered_;
+  prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& regret_;

@@ -51,7 +51,9 @@ Problem::Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& e
       writer_(env.writer, [this](std::vector<WriteOp>& group) { CommitGroup(group); }),
       ducb_(std::move(ducb)),
       reservoir_(record_.num_features(), record_.divergence_reservoir()),
-      gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)) {}
+      gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)),
+      // The record is valid (Create's caller and Load check it), so this cannot fail.
+      stand_in_(MakeUniformExpert(record_.num_arms(), record_.num_features()).value()) {}
 
 Problem::~Problem() = default;
 
@@ -113,7 +115,8 @@ void Problem::AnswerWaiters(std::vector<ChooseWaiter> waiters, const std::string
   }
 }
 
-absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double> x) {
+absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double> x,
+                                                         bool offer) {
   Selection s;
   s.expert = ducb_.SelectExpert(gen_);
   if (s.expert < 0) {
@@ -122,7 +125,7 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
   }
   s.model = experts_.at(s.expert).model;
   s.u = absl::Uniform<double>(gen_, 0.0, 1.0);
-  reservoir_.Offer(x, gen_);
+  if (offer) reservoir_.Offer(x, gen_);
   return s;
 }
 
@@ -225,11 +228,27 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   // not bounded would hold the reactor. Registration does not bound it yet.
   const absl::Span<const double> x(request.features().data(), request.features_size());
   std::vector<double> probs(record_.num_arms());
-  if (absl::Status s = selection.model->Predict(x, absl::MakeSpan(probs)); !s.ok()) {
-    absl::Status error = absl::InvalidArgumentError(absl::StrCat(
-        "expert ", selection.expert, " cannot score this context: ", s.message()));
-    if (claimed) return FailClaim(event_id, std::move(error), std::move(done));
-    return done(std::move(error));
+  // An expert that cannot score the context is quarantined and another one selected: each
+  // pass quarantines one more expert, so this ends (the uniform expert never fails).
+  while (true) {
+    absl::Status s = selection.model->Predict(x, absl::MakeSpan(probs));
+    for (size_t a = 0; s.ok() && a < probs.size(); ++a) {
+      if (!(probs[a] >= 0.0 && probs[a] <= 1.0)) {
+        s = absl::InvalidArgumentError(absl::StrCat("arm ", a, " gets probability ", probs[a]));
+      }
+    }
+    if (s.ok()) break;
+    absl::StatusOr<Selection> next;
+    {
+      absl::MutexLock lock(&mu_);
+      QuarantineLocked(selection.expert, absl::StrCat("choose: ", s.message()));
+      next = SelectLocked(x, /*offer=*/false);
+    }
+    if (!next.ok()) {
+      if (claimed) return FailClaim(event_id, next.status(), std::move(done));
+      return done(next.status());
+    }
+    selection = *std::move(next);
   }
   EventRecord event;
   event.set_arm(SampleArm(probs, selection.u));
@@ -287,21 +306,28 @@ void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* respo
   RewardAs(request, response, std::move(done), Committer::kWriter);
 }
 
-absl::StatusOr<std::vector<double>> Problem::Propensities(
-    const std::vector<std::shared_ptr<const Expert>>& models, const EventRecord& event) const {
+std::vector<double> Problem::Propensities(
+    const std::vector<std::shared_ptr<const Expert>>& models, const EventRecord& event,
+    std::vector<ScoringFailure>* failures) const {
   std::vector<double> out(models.size());
   std::vector<double> probs(record_.num_arms());
   const absl::Span<const double> x(event.features().data(), event.features_size());
   for (size_t k = 0; k < models.size(); ++k) {
-    if (absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs)); !s.ok()) {
-      return absl::InternalError(
-          absl::StrCat("scoring the experts failed: expert ", k, ": ", s.message()));
+    if (static_cast<int>(k) == event.expert_id()) {
+      // The probability the decision was drawn with: the importance ratios' denominator.
+      out[k] = event.propensity();
+      continue;
     }
-    out[k] = probs[event.arm()];
+    absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
+    out[k] = s.ok() ? probs[event.arm()] : 0.0;
     // The same check the log makes when it learns the sample, made before it is written.
-    if (!(out[k] > 0.0 && out[k] <= 1.0)) {
-      return absl::InternalError(absl::StrCat("scoring the experts failed: expert ", k,
-                                              " gave the played arm probability ", out[k]));
+    if (s.ok() && !(out[k] > 0.0 && out[k] <= 1.0)) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("the played arm gets probability ", out[k]));
+    }
+    if (!s.ok()) {
+      failures->push_back({static_cast<int>(k), absl::StrCat("join: ", s.message())});
+      out[k] = 1.0 / record_.num_arms();  // the stand-in's
     }
   }
   return out;
@@ -392,16 +418,10 @@ void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* res
   // WART: every expert scores the context on the caller's (reactor) thread: N model
   // evaluations per reward, CPU and not a wait, but for large tree experts the reactor's
   // largest cost. Scoring in batches off the request path is the planned fix.
-  absl::StatusOr<std::vector<double>> propensities = Propensities(plan.models, op.event);
-  if (!propensities.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      pending_.AbortJoin(op.event_id, env_.clock->NowMs());
-    }
-    return done(propensities.status());
-  }
+  std::vector<ScoringFailure> failures;
+  op.propensities = Propensities(plan.models, op.event, &failures);
+  QuarantineFailures(failures);
   op.reward = request.value();
-  op.propensities = *std::move(propensities);
   op.reward_response = response;
   op.done = std::move(done);
   Submit(std::move(op), committer);
@@ -442,8 +462,16 @@ v1::Estimates Problem::GetEstimates() const {
   for (int k = 0; k < experts_.size(); ++k) {
     v1::ExpertEstimate* e = out.add_experts();
     e->set_expert_id(k);
-    e->set_status(ExpertStatusToWire(experts_.at(k).record.status()));
-    if (k < n_est) {
+    const bool failed = !experts_.at(k).failure.empty();
+    e->set_status(failed ? v1::EXPERT_STATUS_FAILED
+                         : ExpertStatusToWire(experts_.at(k).record.status()));
+    if (failed) {
+      // Excluded: its column holds the stand-in's 1/K since it failed, so no estimate of it
+      // is meaningful; the regret is against the best healthy expert.
+      e->set_times_selected(k < n_est ? ducb_.log().count(k) : 0);
+      e->set_width(std::numeric_limits<double>::infinity());
+      if (k < n_est) collected += ducb_.log().count(k) * ducb_.Estimate(k).mean;
+    } else if (k < n_est) {
       const ExpertEstimate est = ducb_.Estimate(k);
       e->set_estimate(est.mean);
       e->set_width(est.width);

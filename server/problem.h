@@ -75,6 +75,12 @@ inline constexpr size_t kMaxUnwrittenDecisions = 4096;  // deferred ones before 
 // A log chunk on disk is one chunk of the in-memory log (a PendingChunk shares it).
 static_assert(storage::kLogChunkSamples == SampleLog::kChunkSamples);
 
+// An expert that could not score a context: its id and why.
+struct ScoringFailure {
+  int expert;
+  std::string reason;
+};
+
 // Completion of an asynchronous call: called once, with no lock of the problem held.
 using Done = std::function<void(absl::Status)>;
 
@@ -187,6 +193,9 @@ class Problem {
   absl::Status MaybeRefreshDivergences(bool* refreshed, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the FAILED records of experts quarantined since the last call (a restart then
+  // keeps them quarantined without loading their models). On a failure the rest wait.
+  absl::Status PersistFailures() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   void ExportMetrics() ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the deferred decisions not yet written and waits for that write (retried once if
   // it fails). Blocks. When it returns OK, every decision answered before the call is
@@ -266,7 +275,8 @@ class Problem {
     std::shared_ptr<const Expert> model;
     double u = 0.0;
   };
-  absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x)
+  // `offer`: offer x to the divergence reservoir (once per Choose).
+  absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x, bool offer = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
               Selection selection, v1::ChooseResponse* response, Done done,
@@ -299,11 +309,12 @@ class Problem {
   RewardPlan PlanRewardLocked(const std::string& event_id, int64_t now_ms,
                               v1::RewardResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LateError(const std::string& event_id, int64_t deadline_ms) const;
-  // pi_k(arm | x) for every model; INTERNAL naming the expert if one fails or is out of
-  // (0, 1].
-  absl::StatusOr<std::vector<double>> Propensities(
-      const std::vector<std::shared_ptr<const Expert>>& models,
-      const storage::v1::EventRecord& event) const;
+  // pi_k(arm | x) for every model. The chooser's is the propensity it logged. A model that
+  // fails (an error, or a value outside (0, 1]) gets the uniform 1/K and is added to
+  // *failures: the caller quarantines it (QuarantineFailures).
+  std::vector<double> Propensities(const std::vector<std::shared_ptr<const Expert>>& models,
+                                   const storage::v1::EventRecord& event,
+                                   std::vector<ScoringFailure>* failures) const;
 
   // --- The join writer (problem_commit.cc)
   void Submit(WriteOp op, Committer committer = Committer::kWriter) {
@@ -311,9 +322,10 @@ class Problem {
   }
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_);
   // Appends to op.propensities those of models [op.propensities.size(), models.size()):
-  // experts registered after the join was scored. One that fails gets 1/K.
-  void CompletePropensities(WriteOp& op,
-                            const std::vector<std::shared_ptr<const Expert>>& models) const;
+  // experts registered after the join was scored. One that fails gets 1/K and is added to
+  // *failures.
+  void CompletePropensities(WriteOp& op, const std::vector<std::shared_ptr<const Expert>>& models,
+                            std::vector<ScoringFailure>* failures) const;
   // After an expiry is written: if a late reward came after the expiry's record was built,
   // queues the write of the event's late mark.
   void MarkLateAfterExpiryLocked(const WriteOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -344,9 +356,19 @@ class Problem {
                     Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Experts (problem_experts.cc)
+  // Quarantine (see expert_pool.h): expert `id` failed on a context. From now on it is never
+  // selected, its model is the uniform stand-in (every later join and backfill gets 1/K for
+  // it, and its divergences stay frozen), and its FAILED record is written by the next
+  // PersistFailures. Idempotent. Returns true if it was not quarantined yet.
+  bool QuarantineLocked(int id, absl::string_view reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QuarantineFailures(const std::vector<ScoringFailure>& failures) ABSL_LOCKS_EXCLUDED(mu_);
+  // Divergences of `models` over `contexts`, keeping the block of experts [0, keep) from
+  // `previous`. A model that fails on a context is quarantined and scored as its stand-in;
+  // the rows and columns of quarantined experts keep their `previous` values (they weigh
+  // the samples those experts chose while they were healthy).
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
-      const std::vector<std::shared_ptr<const Expert>>& models, const std::vector<double>& contexts,
-      const DivergenceMatrix& previous, int keep) const;
+      std::vector<std::shared_ptr<const Expert>> models, const std::vector<double>& contexts,
+      const DivergenceMatrix& previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status BackfillChunk(int expert_id, const std::shared_ptr<const Expert>& model,
                              int64_t from, int64_t total) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompleteBackfill(int expert_id)
@@ -389,6 +411,8 @@ class Problem {
   // Samples of the log with a positive reward: training needs at least one.
   int64_t positive_rewards_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
+  // The model of every quarantined expert: uniform over the problem's arms.
+  std::shared_ptr<const Expert> stand_in_;
 };
 
 // The first batch boundary is after the warm-up of 3K samples, then every b sqrt(t) (at

@@ -38,16 +38,25 @@ absl::Status Problem::FlushDecisions() {
   return s;
 }
 
-void Problem::CompletePropensities(
-    WriteOp& op, const std::vector<std::shared_ptr<const Expert>>& models) const {
+void Problem::CompletePropensities(WriteOp& op,
+                                   const std::vector<std::shared_ptr<const Expert>>& models,
+                                   std::vector<ScoringFailure>* failures) const {
   std::vector<double> probs(record_.num_arms());
   const absl::Span<const double> x(op.event.features().data(), op.event.features_size());
   for (size_t k = op.propensities.size(); k < models.size(); ++k) {
-    // An expert that cannot score this context gets the uniform probability: it was not
-    // part of the decision, and the sample must be learned by the others.
+    // An expert that cannot score this context is quarantined with the stand-in's 1/K: it
+    // was not part of the decision, and the sample must be learned by the others.
     const absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
     const double p = s.ok() ? probs[op.event.arm()] : 0.0;
-    op.propensities.push_back(p > 0.0 && p <= 1.0 ? p : 1.0 / record_.num_arms());
+    if (p > 0.0 && p <= 1.0) {
+      op.propensities.push_back(p);
+      continue;
+    }
+    failures->push_back(
+        {static_cast<int>(k),
+         absl::StrCat("join: ", s.ok() ? absl::StrCat("the played arm gets probability ", p)
+                                       : std::string(s.message()))});
+    op.propensities.push_back(1.0 / record_.num_arms());
   }
 }
 
@@ -159,9 +168,11 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
     }
   }
   if (!models.empty()) {
+    std::vector<ScoringFailure> failures;
     for (WriteOp& op : group) {
-      if (op.kind == WriteOp::kJoin) CompletePropensities(op, models);
+      if (op.kind == WriteOp::kJoin) CompletePropensities(op, models, &failures);
     }
+    QuarantineFailures(failures);
   }
   storage::Store::WriteGroup batch;
   absl::Status written = absl::OkStatus();
@@ -274,7 +285,9 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   // WART: an expert registered after the group began is scored here, under mu_ (a model
   // evaluation under the lock). It needs a registration to race this group: rare.
   if (op.propensities.size() < static_cast<size_t>(experts_.size())) {
-    CompletePropensities(op, experts_.Models());
+    std::vector<ScoringFailure> failures;
+    CompletePropensities(op, experts_.Models(), &failures);
+    for (const ScoringFailure& f : failures) QuarantineLocked(f.expert, f.reason);
   }
   if (absl::Status learned = LearnLocked(op, seq); !learned.ok()) {
     // The sample is stored at `seq` but the log did not take it: a later group would write

@@ -4,6 +4,7 @@
 // runs without mu_ on a shared prefix of the log and is swapped in under it; expert
 // records are written under expert_writes_mu_ only.
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <utility>
 
@@ -27,6 +28,48 @@ int Problem::SelectableLocked() const {
   return selectable;
 }
 
+bool Problem::QuarantineLocked(int expert_id, absl::string_view reason) {
+  ExpertSlot& slot = experts_.at(expert_id);
+  if (!slot.failure.empty()) return false;
+  slot.failure = absl::StrCat("quarantined: ", reason);
+  slot.failure_unwritten = true;
+  slot.model = stand_in_;
+  slot.metrics.failed->Set(1.0);
+  if (expert_id < ducb_.num_experts()) ducb_.SetSelectable(expert_id, false);
+  // Once per expert: a quarantine is not repeated, so this cannot flood the log.
+  std::fprintf(stderr, "decisiond: problem %s: expert %d FAILED and is quarantined: %s\n",
+               id().c_str(), expert_id, std::string(reason).c_str());
+  return true;
+}
+
+void Problem::QuarantineFailures(const std::vector<ScoringFailure>& failures) {
+  if (failures.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const ScoringFailure& f : failures) QuarantineLocked(f.expert, f.reason);
+}
+
+absl::Status Problem::PersistFailures() {
+  absl::MutexLock writes(&expert_writes_mu_);
+  std::vector<std::pair<int, ExpertRecord>> unwritten;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int k = 0; k < experts_.durable_size(); ++k) {
+      const ExpertSlot& slot = experts_.at(k);
+      if (!slot.failure_unwritten) continue;
+      ExpertRecord failed = slot.record;
+      failed.set_failure(slot.failure);
+      failed.set_failed_at_ms(env_.clock->NowMs());
+      unwritten.emplace_back(k, std::move(failed));
+    }
+  }
+  for (const auto& [k, failed] : unwritten) {
+    DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, failed));
+    absl::MutexLock lock(&mu_);
+    experts_.at(k).failure_unwritten = false;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& updated) {
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
@@ -34,7 +77,8 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& updat
   absl::MutexLock lock(&mu_);
   experts_.at(expert_id).record = updated;
   if (expert_id < ducb_.num_experts()) {
-    ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE);
+    ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
+                                       experts_.at(expert_id).failure.empty());
   }
   return absl::OkStatus();
 }
@@ -207,8 +251,22 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
                                               arms.size(), " samples, expected ", n));
     }
     probs.resize(static_cast<size_t>(n) * k);
-    DECISION_RETURN_IF_ERROR(model->PredictBatch(rows, n, absl::MakeSpan(probs)));
-    for (int64_t i = 0; i < n; ++i) chunk.add_values(probs[i * k + arms[i]]);
+    absl::Status scored = model->PredictBatch(rows, n, absl::MakeSpan(probs));
+    for (int64_t i = 0; scored.ok() && i < n; ++i) {
+      const double p = probs[i * k + arms[i]];
+      if (!(p > 0.0 && p <= 1.0)) {
+        scored = absl::InvalidArgumentError(
+            absl::StrCat("sample ", start + i, " gets probability ", p, " for its arm"));
+      }
+      chunk.add_values(p);
+    }
+    if (!scored.ok()) {
+      // The expert cannot score the stored log: quarantined; the next step backfills the
+      // rest of this chunk with its stand-in.
+      absl::MutexLock lock(&mu_);
+      QuarantineLocked(expert_id, absl::StrCat("backfill: ", scored.message()));
+      return absl::OkStatus();
+    }
   }
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutBackfillChunk(index_, expert_id, from / storage::kBackfillChunkSamples,
@@ -284,8 +342,8 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
 }
 
 absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
-    const std::vector<std::shared_ptr<const Expert>>& models, const std::vector<double>& contexts,
-    const DivergenceMatrix& previous, int keep) const {
+    std::vector<std::shared_ptr<const Expert>> models, const std::vector<double>& contexts,
+    const DivergenceMatrix& previous, int keep) {
   const int n = static_cast<int>(models.size());
   const int d = record_.num_features();
   const size_t rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
@@ -302,14 +360,43 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   }
   const int k = record_.num_arms();
   std::vector<std::vector<double>> predictions(n);
+  std::vector<ScoringFailure> failures;
   for (int e = 0; e < n; ++e) {
     predictions[e].resize(rows * k);
-    DECISION_RETURN_IF_ERROR(
-        models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+    absl::Status s = models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e]));
+    for (size_t i = 0; s.ok() && i < predictions[e].size(); ++i) {
+      if (!(predictions[e][i] >= 0.0 && predictions[e][i] <= 1.0)) {
+        s = absl::InvalidArgumentError(absl::StrCat("a probability of ", predictions[e][i]));
+      }
+    }
+    if (!s.ok()) {
+      failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
+      models[e] = stand_in_;
+      DECISION_RETURN_IF_ERROR(
+          models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+    }
   }
+  QuarantineFailures(failures);
   DivergenceMatrix out;
   DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
                                               &previous, keep, &out));
+  // Quarantined experts keep the divergences they had: they weigh the samples chosen while
+  // the expert was healthy, and the stand-in is not the policy that chose them.
+  std::vector<bool> frozen(n, false);
+  {
+    absl::MutexLock lock(&mu_);
+    for (int e = 0; e < n && e < previous.num_experts; ++e) {
+      frozen[e] = !experts_.at(e).failure.empty();
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if ((frozen[i] || frozen[j]) && i < previous.num_experts && j < previous.num_experts) {
+        out.m[i * n + j] = previous.M(i, j);
+        out.sigma[i * n + j] = previous.Sigma(i, j);
+      }
+    }
+  }
   return out;
 }
 

@@ -34,16 +34,9 @@ void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& 
 void Problem::SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models,
                            Committer committer) {
   if (op.kind == WriteOp::kJoin) {
-    absl::StatusOr<std::vector<double>> propensities = Propensities(models, op.event);
-    if (!propensities.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        pending_.AbortJoin(op.event_id, env_.clock->NowMs());
-      }
-      if (op.done) op.done(propensities.status());
-      return;
-    }
-    op.propensities = *std::move(propensities);
+    std::vector<ScoringFailure> failures;
+    op.propensities = Propensities(models, op.event, &failures);
+    QuarantineFailures(failures);
   }
   Submit(std::move(op), committer);
 }

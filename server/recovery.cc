@@ -58,21 +58,28 @@ class Recovery {
       if (id != static_cast<uint32_t>(num_experts())) {
         return DataLoss(absl::StrCat("expert ids are not contiguous at ", id));
       }
-      absl::StatusOr<std::unique_ptr<Expert>> model =
-          BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing());
       ExpertSlot slot;
       slot.record = er;
       slot.metrics = p_.env_.metrics->ForExpert(r.problem_id(), static_cast<int>(id));
-      if (!model.ok()) {
-        // A model stored by an earlier version (or corrupted) that no longer loads fails
-        // alone: the problem serves with the others.
-        slot.failure = std::string(model.status().message());
-        std::fprintf(stderr, "decisiond: problem %s: expert %u FAILED: %s\n",
-                     r.problem_id().c_str(), id, slot.failure.c_str());
-        DECISION_ASSIGN_OR_RETURN(model, MakeUniformExpert(r.num_arms(), r.num_features()));
+      if (!er.failure().empty()) {
+        // Quarantined: its model is not even loaded.
+        slot.failure = er.failure();
+        slot.model = p_.stand_in_;
+      } else {
+        absl::StatusOr<std::unique_ptr<Expert>> model =
+            BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing());
+        if (model.ok()) {
+          slot.model = *std::move(model);
+        } else {
+          // A model stored by an earlier version (or corrupted) that no longer loads fails
+          // alone: the problem serves with the others.
+          slot.failure = std::string(model.status().message());
+          slot.model = p_.stand_in_;
+          std::fprintf(stderr, "decisiond: problem %s: expert %u FAILED: %s\n",
+                       r.problem_id().c_str(), id, slot.failure.c_str());
+        }
       }
       slot.metrics.failed->Set(slot.failure.empty() ? 0.0 : 1.0);
-      slot.model = *std::move(model);
       p_.experts_.Add(std::move(slot));
       return absl::OkStatus();
     });
@@ -219,12 +226,27 @@ class Recovery {
           tail.push_back(s);
           return absl::OkStatus();
         }));
+    // As the join scored them (Problem::Propensities): the chooser's logged propensity, and
+    // an expert that fails is quarantined with the stand-in's 1/K.
     std::vector<double> probs(p_.record_.num_arms());
     for (const SampleRecord& s : tail) {
       const absl::Span<const double> x(s.features().data(), s.features_size());
       for (int k = 0; k < num_experts(); ++k) {
-        DECISION_RETURN_IF_ERROR(p_.experts_.at(k).model->Predict(x, absl::MakeSpan(probs)));
-        row_[k] = probs[s.arm()];
+        if (k == s.expert_id()) {
+          row_[k] = s.propensity();
+          continue;
+        }
+        absl::Status scored = p_.experts_.at(k).model->Predict(x, absl::MakeSpan(probs));
+        row_[k] = scored.ok() ? probs[s.arm()] : 0.0;
+        if (scored.ok() && !(row_[k] > 0.0 && row_[k] <= 1.0)) {
+          scored = absl::InvalidArgumentError(
+              absl::StrCat("the played arm gets probability ", row_[k]));
+        }
+        if (!scored.ok()) {
+          p_.QuarantineLocked(k, absl::StrCat("restart: sample ", log_.size(), ": ",
+                                              scored.message()));
+          row_[k] = 1.0 / p_.record_.num_arms();
+        }
       }
       DECISION_RETURN_IF_ERROR(Append(log_.size(), s.expert_id(), s.reward()));
     }

@@ -47,6 +47,7 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   keep("writing decisions", p->FlushDecisions());
   keep("writing log chunks", p->WriteLogChunks());
   keep("expiry", p->ExpireDue());
+  keep("writing quarantined experts", p->PersistFailures());
   // Backfill one chunk at a time, within the budget.
   const auto start = std::chrono::steady_clock::now();
   bool worked = true;

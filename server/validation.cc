@@ -44,6 +44,16 @@ absl::Status CheckUnitInterval(double v, const char* field, bool allow_zero) {
   return absl::OkStatus();
 }
 
+// Smoothing eta in [kMinSmoothing, 1]. Below that, eta / K can underflow to 0 (5e-324 is a
+// valid double): the played arm's probability could be 0 and no sample could be learned.
+absl::Status CheckSmoothing(double v, const char* field) {
+  if (!(std::isfinite(v) && v >= kMinSmoothing && v <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", v, "; it must be in [", kMinSmoothing, ", 1]"));
+  }
+  return absl::OkStatus();
+}
+
 // Two expert counts, each >= 0, at most `max_total` in all. The sum is formed in 64 bits:
 // two int32 counts from the wire can overflow an int.
 absl::Status CheckExpertCounts(int32_t trees, int32_t linear, int max_total,
@@ -115,9 +125,7 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
                                                    kMaxWaitMs, "] (0 for the default)"));
   }
   DECISION_RETURN_IF_ERROR(CheckUnitInterval(c.default_reward(), "config.default_reward", true));
-  if (c.has_smoothing()) {
-    DECISION_RETURN_IF_ERROR(CheckUnitInterval(c.smoothing(), "config.smoothing", false));
-  }
+  if (c.has_smoothing()) DECISION_RETURN_IF_ERROR(CheckSmoothing(c.smoothing(), "config.smoothing"));
   if (c.has_batch_multiplier() &&
       !(std::isfinite(c.batch_multiplier()) && c.batch_multiplier() > 0.0)) {
     return absl::InvalidArgumentError(absl::StrCat("config.batch_multiplier is ",
@@ -211,8 +219,7 @@ absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertReq
                                                    " bytes; at most ", kMaxNameBytes));
   }
   if (!request.model().has_smoothing()) return default_smoothing;
-  DECISION_RETURN_IF_ERROR(
-      CheckUnitInterval(request.model().smoothing(), "model.smoothing", false));
+  DECISION_RETURN_IF_ERROR(CheckSmoothing(request.model().smoothing(), "model.smoothing"));
   return request.model().smoothing();
 }
 

@@ -26,6 +26,9 @@ inline constexpr int kMaxFeaturesPerProblem = 65536;
 inline constexpr int kMaxExpertsPerProblem = 256;
 inline constexpr size_t kMaxEventIdBytes = 128;
 inline constexpr size_t kMaxNameBytes = 128;
+// The least smoothing eta: every arm keeps at least eta / K >= 2.4e-10 (K <= 4096), so a
+// propensity is never 0 and importance ratios stay below 4.1e9.
+inline constexpr double kMinSmoothing = 1e-6;
 inline constexpr int kMaxExpertsPerTrainingJob = 16;
 // The largest array of doubles one problem's configuration may imply: the divergence
 // reservoir (reservoir x features) and one expert's predictions over it (reservoir x arms).

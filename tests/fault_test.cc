@@ -189,13 +189,17 @@ TEST_F(ServiceTest, AStoreThatCannotBeOpenedIsAClearError) {
 // fit the problem is DATA_LOSS, never a read out of bounds.
 class CorruptRecordTest : public ServiceTest {
  protected:
-  // A problem with a few samples, then the service closed and `corrupt` applied to the
-  // store (problem index 0), then the service opened again.
+  // A problem with a few samples, and a second one, then the service closed and `corrupt`
+  // applied to the store (problem index 0, "p"), then the service opened again. Returns
+  // what loading "p" gave. Whatever it is, the service opens and "q" serves: one problem
+  // that cannot be loaded never keeps the others down.
   absl::Status OpenAfter(const std::function<absl::Status(storage::Store&)>& corrupt) {
     CreateProblem("p", /*wait_ms=*/1'000'000);
+    CreateProblem("q", /*wait_ms=*/1'000'000);
     RegisterLinear("p", 4.0);
     RunMaintenanceUntilActive("p");
     PlayRounds("p", 20);
+    PlayRounds("q", 5);
     EXPECT_TRUE(service_->Shutdown().ok());
     service_.reset();
     {
@@ -209,8 +213,35 @@ class CorruptRecordTest : public ServiceTest {
     options.start_maintenance_thread = false;
     absl::StatusOr<std::unique_ptr<DecisionService>> opened =
         DecisionService::Open(options, &clock_, &metrics_);
-    if (opened.ok()) service_ = *std::move(opened);
-    return opened.status();
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    if (!opened.ok()) return opened.status();
+    service_ = *std::move(opened);
+    v1::ChooseRequest choose;
+    choose.set_problem_id("q");
+    for (int i = 0; i < kFeatures; ++i) choose.add_features(0.5);
+    v1::ChooseResponse chosen;
+    EXPECT_TRUE(service_->Choose(choose, &chosen).ok());
+    const absl::Status loaded = service_->ProblemLoadStatus("p");
+    if (!loaded.ok()) {
+      // Every call to the failed problem says why; it is listed with its error.
+      v1::GetProblemRequest get;
+      get.set_problem_id("p");
+      v1::Problem problem;
+      const absl::Status got = service_->GetProblem(get, &problem);
+      EXPECT_EQ(got.code(), absl::StatusCode::kFailedPrecondition) << got;
+      EXPECT_THAT(got.message(), HasSubstr(loaded.ToString()));
+      choose.set_problem_id("p");
+      EXPECT_EQ(service_->Choose(choose, &chosen).code(), absl::StatusCode::kFailedPrecondition);
+      v1::ListProblemsResponse list;
+      EXPECT_TRUE(service_->ListProblems({}, &list).ok());
+      EXPECT_EQ(list.problems_size(), 2);
+      if (list.problems_size() == 2) {
+        EXPECT_THAT(list.problems(0).error(), HasSubstr(std::string(loaded.message())));
+        EXPECT_EQ(list.problems(1).error(), "");
+      }
+      EXPECT_EQ(metrics_.ProblemFailed("p").Value(), 1.0);
+    }
+    return loaded;
   }
 };
 
@@ -297,10 +328,11 @@ TEST_F(CorruptRecordTest, ProblemRecordOutsideWhatCreateProblemAccepts) {
   const absl::Status s = OpenAfter([](storage::Store& store) -> absl::Status {
     storage::v1::ProblemRecord problem;
     storage::v1::ExpertRecord first;
-    absl::Status read = store.ForEachProblem([&](uint32_t, const storage::v1::ProblemRecord& r) {
-      problem = r;
-      return absl::OkStatus();
-    });
+    absl::Status read =
+        store.ForEachProblem([&](uint32_t index, const storage::v1::ProblemRecord& r) {
+          if (index == 0) problem = r;
+          return absl::OkStatus();
+        });
     if (read.ok()) {
       read = store.ForEachExpert(0, [&](uint32_t id, const storage::v1::ExpertRecord& r) {
         if (id == 0) first = r;
@@ -456,6 +488,131 @@ TEST_F(ExpertThatCannotScoreTest, LinearWhoseLogitsOverflowIsRefused) {
   for (int i = 0; i < kArms * kFeatures; ++i) l->add_weights(1e308);
   for (int a = 0; a < kArms; ++a) l->add_bias(0.0);
   ExpectRefusedAndNothingStored(req);
+}
+
+// Runtime quarantine: an expert registered while every context it saw fit it, that later
+// cannot score one, is FAILED and excluded; rewards keep being learned by the others.
+class QuarantineTest : public ServiceTest {
+ protected:
+  // A table expert over key feature 0 with two rows (keys in [0, 2)); it fails on larger
+  // keys. Strongly prefers arm 0.
+  int RegisterTable() {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id("p");
+    req.set_name("table");
+    auto* t = req.mutable_model()->mutable_table();
+    for (int r = 0; r < 2; ++r) {
+      auto* row = t->add_rows();
+      for (int a = 0; a < kArms; ++a) row->add_probabilities(a == 0 ? 0.97 : 0.01);
+    }
+    t->set_key_feature(0);
+    v1::Expert e;
+    const absl::Status s = service_->RegisterExpert(req, &e);
+    EXPECT_TRUE(s.ok()) << s;
+    return e.expert_id();
+  }
+  // Choose and reward once with key feature `key`; returns the expert followed.
+  int PlayKey(double key) {
+    v1::ChooseRequest req;
+    req.set_problem_id("p");
+    req.add_features(key);
+    for (int f = 1; f < kFeatures; ++f) req.add_features(0.5);
+    v1::ChooseResponse resp;
+    const absl::Status chosen = service_->Choose(req, &resp);
+    EXPECT_TRUE(chosen.ok()) << chosen;
+    const absl::Status rewarded = Reward("p", resp.event_id(), resp.arm() == 0 ? 1.0 : 0.0);
+    EXPECT_TRUE(rewarded.ok()) << rewarded;
+    return resp.expert_id();
+  }
+  v1::Expert ExpertOf(int id) {
+    v1::ListExpertsRequest req;
+    req.set_problem_id("p");
+    v1::ListExpertsResponse resp;
+    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
+    return id < resp.experts_size() ? resp.experts(id) : v1::Expert();
+  }
+};
+
+TEST_F(QuarantineTest, AnExpertThatFailsInChooseOrJoinIsQuarantinedAndTheRestLearn) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int table = RegisterTable();
+  RunMaintenanceUntilActive("p");
+  int followed = 0;
+  for (int i = 0; i < 40; ++i) followed += PlayKey(0.5) == table;
+  EXPECT_GT(followed, 0);  // it took traffic while healthy
+  // The tester's reproducer: a key outside the table. Every call still succeeds.
+  const int64_t before = GetProblem("p").samples();
+  for (int i = 0; i < 10; ++i) EXPECT_NE(PlayKey(7.0), table);
+  EXPECT_EQ(GetProblem("p").samples(), before + 10);
+  const v1::Expert failed = ExpertOf(table);
+  EXPECT_EQ(failed.status(), v1::EXPERT_STATUS_FAILED);
+  EXPECT_THAT(failed.error(), HasSubstr("quarantined"));
+  EXPECT_THAT(failed.error(), HasSubstr("outside the table's rows"));
+  EXPECT_EQ(ExpertGauge(metrics_, "decision_expert_failed", std::to_string(table)), 1.0);
+  // Never followed again, even on contexts it could score; its column holds 1/K.
+  for (int i = 0; i < 30; ++i) EXPECT_NE(PlayKey(0.5), table);
+  const std::vector<v1::LoggedSample> log = Export("p");
+  for (size_t s = before; s < log.size(); ++s) {
+    EXPECT_EQ(log[s].expert_propensities(table), 1.0 / kArms);
+  }
+  ExpectEstimatesMatchReference("p");
+  const v1::Estimates estimates = Estimates("p");
+  EXPECT_EQ(estimates.experts(table).status(), v1::EXPERT_STATUS_FAILED);
+
+  // The FAILED record is written by maintenance; a restart keeps it quarantined (without
+  // loading the model) and computes the same estimates.
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  Reopen();
+  EXPECT_EQ(ExpertOf(table).status(), v1::EXPERT_STATUS_FAILED);
+  EXPECT_EQ(ExpertOf(table).error(), failed.error());
+  const v1::Estimates reopened = Estimates("p");
+  for (int k = 0; k < estimates.experts_size(); ++k) {
+    EXPECT_EQ(reopened.experts(k).estimate(), estimates.experts(k).estimate()) << k;
+  }
+  for (int i = 0; i < 20; ++i) EXPECT_NE(PlayKey(0.5), table);
+  ExpectEstimatesMatchReference("p");
+}
+
+TEST_F(QuarantineTest, AnExpertWhoseBackfillFailsIsQuarantinedAndTheNextOnesGetEstimated) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  // 600 contexts it fits, then 5 it does not: registration scores the first 512 of the
+  // reservoir only, so it is accepted and the backfill meets the bad ones.
+  for (int i = 0; i < 600; ++i) PlayKey(0.5);
+  for (int i = 0; i < 5; ++i) PlayKey(9.0);
+  const int table = RegisterTable();
+  const int linear = RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  EXPECT_EQ(ExpertOf(table).status(), v1::EXPERT_STATUS_FAILED);
+  EXPECT_THAT(ExpertOf(table).error(), HasSubstr("backfill"));
+  EXPECT_EQ(ExpertOf(linear).status(), v1::EXPERT_STATUS_ACTIVE);
+  for (int i = 0; i < 50; ++i) EXPECT_NE(PlayKey(0.5), table);
+  // The failed expert was never followed: the others' estimates equal the reference over
+  // them alone, as if it had never been registered.
+  ExpectEstimatesMatchReference("p", /*drop=*/{table});
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  Reopen();
+  EXPECT_EQ(ExpertOf(table).status(), v1::EXPERT_STATUS_FAILED);
+  ExpectEstimatesMatchReference("p", /*drop=*/{table});
+}
+
+// The tester's contract slip: smoothing 5e-324 was accepted, but eta / K underflows to 0,
+// so the expert could never be learned with.
+TEST_F(QuarantineTest, SmoothingTooSmallToKeepEveryArmPositiveIsRefused) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  v1::RegisterExpertRequest req;
+  req.set_problem_id("p");
+  req.mutable_model()->mutable_uniform();
+  req.mutable_model()->set_smoothing(5e-324);
+  v1::Expert e;
+  const absl::Status s = service_->RegisterExpert(req, &e);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("model.smoothing"));
+  v1::CreateProblemRequest create;
+  create.set_problem_id("q");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_smoothing(1e-300);
+  v1::Problem p;
+  EXPECT_EQ(service_->CreateProblem(create, &p).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -157,29 +157,43 @@ class ServiceTest : public ::testing::Test {
     return out;
   }
   // The service's estimates equal the literal reference computed from the exported log
-  // (every expert's propensities) and the reported divergences.
-  void ExpectEstimatesMatchReference(const std::string& problem) {
+  // (every expert's propensities) and the reported divergences. FAILED experts have no
+  // estimate. The experts in `drop` (which must never have been followed) are left out of
+  // the reference altogether: it is then over the other experts only.
+  void ExpectEstimatesMatchReference(const std::string& problem, std::vector<int> drop = {}) {
     const v1::Estimates e = Estimates(problem);
     const auto log = Export(problem);
     ASSERT_EQ(static_cast<int64_t>(log.size()), e.samples());
-    SampleLog rebuilt(e.n());
+    std::vector<int> kept;  // reference column -> expert id
+    for (int k = 0; k < e.n(); ++k) {
+      if (std::find(drop.begin(), drop.end(), k) == drop.end()) kept.push_back(k);
+    }
+    const int n = static_cast<int>(kept.size());
+    std::vector<int> column(e.n(), -1);
+    for (int c = 0; c < n; ++c) column[kept[c]] = c;
+    SampleLog rebuilt(n);
     for (const v1::LoggedSample& s : log) {
       ASSERT_EQ(s.expert_propensities_size(), e.n());
-      ASSERT_TRUE(rebuilt
-                      .Append(s.expert_id(), s.reward(),
-                              std::vector<double>(s.expert_propensities().begin(),
-                                                  s.expert_propensities().end()))
-                      .ok());
+      ASSERT_GE(column[s.expert_id()], 0) << "a dropped expert was followed";
+      std::vector<double> row;
+      for (int k : kept) row.push_back(s.expert_propensities(k));
+      ASSERT_TRUE(rebuilt.Append(column[s.expert_id()], s.reward(), row).ok());
     }
     DivergenceMatrix d;
-    d.num_experts = e.n();
-    d.m.assign(e.m().begin(), e.m().end());
-    d.sigma.assign(e.sigma().begin(), e.sigma().end());
-    for (int k = 0; k < e.n(); ++k) {
+    d.num_experts = n;
+    for (int i : kept) {
+      for (int j : kept) {
+        d.m.push_back(e.m(i * e.n() + j));
+        d.sigma.push_back(e.sigma(i * e.n() + j));
+      }
+    }
+    for (int c = 0; c < n; ++c) {
+      const v1::ExpertEstimate& got = e.experts(kept[c]);
+      if (got.status() == v1::EXPERT_STATUS_FAILED) continue;
       const ExpertEstimate ref =
-          reference::Estimate(rebuilt, rebuilt.size(), d, EstimatorOptions(), k);
-      EXPECT_NEAR(e.experts(k).estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
-      EXPECT_NEAR(e.experts(k).width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
+          reference::Estimate(rebuilt, rebuilt.size(), d, EstimatorOptions(), c);
+      EXPECT_NEAR(got.estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
+      EXPECT_NEAR(got.width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
     }
   }
 
