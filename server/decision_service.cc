@@ -340,6 +340,10 @@ void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
   (*p)->Choose(request, response, std::move(done));
 }
 
+void DecisionService::Undeliver(const std::string& problem_id, const std::string& event_id) {
+  if (absl::StatusOr<Problem*> p = Find(problem_id); p.ok()) (*p)->Undeliver(event_id);
+}
+
 void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
                              Done done) {
   absl::StatusOr<Problem*> p = Find(request.problem_id());

@@ -99,6 +99,9 @@ class DecisionService {
   void RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response, Done done);
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
+  // The answer of a Choose that decided `event_id` never reached its caller (Problem::
+  // Undeliver). Unknown problems and events are ignored.
+  void Undeliver(const std::string& problem_id, const std::string& event_id);
   void TrainExperts(const v1::TrainExpertsRequest& request, v1::TrainExpertsResponse* response,
                     Done done);
   // One page of ExportLog: request.limit() samples from request.start() (limit 0: all),

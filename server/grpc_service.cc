@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "google/protobuf/stubs/logging.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/validation.h"
@@ -38,6 +41,35 @@ const char* CodeName(grpc::StatusCode code) {
 }
 
 }  // namespace
+
+namespace {
+
+absl::Mutex protobuf_log_mu;
+absl::Time protobuf_log_last ABSL_GUARDED_BY(protobuf_log_mu) = absl::InfinitePast();
+int64_t protobuf_log_skipped ABSL_GUARDED_BY(protobuf_log_mu) = 0;
+
+void LimitedProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
+                        const std::string& message) {
+  if (level == google::protobuf::LOGLEVEL_FATAL) {
+    std::fprintf(stderr, "libprotobuf FATAL %s:%d: %s\n", filename, line, message.c_str());
+    return;
+  }
+  absl::MutexLock lock(&protobuf_log_mu);
+  const absl::Time now = absl::Now();
+  if (now - protobuf_log_last < absl::Seconds(10)) {
+    ++protobuf_log_skipped;
+    return;
+  }
+  std::fprintf(stderr, "decisiond: libprotobuf %s:%d: %s (%lld similar lines left out)\n",
+               filename, line, message.c_str(),
+               static_cast<long long>(protobuf_log_skipped));
+  protobuf_log_last = now;
+  protobuf_log_skipped = 0;
+}
+
+}  // namespace
+
+void LimitProtobufLogs() { google::protobuf::SetLogHandler(&LimitedProtobufLog); }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -87,25 +119,87 @@ absl::StatusOr<Grant> GrpcDecisionService::Authorize(grpc::CallbackServerContext
                           call.problem_id, absl::Now());
 }
 
-template <typename Start>
-grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerContext* ctx,
-                                                          Call call, Start&& start) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+void GrpcDecisionService::CountError(const char* method, const grpc::Status& status) {
+  if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
+}
+
+namespace {
+
+// `bytes` parsed as a Message, or INVALID_ARGUMENT naming the message type.
+template <typename Message>
+grpc::Status ParseRequest(const grpc::ByteBuffer& bytes, Message* message) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer; this copies references
+  if (grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok()) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("the request body is not a valid ",
+                                   Message::descriptor()->full_name(),
+                                   ": truncated or malformed, or a string field that is not "
+                                   "valid UTF-8"));
+}
+
+}  // namespace
+
+// One unary call: its request and response messages and its reactor. It answers once
+// (Reply), serializing the response, and deletes itself when gRPC is done with it.
+template <typename Request, typename Response>
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  UnaryCall(grpc::CallbackServerContext* ctx, grpc::ByteBuffer* out) : ctx_(ctx), out_(out) {}
+
+  Request request;
+  Response response;
+  // Run when gRPC is done with the call if an OK answer was produced but the call was
+  // cancelled (by the client, its deadline or the connection) before its status was sent:
+  // the client never had the answer.
+  std::function<void()> on_lost;
+
+  void Reply(grpc::Status status) {
+    if (status.ok()) {
+      bool own_buffer = false;
+      status = grpc::SerializationTraits<Response>::Serialize(response, out_, &own_buffer);
+      answered_ok_ = status.ok();
+    }
+    Finish(status);
+  }
+  void OnDone() override {
+    if (answered_ok_ && on_lost && ctx_->IsCancelled()) on_lost();
+    delete this;
+  }
+
+ private:
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const out_;
+  bool answered_ok_ = false;
+};
+
+template <typename Request, typename Response, typename Describe, typename Start>
+grpc::ServerUnaryReactor* GrpcDecisionService::Serve(grpc::CallbackServerContext* ctx,
+                                                     const char* method, const Bytes* in,
+                                                     Bytes* out, Describe&& describe,
+                                                     Start&& start) {
+  auto* call = new UnaryCall<Request, Response>(ctx, out);
   const auto begin = std::chrono::steady_clock::now();
-  const char* method = call.method;
-  absl::StatusOr<Grant> grant = Authorize(ctx, call);
+  if (grpc::Status parsed = ParseRequest(*in, &call->request); !parsed.ok()) {
+    CountError(method, parsed);
+    call->Reply(parsed);
+    return call;
+  }
+  Call described = describe(call->request, call->response);
+  absl::StatusOr<Grant> grant = Authorize(ctx, described);
   if (!grant.ok()) {
     const grpc::Status status = ToGrpcStatus(grant.status());
-    metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
-    reactor->Finish(status);
-    return reactor;
+    CountError(method, status);
+    call->Reply(status);
+    return call;
   }
   std::function<void(const absl::Status&)> audit;
   if (Audited(method)) {
     // The problem id is the caller's, not yet validated: the record keeps at most 256 bytes.
     audit = [this, method, caller = grant->name,
-             problem = std::string(call.problem_id.substr(0, 256)),
-             detail = std::move(call.audit_detail)](const absl::Status& s) {
+             problem = std::string(described.problem_id.substr(0, 256)),
+             detail = std::move(described.audit_detail)](const absl::Status& s) {
       storage::v1::AuditRecord record;
       record.set_at_ms(absl::ToUnixMillis(absl::Now()));
       record.set_caller(caller);
@@ -117,154 +211,210 @@ grpc::ServerUnaryReactor* GrpcDecisionService::AsyncUnary(grpc::CallbackServerCo
       service_->RecordAudit(std::move(record));
     };
   }
-  start(*grant, [this, reactor, method, begin, audit = std::move(audit)](absl::Status s) {
+  start(*grant, call, [this, call, method, begin, audit = std::move(audit)](absl::Status s) {
     if (audit) audit(s);
     const grpc::Status status = ToGrpcStatus(s);
     metrics_->RpcLatency(method).Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
-    if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
-    reactor->Finish(status);
+    CountError(method, status);
+    call->Reply(status);
   });
-  return reactor;
+  return call;
 }
 
-template <typename F>
-grpc::ServerUnaryReactor* GrpcDecisionService::Unary(grpc::CallbackServerContext* ctx, Call call,
-                                                     F&& call_fn) {
-  return AsyncUnary(ctx, std::move(call),
-                    [&](const Grant& grant, Done done) { done(call_fn(grant)); });
+// The handlers. `describe` names what the authorization and the audit log need; `start`
+// queues (or does) the work.
+#define DECISION_CALL(Req, Resp) UnaryCall<v1::Req, v1::Resp>* call
+
+grpc::ServerUnaryReactor* GrpcDecisionService::CreateProblem(grpc::CallbackServerContext* ctx,
+                                                             const Bytes* in, Bytes* out) {
+  return Serve<v1::CreateProblemRequest, v1::Problem>(
+      ctx, "CreateProblem", in, out,
+      [](const v1::CreateProblemRequest& r, const auto&) {
+        return Call{"CreateProblem", r.problem_id(), [] { return std::string(); }};
+      },
+      [this](const Grant&, DECISION_CALL(CreateProblemRequest, Problem), Done done) {
+        service_->CreateProblem(call->request, &call->response, std::move(done));
+      });
 }
 
-grpc::ServerUnaryReactor* GrpcDecisionService::CreateProblem(
-    grpc::CallbackServerContext* ctx, const v1::CreateProblemRequest* request,
-    v1::Problem* response) {
-  return AsyncUnary(ctx, {"CreateProblem", request->problem_id(), [] { return std::string(); }},
-                    [&](const Grant&, Done done) {
-                      service_->CreateProblem(*request, response, std::move(done));
-                    });
-}
 grpc::ServerUnaryReactor* GrpcDecisionService::GetProblem(grpc::CallbackServerContext* ctx,
-                                                          const v1::GetProblemRequest* request,
-                                                          v1::Problem* response) {
-  return Unary(ctx, {"GetProblem", request->problem_id(), nullptr},
-               [&](const Grant&) { return service_->GetProblem(*request, response); });
+                                                          const Bytes* in, Bytes* out) {
+  return Serve<v1::GetProblemRequest, v1::Problem>(
+      ctx, "GetProblem", in, out,
+      [](const v1::GetProblemRequest& r, const auto&) { return Call{"GetProblem", r.problem_id(), nullptr}; },
+      [this](const Grant&, DECISION_CALL(GetProblemRequest, Problem), Done done) {
+        done(service_->GetProblem(call->request, &call->response));
+      });
 }
-grpc::ServerUnaryReactor* GrpcDecisionService::ListProblems(
-    grpc::CallbackServerContext* ctx, const v1::ListProblemsRequest* request,
-    v1::ListProblemsResponse* response) {
-  return Unary(ctx, {"ListProblems", "", nullptr}, [&](const Grant& grant) {
-    absl::Status s = service_->ListProblems(*request, response);
-    if (s.ok() && !grant.problems.empty()) {
-      // A scoped token sees only its own problems.
-      auto* problems = response->mutable_problems();
-      problems->erase(std::remove_if(problems->begin(), problems->end(),
-                                     [&](const v1::Problem& p) {
-                                       return !grant.Covers(p.problem_id());
-                                     }),
-                      problems->end());
-    }
-    return s;
-  });
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ListProblems(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::ListProblemsRequest, v1::ListProblemsResponse>(
+      ctx, "ListProblems", in, out,
+      [](const v1::ListProblemsRequest&, const auto&) { return Call{"ListProblems", "", nullptr}; },
+      [this](const Grant& grant, DECISION_CALL(ListProblemsRequest, ListProblemsResponse),
+             Done done) {
+        absl::Status s = service_->ListProblems(call->request, &call->response);
+        if (s.ok() && !grant.problems.empty()) {
+          // A scoped token sees only its own problems.
+          auto* problems = call->response.mutable_problems();
+          problems->erase(std::remove_if(problems->begin(), problems->end(),
+                                         [&](const v1::Problem& p) {
+                                           return !grant.Covers(p.problem_id());
+                                         }),
+                          problems->end());
+        }
+        done(s);
+      });
 }
-grpc::ServerUnaryReactor* GrpcDecisionService::RegisterExpert(
-    grpc::CallbackServerContext* ctx, const v1::RegisterExpertRequest* request,
-    v1::Expert* response) {
-  auto detail = [request, response] {
-    std::string kind;
-    switch (request->model().kind_case()) {
-      case v1::ExpertModel::kUniform: kind = "uniform"; break;
-      case v1::ExpertModel::kTable: kind = "table"; break;
-      case v1::ExpertModel::kLinearSoftmax: kind = "linear_softmax"; break;
-      case v1::ExpertModel::kXgboost:
-        kind = absl::StrCat("xgboost (", request->model().xgboost().model().size(), " bytes)");
-        break;
-      default: kind = "none"; break;
-    }
-    return absl::StrCat("name=", request->name().substr(0, 128), " kind=", kind,
-                        response->expert_id() > 0 ? absl::StrCat(" -> expert ",
-                                                                 response->expert_id())
-                                                  : "");
-  };
-  return AsyncUnary(ctx, {"RegisterExpert", request->problem_id(), std::move(detail)},
-                    [&](const Grant&, Done done) {
-                      service_->RegisterExpert(*request, response, std::move(done));
-                    });
+
+grpc::ServerUnaryReactor* GrpcDecisionService::RegisterExpert(grpc::CallbackServerContext* ctx,
+                                                              const Bytes* in, Bytes* out) {
+  return Serve<v1::RegisterExpertRequest, v1::Expert>(
+      ctx, "RegisterExpert", in, out,
+      [](const v1::RegisterExpertRequest& r, const v1::Expert& registered) {
+        auto detail = [&r, &registered] {
+          std::string kind;
+          switch (r.model().kind_case()) {
+            case v1::ExpertModel::kUniform: kind = "uniform"; break;
+            case v1::ExpertModel::kTable: kind = "table"; break;
+            case v1::ExpertModel::kLinearSoftmax: kind = "linear_softmax"; break;
+            case v1::ExpertModel::kXgboost:
+              kind = absl::StrCat("xgboost (", r.model().xgboost().model().size(), " bytes)");
+              break;
+            default: kind = "none"; break;
+          }
+          return absl::StrCat("name=", r.name().substr(0, 128), " kind=", kind,
+                              registered.expert_id() > 0
+                                  ? absl::StrCat(" -> expert ", registered.expert_id())
+                                  : "");
+        };
+        return Call{"RegisterExpert", r.problem_id(), std::move(detail)};
+      },
+      [this](const Grant&, DECISION_CALL(RegisterExpertRequest, Expert), Done done) {
+        service_->RegisterExpert(call->request, &call->response, std::move(done));
+      });
 }
-grpc::ServerUnaryReactor* GrpcDecisionService::ListExperts(
-    grpc::CallbackServerContext* ctx, const v1::ListExpertsRequest* request,
-    v1::ListExpertsResponse* response) {
-  return Unary(ctx, {"ListExperts", request->problem_id(), nullptr},
-               [&](const Grant&) { return service_->ListExperts(*request, response); });
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ListExperts(grpc::CallbackServerContext* ctx,
+                                                           const Bytes* in, Bytes* out) {
+  return Serve<v1::ListExpertsRequest, v1::ListExpertsResponse>(
+      ctx, "ListExperts", in, out,
+      [](const v1::ListExpertsRequest& r, const auto&) { return Call{"ListExperts", r.problem_id(), nullptr}; },
+      [this](const Grant&, DECISION_CALL(ListExpertsRequest, ListExpertsResponse), Done done) {
+        done(service_->ListExperts(call->request, &call->response));
+      });
 }
-grpc::ServerUnaryReactor* GrpcDecisionService::RetireExpert(
-    grpc::CallbackServerContext* ctx, const v1::RetireExpertRequest* request,
-    v1::Expert* response) {
-  auto detail = [request] { return absl::StrCat("expert ", request->expert_id()); };
-  return AsyncUnary(ctx, {"RetireExpert", request->problem_id(), std::move(detail)},
-                    [&](const Grant&, Done done) {
-                      service_->RetireExpert(*request, response, std::move(done));
-                    });
+
+grpc::ServerUnaryReactor* GrpcDecisionService::RetireExpert(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::RetireExpertRequest, v1::Expert>(
+      ctx, "RetireExpert", in, out,
+      [](const v1::RetireExpertRequest& r, const auto&) {
+        return Call{"RetireExpert", r.problem_id(),
+                    [&r] { return absl::StrCat("expert ", r.expert_id()); }};
+      },
+      [this](const Grant&, DECISION_CALL(RetireExpertRequest, Expert), Done done) {
+        service_->RetireExpert(call->request, &call->response, std::move(done));
+      });
 }
+
 grpc::ServerUnaryReactor* GrpcDecisionService::Choose(grpc::CallbackServerContext* ctx,
-                                                      const v1::ChooseRequest* request,
-                                                      v1::ChooseResponse* response) {
-  return AsyncUnary(ctx, {"Choose", request->problem_id(), nullptr},
-                    [&](const Grant&, Done done) {
-                      service_->Choose(*request, response, std::move(done));
-                    });
+                                                      const Bytes* in, Bytes* out) {
+  return Serve<v1::ChooseRequest, v1::ChooseResponse>(
+      ctx, "Choose", in, out,
+      [](const v1::ChooseRequest& r, const auto&) { return Call{"Choose", r.problem_id(), nullptr}; },
+      [this, ctx](const Grant&, DECISION_CALL(ChooseRequest, ChooseResponse), Done done) {
+        // No decision for a caller that is gone: it could never be shown.
+        if (ctx->IsCancelled()) {
+          return done(absl::CancelledError("the call was cancelled before the decision"));
+        }
+        if (ctx->deadline() <= std::chrono::system_clock::now()) {
+          return done(absl::DeadlineExceededError(
+              "the call's deadline passed before the decision; no decision was made"));
+        }
+        service_->Choose(call->request, &call->response,
+                         [this, call, done = std::move(done)](absl::Status s) {
+                           if (s.ok()) {
+                             call->on_lost = [this, call] {
+                               service_->Undeliver(call->request.problem_id(),
+                                                   call->response.event_id());
+                             };
+                           }
+                           done(std::move(s));
+                         });
+      });
 }
+
 grpc::ServerUnaryReactor* GrpcDecisionService::Reward(grpc::CallbackServerContext* ctx,
-                                                      const v1::RewardRequest* request,
-                                                      v1::RewardResponse* response) {
-  return AsyncUnary(ctx, {"Reward", request->problem_id(), nullptr},
-                    [&](const Grant&, Done done) {
-                      service_->Reward(*request, response, std::move(done));
-                    });
-}
-grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(
-    grpc::CallbackServerContext* ctx, const v1::GetEstimatesRequest* request,
-    v1::Estimates* response) {
-  return Unary(ctx, {"GetEstimates", request->problem_id(), nullptr},
-               [&](const Grant&) { return service_->GetEstimates(*request, response); });
+                                                      const Bytes* in, Bytes* out) {
+  return Serve<v1::RewardRequest, v1::RewardResponse>(
+      ctx, "Reward", in, out,
+      [](const v1::RewardRequest& r, const auto&) { return Call{"Reward", r.problem_id(), nullptr}; },
+      [this](const Grant&, DECISION_CALL(RewardRequest, RewardResponse), Done done) {
+        service_->Reward(call->request, &call->response, std::move(done));
+      });
 }
 
-grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(
-    grpc::CallbackServerContext* ctx, const v1::TrainExpertsRequest* request,
-    v1::TrainExpertsResponse* response) {
-  auto detail = [request] {
-    return absl::StrCat("tree_experts=", request->tree_experts(),
-                        " linear_experts=", request->linear_experts());
-  };
-  return AsyncUnary(ctx, {"TrainExperts", request->problem_id(), std::move(detail)},
-                    [&](const Grant&, Done done) {
-                      service_->TrainExperts(*request, response, std::move(done));
-                    });
+grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::GetEstimatesRequest, v1::Estimates>(
+      ctx, "GetEstimates", in, out,
+      [](const v1::GetEstimatesRequest& r, const auto&) {
+        return Call{"GetEstimates", r.problem_id(), nullptr};
+      },
+      [this](const Grant&, DECISION_CALL(GetEstimatesRequest, Estimates), Done done) {
+        done(service_->GetEstimates(call->request, &call->response));
+      });
 }
 
-grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(
-    grpc::CallbackServerContext* ctx, const v1::ListAuditLogRequest* request,
-    v1::ListAuditLogResponse* response) {
-  return AsyncUnary(ctx, {"ListAuditLog", "", nullptr}, [&](const Grant& grant, Done done) {
-    if (!grant.problems.empty()) {
-      // The audit log spans every problem: only an unscoped admin token reads it.
-      return done(absl::PermissionDeniedError(absl::StrCat(
-          "token '", grant.name, "' is scoped to problems; the audit log needs an unscoped "
-          "admin token")));
-    }
-    service_->ListAuditLog(*request, response, std::move(done));
-  });
+grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::TrainExpertsRequest, v1::TrainExpertsResponse>(
+      ctx, "TrainExperts", in, out,
+      [](const v1::TrainExpertsRequest& r, const auto&) {
+        return Call{"TrainExperts", r.problem_id(), [&r] {
+                      return absl::StrCat("tree_experts=", r.tree_experts(),
+                                          " linear_experts=", r.linear_experts());
+                    }};
+      },
+      [this](const Grant&, DECISION_CALL(TrainExpertsRequest, TrainExpertsResponse),
+             Done done) {
+        service_->TrainExperts(call->request, &call->response, std::move(done));
+      });
 }
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::ListAuditLogRequest, v1::ListAuditLogResponse>(
+      ctx, "ListAuditLog", in, out,
+      [](const v1::ListAuditLogRequest&, const auto&) { return Call{"ListAuditLog", "", nullptr}; },
+      [this](const Grant& grant, DECISION_CALL(ListAuditLogRequest, ListAuditLogResponse),
+             Done done) {
+        if (!grant.problems.empty()) {
+          // The audit log spans every problem: only an unscoped admin token reads it.
+          return done(absl::PermissionDeniedError(absl::StrCat(
+              "token '", grant.name, "' is scoped to problems; the audit log needs an "
+              "unscoped admin token")));
+        }
+        service_->ListAuditLog(call->request, &call->response, std::move(done));
+      });
+}
+
+#undef DECISION_CALL
 
 namespace {
 
 // Streams the log a page at a time: the service reads up to kPage samples on its blocking
 // executor, the reactor writes them one by one (one write in flight, as gRPC requires),
 // then asks for the next page. No reactor thread reads the store.
-class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   static constexpr int64_t kPage = 512;
 
-  // `allowed`: the caller's authorization; a refusal finishes the stream at once.
+  // `allowed`: the caller's authorization (or the request's parse); a refusal finishes the
+  // stream at once.
   ExportReactor(DecisionService* service, Metrics* metrics, const v1::ExportLogRequest& request,
                 const absl::Status& allowed)
       : service_(service), metrics_(metrics), request_(request),
@@ -307,7 +457,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
   }
   void WriteNext() {
     if (written_ == page_.size()) return NextPage();
-    StartWrite(&page_[written_]);
+    bool own_buffer = false;
+    bytes_.Clear();  // the previous write is done with it
+    const grpc::Status s =
+        grpc::SerializationTraits<v1::LoggedSample>::Serialize(page_[written_], &bytes_,
+                                                               &own_buffer);
+    if (!s.ok()) return Done(s);
+    StartWrite(&bytes_);
   }
   void Done(const grpc::Status& status) {
     if (!status.ok()) {
@@ -322,15 +478,21 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::LoggedSample> {
   int64_t next_;
   int64_t remaining_;  // -1: unlimited
   std::vector<v1::LoggedSample> page_;
-  size_t written_ = 0;  // samples of page_ written
+  size_t written_ = 0;    // samples of page_ written
+  grpc::ByteBuffer bytes_;  // the sample being written
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::LoggedSample>* GrpcDecisionService::ExportLog(
-    grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) {
-  const absl::StatusOr<Grant> grant = Authorize(ctx, {"ExportLog", request->problem_id(), nullptr});
-  return new ExportReactor(service_, metrics_, *request, grant.status());
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcDecisionService::ExportLog(
+    grpc::CallbackServerContext* ctx, const Bytes* in) {
+  v1::ExportLogRequest request;
+  if (grpc::Status parsed = ParseRequest(*in, &request); !parsed.ok()) {
+    return new ExportReactor(service_, metrics_, request,
+                             absl::InvalidArgumentError(parsed.error_message()));
+  }
+  const absl::StatusOr<Grant> grant = Authorize(ctx, {"ExportLog", request.problem_id(), nullptr});
+  return new ExportReactor(service_, metrics_, request, grant.status());
 }
 
 }  // namespace decision::server

@@ -18,50 +18,73 @@
 
 namespace decision::server {
 
+// Routes libprotobuf's log lines (one per request whose string field is not UTF-8: anyone
+// can send those) through a limiter: at most one line every 10 s, with the count of the
+// lines left out. Call once, before serving.
+void LimitProtobufLogs();
+
 // absl::Status -> grpc::Status, the one conversion point.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-class GrpcDecisionService final : public v1::DecisionService::CallbackService {
+// Every RPC of decision.v1 as a raw-bytes callback method: the request is parsed here, not
+// by gRPC. gRPC 1.51's typed callback handler (CallbackUnaryHandler) answers a body that
+// fails to parse (truncated, or a string field that is not UTF-8) with UNIMPLEMENTED and an
+// empty message, which misleads every client; parsing here answers INVALID_ARGUMENT naming
+// the message type. A new RPC must be added to this chain, or it is served by the
+// synchronous base, which answers UNIMPLEMENTED (tests/bad_input_test.cc sends garbage to
+// every method of the service descriptor and expects INVALID_ARGUMENT).
+using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProblem<
+    v1::DecisionService::WithRawCallbackMethod_GetProblem<
+    v1::DecisionService::WithRawCallbackMethod_ListProblems<
+    v1::DecisionService::WithRawCallbackMethod_RegisterExpert<
+    v1::DecisionService::WithRawCallbackMethod_ListExperts<
+    v1::DecisionService::WithRawCallbackMethod_RetireExpert<
+    v1::DecisionService::WithRawCallbackMethod_Choose<
+    v1::DecisionService::WithRawCallbackMethod_Reward<
+    v1::DecisionService::WithRawCallbackMethod_GetEstimates<
+    v1::DecisionService::WithRawCallbackMethod_ExportLog<
+    v1::DecisionService::WithRawCallbackMethod_TrainExperts<
+    v1::DecisionService::WithRawCallbackMethod_ListAuditLog<
+    v1::DecisionService::Service>>>>>>>>>>>>;
+
+template <typename Request, typename Response>
+class UnaryCall;
+
+class GrpcDecisionService final : public RawDecisionService {
  public:
   // `auth` decides who may call what (open mode: everyone). All three must outlive this.
   GrpcDecisionService(DecisionService* service, Metrics* metrics, const Authorizer* auth)
       : service_(service), metrics_(metrics), auth_(auth) {}
 
-  grpc::ServerUnaryReactor* CreateProblem(grpc::CallbackServerContext* ctx,
-                                          const v1::CreateProblemRequest* request,
-                                          v1::Problem* response) override;
-  grpc::ServerUnaryReactor* GetProblem(grpc::CallbackServerContext* ctx,
-                                       const v1::GetProblemRequest* request,
-                                       v1::Problem* response) override;
-  grpc::ServerUnaryReactor* ListProblems(grpc::CallbackServerContext* ctx,
-                                         const v1::ListProblemsRequest* request,
-                                         v1::ListProblemsResponse* response) override;
-  grpc::ServerUnaryReactor* RegisterExpert(grpc::CallbackServerContext* ctx,
-                                           const v1::RegisterExpertRequest* request,
-                                           v1::Expert* response) override;
-  grpc::ServerUnaryReactor* ListExperts(grpc::CallbackServerContext* ctx,
-                                        const v1::ListExpertsRequest* request,
-                                        v1::ListExpertsResponse* response) override;
-  grpc::ServerUnaryReactor* RetireExpert(grpc::CallbackServerContext* ctx,
-                                         const v1::RetireExpertRequest* request,
-                                         v1::Expert* response) override;
-  grpc::ServerUnaryReactor* Choose(grpc::CallbackServerContext* ctx,
-                                   const v1::ChooseRequest* request,
-                                   v1::ChooseResponse* response) override;
-  grpc::ServerUnaryReactor* Reward(grpc::CallbackServerContext* ctx,
-                                   const v1::RewardRequest* request,
-                                   v1::RewardResponse* response) override;
-  grpc::ServerUnaryReactor* GetEstimates(grpc::CallbackServerContext* ctx,
-                                         const v1::GetEstimatesRequest* request,
-                                         v1::Estimates* response) override;
-  grpc::ServerUnaryReactor* TrainExperts(grpc::CallbackServerContext* ctx,
-                                         const v1::TrainExpertsRequest* request,
-                                         v1::TrainExpertsResponse* response) override;
-  grpc::ServerWriteReactor<v1::LoggedSample>* ExportLog(
-      grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
-  grpc::ServerUnaryReactor* ListAuditLog(grpc::CallbackServerContext* ctx,
-                                         const v1::ListAuditLogRequest* request,
-                                         v1::ListAuditLogResponse* response) override;
+  using Bytes = grpc::ByteBuffer;
+  grpc::ServerUnaryReactor* CreateProblem(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                          Bytes* out) override;
+  grpc::ServerUnaryReactor* GetProblem(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                       Bytes* out) override;
+  grpc::ServerUnaryReactor* ListProblems(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
+  grpc::ServerUnaryReactor* RegisterExpert(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                           Bytes* out) override;
+  grpc::ServerUnaryReactor* ListExperts(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                        Bytes* out) override;
+  grpc::ServerUnaryReactor* RetireExpert(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
+  // A Choose whose deadline passed (or that was cancelled) before it decides gets
+  // DEADLINE_EXCEEDED (CANCELLED) and makes no decision. One whose answer could not be sent
+  // (cancelled, or past its deadline, before the status went out) is undelivered
+  // (Problem::Undeliver): never learned.
+  grpc::ServerUnaryReactor* Choose(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                   Bytes* out) override;
+  grpc::ServerUnaryReactor* Reward(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                   Bytes* out) override;
+  grpc::ServerUnaryReactor* GetEstimates(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
+  grpc::ServerUnaryReactor* TrainExperts(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
+  grpc::ServerWriteReactor<Bytes>* ExportLog(grpc::CallbackServerContext* ctx,
+                                             const Bytes* in) override;
+  grpc::ServerUnaryReactor* ListAuditLog(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);
@@ -77,17 +100,18 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
   };
   absl::StatusOr<Grant> Authorize(grpc::CallbackServerContext* ctx, const Call& call) const;
 
-  // For the calls that never block (in-memory reads under short locks): call(grant) runs on
-  // the reactor thread; AsyncUnary with an immediate done. Everything that blocks goes
-  // through AsyncUnary, and the service runs it on an executor.
-  template <typename F>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Call call, F&& call_fn);
-  // For the asynchronous calls: start(done) queues the work; the reactor finishes in done,
-  // possibly on another thread, so the handler returns at once. A call that is not
-  // authorized finishes at once without starting.
-  template <typename Start>
-  grpc::ServerUnaryReactor* AsyncUnary(grpc::CallbackServerContext* ctx, Call call,
-                                       Start&& start);
+  // Parses the request into a UnaryCall (INVALID_ARGUMENT if it does not parse), describes
+  // it (describe(request, response) -> Call; the audit detail may read the response once
+  // the call finished), authorizes it, then start(grant, call, done) queues the
+  // work; the reactor finishes in done, possibly on another thread, so the handler returns
+  // at once. Calls that never block (in-memory reads under short locks) call done at once;
+  // everything that blocks runs on the service's executors. A call that is not authorized
+  // finishes at once without starting.
+  template <typename Request, typename Response, typename Describe, typename Start>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx, const char* method,
+                                  const Bytes* in, Bytes* out, Describe&& describe,
+                                  Start&& start);
+  void CountError(const char* method, const grpc::Status& status);
 
   DecisionService* service_;
   Metrics* metrics_;

@@ -250,6 +250,7 @@ int Run() {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  LimitProtobufLogs();
   GrpcDecisionService grpc_service(service->get(), &metrics, auth->get());
   grpc::ServerBuilder builder;
   int port = 0;

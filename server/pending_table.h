@@ -61,6 +61,11 @@ struct PendingDecision {
   // A reward came after the deadline: the expiry writes the event with late_reward set.
   bool late_reward = false;
   std::vector<ChooseWaiter> waiters;  // kDeciding, kWriting
+  // Choose calls answered with this decision whose answer may have reached the client: one
+  // per answer, minus one per answer known lost (Problem::Undeliver: the call was cancelled
+  // or passed its deadline). At 0 the decision was never delivered: it is not learned.
+  // A decision restored from the store counts as delivered.
+  int deliveries = 1;
   std::list<std::string>::iterator unwritten_position;  // kUnwritten only
 };
 

@@ -150,6 +150,7 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
           return;
         }
         Answer(event_id, d->record, response);
+        ++d->deliveries;
         answered = true;
       }
     }
@@ -281,6 +282,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     absl::MutexLock lock(&mu_);
     event_ids_.Insert(event_id);
     waiters = pending_.Decide(event_id, event, DecisionState::kUnwritten, now);
+    pending_.Find(event_id)->deliveries = 1 + static_cast<int>(waiters.size());
     ++decisions_;
     metrics_.decisions->Increment();
     experts_.at(selection.expert).metrics.selected->Increment();
@@ -370,6 +372,12 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
     case DecisionState::kStored:
       break;
   }
+  if (d->deliveries == 0) {
+    plan.answer = absl::FailedPreconditionError(absl::StrCat(
+        "the decision of event ", event_id, " was never delivered (its Choose was cancelled "
+        "or passed its deadline before the answer was sent): it is not learned"));
+    return plan;
+  }
   if (now_ms > d->record.deadline_ms()) {
     // The wait time passed but the expiry has not run yet: expire it now, with the late
     // mark, and answer as for any late reward once the expiry is written.
@@ -425,6 +433,23 @@ void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* res
   op.reward_response = response;
   op.done = std::move(done);
   Submit(std::move(op), committer);
+}
+
+void Problem::Undeliver(const std::string& event_id) {
+  absl::MutexLock lock(&mu_);
+  PendingDecision* d = pending_.Find(event_id);
+  if (d == nullptr || d->deliveries == 0) return;
+  switch (d->state) {
+    case DecisionState::kUnwritten:
+    case DecisionState::kFlushing:
+    case DecisionState::kStored:
+      if (--d->deliveries == 0) metrics_.undelivered->Increment();
+      return;
+    default:
+      // Being decided (another call will answer it), or already joined by a reward: some
+      // caller has it.
+      return;
+  }
 }
 
 // ------------------------------------------------------------------------------ Queries

@@ -143,6 +143,12 @@ class Problem {
   // `done` is called once the joined sample is durable, or with the error. Never blocks.
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The answer of a Choose with decision `event_id` did not reach its caller (the call was
+  // cancelled or passed its deadline). When no answer of it is left delivered, the decision
+  // is never learned: its expiry drops it, and a reward for it is FAILED_PRECONDITION.
+  // Counted in decision_undelivered_total. In memory only: a restart before the expiry
+  // learns it with the default reward.
+  void Undeliver(const std::string& event_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The same, waiting for `done` (tests, tools).
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);

@@ -220,6 +220,7 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
         return;
       }
       op.waiters = pending_.MarkStored(op.event_id);
+      if (d != nullptr) d->deliveries = 1 + static_cast<int>(op.waiters.size());
       Answer(op.event_id, op.event, op.choose_response);
       ++decisions_;
       metrics_.decisions->Increment();

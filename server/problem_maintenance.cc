@@ -21,7 +21,9 @@ void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& 
   op->event_id = event_id;
   op->event = decision.record;
   if (decision.late_reward) op->event.set_late_reward(true);
-  if (record_.drop_unrewarded()) {
+  // A decision never delivered is dropped: learning it (with the default reward) would log
+  // an impression that never happened.
+  if (record_.drop_unrewarded() || decision.deliveries == 0) {
     op->kind = WriteOp::kDrop;
     return;
   }

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -283,6 +285,48 @@ struct BadCase {
   std::vector<std::string> message_has;
 };
 
+// A raw body sent to `method` ("/decision.v1.DecisionService/Choose") on a fresh channel;
+// the final status (a server-streaming method answers its error the same way).
+grpc::Status RawCall(const std::string& address, const std::string& method,
+                     const std::string& body) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> finished;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { finished.set_value(std::move(s)); });
+  return finished.get_future().get();
+}
+
+// For every method of the service (from its descriptor, so that a new RPC is covered): a
+// truncated body, and for requests whose field 1 is a string, one that is not UTF-8. gRPC's
+// typed callback handlers would answer both UNIMPLEMENTED with an empty message; the
+// server parses the bytes itself and answers INVALID_ARGUMENT naming the message type.
+void AddMalformedBodies(const std::string& address, std::vector<BadCase>* cases) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::CreateProblemRequest::descriptor()->file()->FindServiceByName("DecisionService");
+  ASSERT_NE(service, nullptr);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* m = service->method(i);
+    const std::string path = absl::StrCat("/", service->full_name(), "/", m->name());
+    const std::string type = m->input_type()->full_name();
+    // Field 1, length-delimited, claims 5 bytes and has 2.
+    cases->push_back({absl::StrCat(m->name(), "/truncated_body"),
+                      [address, path](Stub*) { return RawCall(address, path, "\x0a\x05ab"); },
+                      grpc::StatusCode::INVALID_ARGUMENT, {type, "truncated"}});
+    const google::protobuf::FieldDescriptor* first = m->input_type()->FindFieldByNumber(1);
+    if (first != nullptr && first->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+      cases->push_back(
+          {absl::StrCat(m->name(), "/string_not_utf8"),
+           [address, path](Stub*) { return RawCall(address, path, "\x0a\x02\xff\xfe"); },
+           grpc::StatusCode::INVALID_ARGUMENT, {type, "UTF-8"}});
+    }
+  }
+}
+
 // Shared by the tests of the suite: the server, its client and what the cases need.
 struct Suite {
   std::string data_dir;
@@ -336,7 +380,7 @@ std::vector<BadCase> BadCases(const Suite& suite) {
     return [r](Stub* s) { return ExportLog(s, r); };
   };
 
-  return {
+  std::vector<BadCase> cases = {
       // ---- Choose on p (d = 3).
       {"Choose/2_features", choose(ChooseRequest(kProblem, {0.1, 0.2})), kInvalid,
        {"expects 3 features, got 2"}},
@@ -592,6 +636,8 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
   };
+  AddMalformedBodies(suite.server->address(), &cases);
+  return cases;
 }
 
 // Starts decisiond and builds the state described at the top of the file.

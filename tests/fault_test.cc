@@ -1,12 +1,18 @@
 // Faults inside the service, made with its testing seams (store writes that fail, a sample
 // the estimator refuses) or by writing bad records into the store: each stays local, is
 // reported with the right status, and nothing stored is lost or overwritten.
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "server/auth.h"
+#include "server/grpc_service.h"
 #include "storage/store.h"
 #include "tests/service_fixture.h"
 
@@ -593,6 +599,132 @@ TEST_F(QuarantineTest, AnExpertWhoseBackfillFailsIsQuarantinedAndTheNextOnesGetE
   Reopen();
   EXPECT_EQ(ExpertOf(table).status(), v1::EXPERT_STATUS_FAILED);
   ExpectEstimatesMatchReference("p", /*drop=*/{table});
+}
+
+// Undelivered decisions, through an in-process gRPC server: a Choose whose caller went away
+// before the answer was sent is never learned, and is counted.
+class UndeliveredTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    ServiceTest::SetUp();
+    auth_ = *Authorizer::Open("");  // open mode
+    grpc_ = std::make_unique<GrpcDecisionService>(service_.get(), &metrics_, auth_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(grpc_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::DecisionService::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    server_->Shutdown();
+    server_.reset();
+  }
+  double Undelivered() {
+    for (const prometheus::MetricFamily& family : metrics_.registry()->Collect()) {
+      if (family.name == "decision_undelivered_total" && !family.metric.empty()) {
+        return family.metric[0].counter.value;
+      }
+    }
+    return 0.0;
+  }
+  v1::ChooseRequest Request(const std::string& event_id) {
+    v1::ChooseRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(event_id);
+    for (int f = 0; f < kFeatures; ++f) req.add_features(0.5);
+    return req;
+  }
+
+  std::unique_ptr<Authorizer> auth_;
+  std::unique_ptr<GrpcDecisionService> grpc_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::DecisionService::Stub> stub_;
+};
+
+TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  absl::Notification entered, release;
+  hooks_.after_select = [&](const std::string& event_id) {
+    if (event_id != "lost") return;
+    entered.Notify();
+    release.WaitForNotification();
+  };
+  // The decision is made while the caller is already gone.
+  grpc::ClientContext ctx;
+  const v1::ChooseRequest lost = Request("lost");
+  v1::ChooseResponse lost_response;
+  absl::Notification finished;
+  grpc::Status lost_status;
+  stub_->async()->Choose(&ctx, &lost, &lost_response, [&](grpc::Status s) {
+    lost_status = std::move(s);
+    finished.Notify();
+  });
+  entered.WaitForNotification();
+  ctx.TryCancel();
+  finished.WaitForNotification();
+  EXPECT_EQ(lost_status.error_code(), grpc::StatusCode::CANCELLED);
+  release.Notify();
+  // gRPC reports the lost answer once it is done with the call.
+  for (int i = 0; i < 1000 && Undelivered() < 1.0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Undelivered(), 1.0);
+
+  // A delivered one, for comparison.
+  grpc::ClientContext kept_ctx;
+  v1::ChooseResponse kept;
+  ASSERT_TRUE(stub_->Choose(&kept_ctx, Request("kept"), &kept).ok());
+  EXPECT_EQ(GetProblem("p").decisions(), 2);
+
+  // A reward for the lost one is refused; at expiry it is dropped, not learned with the
+  // default reward. The delivered one is learned.
+  const absl::Status refused = Reward("p", "lost", 1.0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("never delivered"));
+  clock_.AdvanceMs(5000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").samples(), 1);
+  EXPECT_EQ(GetProblem("p").pending(), 0);
+  const std::vector<v1::LoggedSample> log = Export("p");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].event_id(), "kept");
+  EXPECT_EQ(Undelivered(), 1.0);
+}
+
+// The tester's reproducer: Choose calls with 1 ms deadlines. How many answers arrive depends
+// on timing; what must hold whatever it is: every answer the client got is learned, and
+// every decision is either learned or counted undelivered and dropped.
+TEST_F(UndeliveredTest, OneMillisecondDeadlinesLearnOnlyWhatWasDelivered) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  // A loaded server, roughly: every other decision takes 2 ms.
+  hooks_.after_select = [](const std::string& event_id) {
+    if ((event_id.back() - '0') % 2 == 1) absl::SleepFor(absl::Milliseconds(2));
+  };
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
+    v1::ChooseResponse resp;
+    answered += stub_->Choose(&ctx, Request(absl::StrCat("e", i)), &resp).ok();
+  }
+  // Let the server finish the calls (it may still be deciding some), then expire them all.
+  int64_t decisions = -1;
+  for (int i = 0; i < 500; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    clock_.AdvanceMs(5000);
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+    const v1::Problem p = GetProblem("p");
+    if (p.decisions() == decisions && p.pending() == 0) break;
+    decisions = p.decisions();
+  }
+  const int64_t samples = GetProblem("p").samples();
+  std::printf("300 calls: %d answered, %lld decisions, %lld learned, %.0f undelivered\n",
+              answered, static_cast<long long>(decisions), static_cast<long long>(samples),
+              Undelivered());
+  EXPECT_GE(samples, answered);
+  EXPECT_EQ(samples + static_cast<int64_t>(Undelivered()), decisions);
+  EXPECT_EQ(GetProblem("p").pending(), 0);
 }
 
 // The tester's contract slip: smoothing 5e-324 was accepted, but eta / K underflows to 0,
