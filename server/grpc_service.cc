@@ -61,6 +61,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"ExportLog", Role::kExport},        {"CreateProblem", Role::kAdmin},
     {"RegisterExpert", Role::kAdmin},    {"RetireExpert", Role::kAdmin},
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
+    {"GetTrainingJob", Role::kObserve},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -239,6 +240,13 @@ grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(
                     [&](const Grant&, Done done) {
                       service_->TrainExperts(*request, response, std::move(done));
                     });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::GetTrainingJob(
+    grpc::CallbackServerContext* ctx, const v1::GetTrainingJobRequest* request,
+    v1::TrainingJob* response) {
+  return Unary(ctx, {"GetTrainingJob", request->problem_id(), nullptr},
+               [&](const Grant&) { return service_->GetTrainingJob(*request, response); });
 }
 
 grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(

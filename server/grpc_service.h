@@ -57,6 +57,9 @@ class GrpcDecisionService final : public v1::DecisionService::CallbackService {
   grpc::ServerUnaryReactor* TrainExperts(grpc::CallbackServerContext* ctx,
                                          const v1::TrainExpertsRequest* request,
                                          v1::TrainExpertsResponse* response) override;
+  grpc::ServerUnaryReactor* GetTrainingJob(grpc::CallbackServerContext* ctx,
+                                           const v1::GetTrainingJobRequest* request,
+                                           v1::TrainingJob* response) override;
   grpc::ServerWriteReactor<v1::LoggedSample>* ExportLog(
       grpc::CallbackServerContext* ctx, const v1::ExportLogRequest* request) override;
   grpc::ServerUnaryReactor* ListAuditLog(grpc::CallbackServerContext* ctx,
