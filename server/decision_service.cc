@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
       std::make_unique<TrainingJobBook>(service->store_.get(), service->clock_);
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance, std::max(1, options.training_threads),
-      service->seed_, service->training_jobs_.get());
+      service->seed_, service->training_jobs_.get(), options.trainer_hooks);
   const Problem::Env env = service->ProblemEnv();
   {
     absl::MutexLock lock(&service->mu_);

@@ -73,9 +73,11 @@ struct ServiceOptions {
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;
-  // Testing seams (see storage::StoreOptions::fault_injection and ProblemHooks).
+  // Testing seams (see storage::StoreOptions::fault_injection, ProblemHooks and
+  // TrainerHooks).
   std::function<absl::Status(absl::string_view what)> store_fault_injection;
   const ProblemHooks* problem_hooks = nullptr;
+  const TrainerHooks* trainer_hooks = nullptr;
 };
 
 class DecisionService {

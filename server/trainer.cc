@@ -10,8 +10,9 @@ namespace decision::server {
 
 using storage::v1::TrainingJobRecord;
 
-Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book)
-    : threads_per_job_(threads_per_job), book_(book), gen_(seed) {
+Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
+                 const TrainerHooks* hooks)
+    : threads_per_job_(threads_per_job), book_(book), hooks_(hooks), gen_(seed) {
   if (background) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -144,6 +145,10 @@ absl::Status Trainer::Run(const Job& job) {
   for (int i = r.expert_ids_size() + r.skipped_experts(); i < total; ++i) {
     // Stopping: the record stays RUNNING, and the next start resumes the job.
     if (Stopping()) return absl::OkStatus();
+    if (hooks_ != nullptr && hooks_->before_expert &&
+        !hooks_->before_expert(r.job_id(), i).ok()) {
+      return absl::OkStatus();
+    }
     const bool linear = i >= r.tree_experts();
     const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
     absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);

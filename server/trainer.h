@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -31,11 +32,21 @@
 
 namespace decision::server {
 
+// Testing seam (as ProblemHooks): called, when set, by the job's thread with run_mu_ held
+// and no other lock. Null in production.
+struct TrainerHooks {
+  // Before the training of expert `expert` (0-based) of job `job_id`. A non-OK status
+  // abandons the job there with its record as it stands, as a crash would.
+  std::function<absl::Status(int64_t job_id, int expert)> before_expert;
+};
+
 class Trainer {
  public:
   // With `background` false no thread is started and jobs run in RunPending (tests, and the
-  // deterministic inline-maintenance mode). `book` must outlive the trainer.
-  Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book);
+  // deterministic inline-maintenance mode). `book` and `hooks` (may be null) must outlive
+  // the trainer.
+  Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
+          const TrainerHooks* hooks = nullptr);
   ~Trainer();
 
   struct Enqueued {
@@ -74,6 +85,7 @@ class Trainer {
 
   const int threads_per_job_;
   TrainingJobBook* const book_;
+  const TrainerHooks* const hooks_;
   // One Enqueue at a time: the check for a queued job and the new job's record and push
   // are one step for other Enqueue calls. Taken before mu_.
   absl::Mutex enqueue_mu_ ABSL_ACQUIRED_BEFORE(mu_);
