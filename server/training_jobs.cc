@@ -144,11 +144,12 @@ absl::StatusOr<TrainingJobRecord> TrainingJobBook::Create(
 
 absl::Status TrainingJobBook::Update(uint32_t problem, TrainingJobRecord record) {
   record.set_updated_at_ms(clock_->NowMs());
-  {
-    absl::MutexLock lock(&mu_);
-    jobs_[problem][record.job_id()] = record;
-  }
-  return store_->PutTrainingJob(problem, record.job_id(), record);
+  // Written first: a reader that sees the change in memory sees it after the write (a
+  // test that polls a job to its end then knows the job's writes are done).
+  absl::Status written = store_->PutTrainingJob(problem, record.job_id(), record);
+  absl::MutexLock lock(&mu_);
+  jobs_[problem][record.job_id()] = std::move(record);
+  return written;
 }
 
 absl::StatusOr<TrainingJobRecord> TrainingJobBook::Get(uint32_t problem, int64_t job_id) const {

@@ -79,8 +79,9 @@ class TrainingJobBook {
                                                         storage::v1::TrainingJobOrigin origin)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sets updated_at_ms, keeps `record` as the job's latest state and writes it. Returns the
-  // write's status (see the header comment). REQUIRES: the job was created or loaded.
+  // Sets updated_at_ms, writes `record` and then keeps it as the job's latest state (also
+  // when the write failed). Returns the write's status (see the header comment).
+  // REQUIRES: the job was created or loaded.
   absl::Status Update(uint32_t problem, storage::v1::TrainingJobRecord record)
       ABSL_LOCKS_EXCLUDED(mu_);
 
