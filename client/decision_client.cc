@@ -196,6 +196,17 @@ absl::StatusOr<v1::TrainExpertsResponse> DecisionClient::TrainExperts(
       });
 }
 
+absl::StatusOr<v1::TrainingJob> DecisionClient::GetTrainingJob(const std::string& problem_id,
+                                                               int64_t job_id) {
+  v1::GetTrainingJobRequest request;
+  request.set_problem_id(problem_id);
+  request.set_job_id(job_id);
+  return Unary<v1::TrainingJob>(options_.max_attempts,
+                                [&](grpc::ClientContext* ctx, v1::TrainingJob* r) {
+                                  return stub_->GetTrainingJob(ctx, request, r);
+                                });
+}
+
 absl::Status DecisionClient::ExportLog(
     const std::string& problem_id, int64_t start, int64_t limit,
     const std::function<absl::Status(const v1::LoggedSample&)>& fn) {

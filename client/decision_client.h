@@ -71,9 +71,15 @@ class DecisionClient {
                               double value);
   absl::StatusOr<v1::Estimates> GetEstimates(const std::string& problem_id);
   // Queues training of new experts from the log (0, 0: the defaults, 3 trees + 1 linear).
-  // Not retried: a lost response may already have queued the job.
+  // The response's job_id names the durable job (poll it with GetTrainingJob; a job that
+  // was already queued is joined, joined_queued_job). Not retried: a lost response may
+  // already have queued the job (job ids are dense per problem: GetTrainingJob of the ids
+  // after the last one known finds it).
   absl::StatusOr<v1::TrainExpertsResponse> TrainExperts(const std::string& problem_id,
                                                         int tree_experts, int linear_experts);
+  // The state of a training job: QUEUED, RUNNING, then SUCCEEDED (expert_ids) or FAILED
+  // (error). NOT_FOUND for a job the problem never had.
+  absl::StatusOr<v1::TrainingJob> GetTrainingJob(const std::string& problem_id, int64_t job_id);
   // Streams samples [start, start + limit) (limit 0: all) to fn; stops at fn's first error.
   // Not retried (a partial stream was already delivered).
   absl::Status ExportLog(const std::string& problem_id, int64_t start, int64_t limit,

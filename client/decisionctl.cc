@@ -17,9 +17,14 @@
 //   choose PROBLEM --x=x1,x2,... [--event_id=ID]
 //   reward PROBLEM EVENT_ID VALUE
 //   export PROBLEM [--format=csv|jsonl] [--output=FILE] [--start=N] [--limit=N]
-//   train PROBLEM [--tree_experts=3] [--linear_experts=1]
-//       queues training of experts from the problem's log on the server (they then
-//       backfill and become selectable like registered ones)
+//   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
+//       queues a training job of experts from the problem's log on the server (they then
+//       backfill and become selectable like registered ones) and prints its job id;
+//       --wait polls the job until it ends, prints it, and exits 0 if it SUCCEEDED
+//   job PROBLEM JOB_ID
+//       a training job: its state, requested counts, the experts it registered, why it failed
+//   jobs PROBLEM
+//       every training job of the problem (TrainExperts and auto-training), oldest first
 //   audit [--start=N] [--limit=N]
 //       the audit log of administrative calls (needs an admin token)
 //   health
@@ -63,6 +68,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/decision_client.h"
 
@@ -78,6 +84,7 @@ ABSL_FLAG(bool, auto_train, false,
           "create-problem: train experts from the log at every batch boundary");
 ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
 ABSL_FLAG(int, linear_experts, 0, "train, create-problem: linear experts per batch (0: 1)");
+ABSL_FLAG(bool, wait, false, "train: poll the job until it ends; exit 0 if it SUCCEEDED");
 ABSL_FLAG(std::string, name, "", "register-expert: expert name");
 ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
 ABSL_FLAG(std::string, linear, "", "register-expert: linear softmax weights file");
@@ -388,13 +395,106 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
   return 0;
 }
 
+const char* JobStateName(v1::TrainingJobState s) {
+  switch (s) {
+    case v1::TRAINING_JOB_STATE_QUEUED: return "QUEUED";
+    case v1::TRAINING_JOB_STATE_RUNNING: return "RUNNING";
+    case v1::TRAINING_JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::TRAINING_JOB_STATE_FAILED: return "FAILED";
+    default: return "UNSPECIFIED";
+  }
+}
+
+bool JobEnded(const v1::TrainingJob& job) {
+  return job.state() == v1::TRAINING_JOB_STATE_SUCCEEDED ||
+         job.state() == v1::TRAINING_JOB_STATE_FAILED;
+}
+
+void PrintJob(const v1::TrainingJob& job) {
+  std::string experts;
+  for (int id : job.expert_ids()) absl::StrAppend(&experts, experts.empty() ? "" : ",", id);
+  const auto when = [](int64_t ms) {
+    return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(ms),
+                            absl::UTCTimeZone());
+  };
+  std::printf("job %lld of %s: %s (%s) trees=%d linear=%d experts=[%s] skipped=%d "
+              "interruptions=%d created=%s updated=%s%s%s\n",
+              static_cast<long long>(job.job_id()), job.problem_id().c_str(),
+              JobStateName(job.state()),
+              job.origin() == v1::TRAINING_JOB_ORIGIN_AUTO_TRAIN ? "auto-training"
+                                                                 : "TrainExperts",
+              job.tree_experts(), job.linear_experts(), experts.c_str(), job.skipped_experts(),
+              job.interruptions(), when(job.created_at_ms()).c_str(),
+              when(job.updated_at_ms()).c_str(), job.error().empty() ? "" : " error: ",
+              job.error().c_str());
+}
+
 int Train(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("train needs PROBLEM");
   auto r = c.TrainExperts(args[0], absl::GetFlag(FLAGS_tree_experts),
                           absl::GetFlag(FLAGS_linear_experts));
   if (!r.ok()) return Fail(r.status());
-  std::printf("training queued (%d job(s) waiting); watch list-experts\n", r->queued_jobs());
+  if (r->joined_queued_job()) {
+    std::printf("training job %lld was already queued: joined it, with its counts (%d job(s) "
+                "waiting)\n",
+                static_cast<long long>(r->job_id()), r->queued_jobs());
+  } else {
+    std::printf("training job %lld queued (%d job(s) waiting)\n",
+                static_cast<long long>(r->job_id()), r->queued_jobs());
+  }
+  if (!absl::GetFlag(FLAGS_wait)) {
+    std::printf("poll it with: decisionctl job %s %lld\n", args[0],
+                static_cast<long long>(r->job_id()));
+    return 0;
+  }
+  // A job outlives a server restart: UNAVAILABLE (the server restarting) is waited out.
+  std::string last;
+  while (true) {
+    auto job = c.GetTrainingJob(args[0], r->job_id());
+    if (!job.ok() && !absl::IsUnavailable(job.status())) return Fail(job.status());
+    if (job.ok()) {
+      const std::string now = absl::StrCat(JobStateName(job->state()), " ",
+                                           job->expert_ids_size(), " experts");
+      if (now != last) {
+        std::printf("job %lld: %s\n", static_cast<long long>(r->job_id()), now.c_str());
+        std::fflush(stdout);
+        last = now;
+      }
+      if (JobEnded(*job)) {
+        PrintJob(*job);
+        return job->state() == v1::TRAINING_JOB_STATE_SUCCEEDED ? 0 : 1;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+int Job(DecisionClient& c, const std::vector<char*>& args) {
+  int64_t job_id;
+  if (args.size() != 2 || !absl::SimpleAtoi(args[1], &job_id)) {
+    return Usage("job needs PROBLEM JOB_ID");
+  }
+  auto job = c.GetTrainingJob(args[0], job_id);
+  if (!job.ok()) return Fail(job.status());
+  PrintJob(*job);
   return 0;
+}
+
+int Jobs(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("jobs needs PROBLEM");
+  // Job ids are dense from 1: the first NOT_FOUND is the end.
+  for (int64_t id = 1;; ++id) {
+    auto job = c.GetTrainingJob(args[0], id);
+    if (absl::IsNotFound(job.status()) && id > 1) return 0;
+    if (absl::IsNotFound(job.status())) {
+      // Unknown problem, or no job yet: GetProblem tells which.
+      if (auto p = c.GetProblem(args[0]); !p.ok()) return Fail(p.status());
+      std::printf("no training job\n");
+      return 0;
+    }
+    if (!job.ok()) return Fail(job.status());
+    PrintJob(*job);
+  }
 }
 
 int Audit(DecisionClient& c) {
@@ -550,7 +650,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, estimates, choose, reward, export, train, replay, audit, health, hash-token "
+      "retire-expert, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
+      "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("missing COMMAND");
@@ -585,6 +686,8 @@ int main(int argc, char** argv) {
   if (command == "reward") return Reward(client, args);
   if (command == "export") return Export(client, args);
   if (command == "train") return Train(client, args);
+  if (command == "job") return Job(client, args);
+  if (command == "jobs") return Jobs(client, args);
   if (command == "replay") return Replay(client, args);
   if (command == "audit") return Audit(client);
   return Usage("unknown command " + command);

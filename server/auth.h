@@ -4,7 +4,7 @@
 //
 // Roles, and what each RPC needs (kMethodRoles in grpc_service.cc):
 //   decide   Choose, Reward
-//   observe  GetProblem, ListProblems, ListExperts, GetEstimates
+//   observe  GetProblem, ListProblems, ListExperts, GetEstimates, GetTrainingJob
 //   export   ExportLog (it carries every context ever seen)
 //   admin    CreateProblem, RegisterExpert, RetireExpert, TrainExperts, ListAuditLog
 // A token has any set of roles; `admin` does not imply the others.

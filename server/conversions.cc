@@ -213,4 +213,45 @@ absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const rec::ExpertModelRecord
   return absl::InvalidArgumentError("model: no model kind is set");
 }
 
+namespace {
+// Training job states and origins have no core form.
+struct TrainingJobStateRow {
+  v1::TrainingJobState wire;
+  rec::TrainingJobState record;
+};
+constexpr TrainingJobStateRow kTrainingJobStates[] = {
+    {v1::TRAINING_JOB_STATE_UNSPECIFIED, rec::TRAINING_JOB_STATE_UNSPECIFIED},
+    {v1::TRAINING_JOB_STATE_QUEUED, rec::TRAINING_JOB_STATE_QUEUED},
+    {v1::TRAINING_JOB_STATE_RUNNING, rec::TRAINING_JOB_STATE_RUNNING},
+    {v1::TRAINING_JOB_STATE_SUCCEEDED, rec::TRAINING_JOB_STATE_SUCCEEDED},
+    {v1::TRAINING_JOB_STATE_FAILED, rec::TRAINING_JOB_STATE_FAILED},
+};
+struct TrainingJobOriginRow {
+  v1::TrainingJobOrigin wire;
+  rec::TrainingJobOrigin record;
+};
+constexpr TrainingJobOriginRow kTrainingJobOrigins[] = {
+    {v1::TRAINING_JOB_ORIGIN_UNSPECIFIED, rec::TRAINING_JOB_ORIGIN_UNSPECIFIED},
+    {v1::TRAINING_JOB_ORIGIN_TRAIN_EXPERTS, rec::TRAINING_JOB_ORIGIN_RPC},
+    {v1::TRAINING_JOB_ORIGIN_AUTO_TRAIN, rec::TRAINING_JOB_ORIGIN_AUTO},
+};
+}  // namespace
+
+v1::TrainingJob TrainingJobToWire(const rec::TrainingJobRecord& record) {
+  v1::TrainingJob job;
+  job.set_problem_id(record.problem_id());
+  job.set_job_id(record.job_id());
+  job.set_state(RowOfRecord(kTrainingJobStates, record.state()).wire);
+  job.set_origin(RowOfRecord(kTrainingJobOrigins, record.origin()).wire);
+  job.set_tree_experts(record.tree_experts());
+  job.set_linear_experts(record.linear_experts());
+  job.mutable_expert_ids()->CopyFrom(record.expert_ids());
+  job.set_skipped_experts(record.skipped_experts());
+  job.set_error(record.error());
+  job.set_created_at_ms(record.created_at_ms());
+  job.set_updated_at_ms(record.updated_at_ms());
+  job.set_interruptions(record.interruptions());
+  return job;
+}
+
 }  // namespace decision::server

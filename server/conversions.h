@@ -42,6 +42,10 @@ absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const storage::v1::ExpertMod
                                                     int num_arms, int num_features,
                                                     double smoothing);
 
+// The wire form of a stored training job. A state or origin the table does not know (a
+// corrupt record) maps to UNSPECIFIED.
+v1::TrainingJob TrainingJobToWire(const storage::v1::TrainingJobRecord& record);
+
 }  // namespace decision::server
 
 #endif  // DECISION_SERVER_CONVERSIONS_H_

@@ -50,9 +50,11 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
   service->writer_ = std::make_unique<Executor>(1, "writer");
   service->blocking_ = std::make_unique<Executor>(kBlockingThreads, "blocking");
+  service->training_jobs_ =
+      std::make_unique<TrainingJobBook>(service->store_.get(), service->clock_);
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance, std::max(1, options.training_threads),
-      service->seed_);
+      service->seed_, service->training_jobs_.get(), options.trainer_hooks);
   const Problem::Env env = service->ProblemEnv();
   {
     absl::MutexLock lock(&service->mu_);
@@ -72,6 +74,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
           return absl::OkStatus();
         }));
   }
+  DECISION_RETURN_IF_ERROR(service->ResumeTrainingJobs());
   if (options.start_maintenance_thread) {
     service->maintenance_ = std::thread([s = service.get()] { s->MaintenanceLoop(); });
   }
@@ -421,7 +424,13 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
     return absl::FailedPreconditionError(absl::StrCat(
         "problem ", p->id(), " has no sample with a positive reward to train on"));
   }
-  response->set_queued_jobs(trainer_->Enqueue(p, trees, linear));
+  DECISION_ASSIGN_OR_RETURN(
+      const Trainer::Enqueued queued,
+      trainer_->Enqueue(p, p->index(), trees, linear, storage::v1::TRAINING_JOB_ORIGIN_RPC));
+  response->set_queued_jobs(queued.queued_jobs);
+  response->set_job_id(queued.job_id);
+  response->set_joined_queued_job(queued.joined);
+  // The job's outcome is in its record (GetTrainingJob), also when it runs here.
   if (options_.inline_maintenance) return trainer_->RunPending();
   return absl::OkStatus();
 }

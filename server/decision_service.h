@@ -41,6 +41,7 @@
 #include "server/model_sandbox.h"
 #include "server/problem.h"
 #include "server/trainer.h"
+#include "server/training_jobs.h"
 #include "storage/store.h"
 
 namespace decision::server {
@@ -72,9 +73,11 @@ struct ServiceOptions {
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;
-  // Testing seams (see storage::StoreOptions::fault_injection and ProblemHooks).
+  // Testing seams (see storage::StoreOptions::fault_injection, ProblemHooks and
+  // TrainerHooks).
   std::function<absl::Status(absl::string_view what)> store_fault_injection;
   const ProblemHooks* problem_hooks = nullptr;
+  const TrainerHooks* trainer_hooks = nullptr;
 };
 
 class DecisionService {
@@ -138,6 +141,10 @@ class DecisionService {
   absl::Status ListExperts(const v1::ListExpertsRequest& request,
                            v1::ListExpertsResponse* response);
   absl::Status GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response);
+  // The latest state of a training job (service_training.cc). INVALID_ARGUMENT for a
+  // job_id <= 0, NOT_FOUND for an unknown problem or job.
+  absl::Status GetTrainingJob(const v1::GetTrainingJobRequest& request,
+                              v1::TrainingJob* response);
 
   // One round of maintenance for every problem (service_maintenance.cc). The maintenance
   // thread calls it; tests with start_maintenance_thread = false call it themselves.
@@ -155,6 +162,11 @@ class DecisionService {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status TrainExpertsNow(const v1::TrainExpertsRequest& request,
                                v1::TrainExpertsResponse* response);
+  // At start, once every problem is loaded (service_training.cc): the training jobs a
+  // crash or a shutdown left QUEUED or RUNNING are queued again for the experts they have
+  // not trained, or ended (SUCCEEDED if nothing was left, FAILED with the reason if they
+  // cannot go on); see PrepareResume in training_jobs.h.
+  absl::Status ResumeTrainingJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Inline maintenance: the problem's maintenance (and training) after a reward.
   absl::Status MaintainInline(Problem* p) ABSL_LOCKS_EXCLUDED(maintenance_mu_);
 
@@ -173,6 +185,7 @@ class DecisionService {
   // run work for, and after nothing that uses them.
   std::unique_ptr<Executor> writer_;
   std::unique_ptr<Executor> blocking_;
+  std::unique_ptr<TrainingJobBook> training_jobs_;  // before the trainer, which uses it
   std::unique_ptr<Trainer> trainer_;
   const ModelSandbox sandbox_;
 

@@ -93,6 +93,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"ExportLog", Role::kExport},        {"CreateProblem", Role::kAdmin},
     {"RegisterExpert", Role::kAdmin},    {"RetireExpert", Role::kAdmin},
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
+    {"GetTrainingJob", Role::kObserve},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -334,6 +335,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Choose(grpc::CallbackServerContex
           return done(absl::DeadlineExceededError(
               "the call's deadline passed before the decision; no decision was made"));
         }
+        if (before_decide_for_testing_) before_decide_for_testing_(ctx);
         service_->Choose(call->request, &call->response,
                          [this, call, done = std::move(done)](absl::Status s) {
                            if (s.ok()) {
@@ -384,6 +386,19 @@ grpc::ServerUnaryReactor* GrpcDecisionService::TrainExperts(grpc::CallbackServer
         service_->TrainExperts(call->request, &call->response, std::move(done));
       });
 }
+
+grpc::ServerUnaryReactor* GrpcDecisionService::GetTrainingJob(grpc::CallbackServerContext* ctx,
+                                                              const Bytes* in, Bytes* out) {
+  return Serve<v1::GetTrainingJobRequest, v1::TrainingJob>(
+      ctx, "GetTrainingJob", in, out,
+      [](const v1::GetTrainingJobRequest& r, const auto&) {
+        return Call{"GetTrainingJob", r.problem_id(), nullptr};
+      },
+      [this](const Grant&, DECISION_CALL(GetTrainingJobRequest, TrainingJob), Done done) {
+        done(service_->GetTrainingJob(call->request, &call->response));
+      });
+}
+
 
 grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(grpc::CallbackServerContext* ctx,
                                                             const Bytes* in, Bytes* out) {

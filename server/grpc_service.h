@@ -45,7 +45,8 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_ExportLog<
     v1::DecisionService::WithRawCallbackMethod_TrainExperts<
     v1::DecisionService::WithRawCallbackMethod_ListAuditLog<
-    v1::DecisionService::Service>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_GetTrainingJob<
+    v1::DecisionService::Service>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -81,6 +82,8 @@ class GrpcDecisionService final : public RawDecisionService {
                                          Bytes* out) override;
   grpc::ServerUnaryReactor* TrainExperts(grpc::CallbackServerContext* ctx, const Bytes* in,
                                          Bytes* out) override;
+  grpc::ServerUnaryReactor* GetTrainingJob(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                           Bytes* out) override;
   grpc::ServerWriteReactor<Bytes>* ExportLog(grpc::CallbackServerContext* ctx,
                                              const Bytes* in) override;
   grpc::ServerUnaryReactor* ListAuditLog(grpc::CallbackServerContext* ctx, const Bytes* in,
@@ -88,6 +91,12 @@ class GrpcDecisionService final : public RawDecisionService {
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);
+
+  // Testing seam: called in Choose after its deadline and cancellation checks, just before
+  // the decision (a test cancels the call there). Set before serving; null in production.
+  void set_before_decide_for_testing(std::function<void(grpc::CallbackServerContext*)> hook) {
+    before_decide_for_testing_ = std::move(hook);
+  }
 
  private:
   // What a call is, for authorization and the audit log.
@@ -116,6 +125,7 @@ class GrpcDecisionService final : public RawDecisionService {
   DecisionService* service_;
   Metrics* metrics_;
   const Authorizer* auth_;
+  std::function<void(grpc::CallbackServerContext*)> before_decide_for_testing_;
 };
 
 }  // namespace decision::server

@@ -133,6 +133,7 @@ class Problem {
   ~Problem();
 
   const std::string& id() const { return record_.problem_id(); }
+  uint32_t index() const { return index_; }  // its key in the store
   const storage::v1::ProblemRecord& record() const { return record_; }
 
   // `done` is called once: when the decision is answered (deferred) or durable, or with the

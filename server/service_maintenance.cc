@@ -64,7 +64,10 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
        p->MaybeRefreshDivergences(
            &batch_boundary, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
   if (batch_boundary && r.auto_train()) {
-    trainer_->Enqueue(p, r.auto_train_trees(), r.auto_train_linear());
+    keep("queueing training", trainer_->Enqueue(p, p->index(), r.auto_train_trees(),
+                                                r.auto_train_linear(),
+                                                storage::v1::TRAINING_JOB_ORIGIN_AUTO)
+                                  .status());
   }
   return first;
 }

@@ -8,8 +8,11 @@
 
 namespace decision::server {
 
-Trainer::Trainer(bool background, int threads_per_job, uint64_t seed)
-    : threads_per_job_(threads_per_job), gen_(seed) {
+using storage::v1::TrainingJobRecord;
+
+Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
+                 const TrainerHooks* hooks)
+    : threads_per_job_(threads_per_job), book_(book), hooks_(hooks), gen_(seed) {
   if (background) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -25,12 +28,40 @@ void Trainer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-int Trainer::Enqueue(Problem* problem, int tree_experts, int linear_experts) {
+bool Trainer::Stopping() {
   absl::MutexLock lock(&mu_);
-  if (!stop_ && queued_.insert(problem).second) {
-    queue_.push_back({problem, tree_experts, linear_experts});
+  return stop_;
+}
+
+absl::StatusOr<Trainer::Enqueued> Trainer::Enqueue(Problem* problem, uint32_t index,
+                                                   int tree_experts, int linear_experts,
+                                                   storage::v1::TrainingJobOrigin origin) {
+  absl::MutexLock enqueue(&enqueue_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError("the trainer is stopping");
+    if (auto it = queued_.find(problem); it != queued_.end()) {
+      return Enqueued{it->second, /*joined=*/true, static_cast<int>(queue_.size())};
+    }
   }
-  return static_cast<int>(queue_.size());
+  // The record is durable before the job is queued (and before TrainExperts answers).
+  DECISION_ASSIGN_OR_RETURN(
+      const TrainingJobRecord record,
+      book_->Create(index, problem->id(), tree_experts, linear_experts, origin));
+  absl::MutexLock lock(&mu_);
+  // Stopped meanwhile: the record stays QUEUED and the next start resumes it.
+  if (!stop_) {
+    queue_.push_back({problem, index, record.job_id()});
+    queued_[problem] = record.job_id();
+  }
+  return Enqueued{record.job_id(), /*joined=*/false, static_cast<int>(queue_.size())};
+}
+
+void Trainer::Requeue(Problem* problem, uint32_t index, int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) return;
+  queue_.push_back({problem, index, job_id});
+  queued_[problem] = job_id;
 }
 
 absl::Status Trainer::RunPending() {
@@ -42,7 +73,9 @@ absl::Status Trainer::RunPending() {
       if (queue_.empty()) break;
       job = queue_.front();
       queue_.pop_front();
-      queued_.erase(job.problem);
+      if (auto it = queued_.find(job.problem); it != queued_.end() && it->second == job.job_id) {
+        queued_.erase(it);
+      }
     }
     absl::Status s = RunOne(job);
     if (first.ok()) first = s;
@@ -63,11 +96,14 @@ void Trainer::Loop() {
       if (stop_) return;
       job = queue_.front();
       queue_.pop_front();
-      queued_.erase(job.problem);
+      if (auto it = queued_.find(job.problem); it != queued_.end() && it->second == job.job_id) {
+        queued_.erase(it);
+      }
     }
     absl::Status s = RunOne(job);
     if (!s.ok()) {
-      std::fprintf(stderr, "decisiond: training for problem %s: %s\n", job.problem->id().c_str(),
+      std::fprintf(stderr, "decisiond: training job %lld of problem %s: %s\n",
+                   static_cast<long long>(job.job_id), job.problem->id().c_str(),
                    s.ToString().c_str());
     }
   }
@@ -80,26 +116,64 @@ absl::Status Trainer::RunOne(const Job& job) {
 
 absl::Status Trainer::Run(const Job& job) {
   Problem& p = *job.problem;
-  DECISION_ASSIGN_OR_RETURN(TrainingSet set, p.TrainingSetFromLog());
-  const int num_arms = p.record().num_arms();
-  for (int i = 0; i < job.trees + job.linear; ++i) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_) return absl::OkStatus();
+  DECISION_ASSIGN_OR_RETURN(TrainingJobRecord r, book_->Get(job.index, job.job_id));
+  if (!Unfinished(r)) return absl::OkStatus();  // queued twice; already ended
+  // A record that cannot be written leaves the job going: memory has the change, and a
+  // restart recounts the job's experts by name (training_jobs.h).
+  auto update = [&] {
+    if (absl::Status s = book_->Update(job.index, r); !s.ok()) {
+      std::fprintf(stderr, "decisiond: training job %lld of problem %s: record not written: %s\n",
+                   static_cast<long long>(r.job_id()), p.id().c_str(), s.ToString().c_str());
     }
-    const bool linear = i >= job.trees;
+  };
+  auto fail = [&](absl::string_view why) {
+    r.set_state(storage::v1::TRAINING_JOB_STATE_FAILED);
+    r.set_error(std::string(why));
+    update();
+    std::fprintf(stderr, "decisiond: training job %lld of problem %s FAILED: %s\n",
+                 static_cast<long long>(r.job_id()), p.id().c_str(), r.error().c_str());
+    return absl::OkStatus();  // the failure is the job's, recorded
+  };
+  r.set_state(storage::v1::TRAINING_JOB_STATE_RUNNING);
+  if (r.first_expert_id() == 0) r.set_first_expert_id(p.Summary().experts());
+  update();
+  absl::StatusOr<TrainingSet> set = p.TrainingSetFromLog();
+  if (!set.ok()) return fail(absl::StrCat("no training set: ", set.status().message()));
+  const int num_arms = p.record().num_arms();
+  const int total = r.tree_experts() + r.linear_experts();
+  // From the first expert not yet trained: a resumed job continues where it stopped.
+  for (int i = r.expert_ids_size() + r.skipped_experts(); i < total; ++i) {
+    // Stopping: the record stays RUNNING, and the next start resumes the job.
+    if (Stopping()) return absl::OkStatus();
+    if (hooks_ != nullptr && hooks_->before_expert &&
+        !hooks_->before_expert(r.job_id(), i).ok()) {
+      return absl::OkStatus();
+    }
+    const bool linear = i >= r.tree_experts();
     const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
-    absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(set, gen_), num_arms, options);
-    if (absl::IsFailedPrecondition(model.status())) continue;  // diverged: skip this one
-    if (!model.ok()) return model.status();
+    absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);
+    if (absl::IsFailedPrecondition(model.status())) {  // diverged: skip this one
+      r.set_skipped_experts(r.skipped_experts() + 1);
+      update();
+      continue;
+    }
+    if (!model.ok()) {
+      return fail(absl::StrCat("training expert ", i + 1, " of ", total, ": ",
+                               model.status().message()));
+    }
     storage::v1::ExpertModelRecord record;
     record.set_xgboost(*std::move(model));
-    const std::string name =
-        absl::StrCat("trained-", linear ? "linear" : "trees", "-t", p.Summary().samples());
+    const std::string name = TrainedExpertName(r.job_id(), linear, p.Summary().samples());
     absl::StatusOr<v1::Expert> e = p.RegisterExpert(name, std::move(record), p.record().smoothing());
-    if (absl::IsResourceExhausted(e.status())) break;  // the problem is full
-    if (!e.ok()) return e.status();
+    if (!e.ok()) {
+      return fail(absl::StrCat("registering expert ", i + 1, " of ", total, " (",
+                               r.expert_ids_size(), " registered): ", e.status().message()));
+    }
+    r.add_expert_ids(e->expert_id());
+    update();
   }
+  r.set_state(storage::v1::TRAINING_JOB_STATE_SUCCEEDED);
+  update();
   return absl::OkStatus();
 }
 

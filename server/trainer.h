@@ -4,6 +4,14 @@
 // Problem::RegisterExpert, the same path as the RegisterExpert RPC. (The maintenance bounds
 // the number of active experts of auto-training problems once they finish backfilling.)
 //
+// Every job has a durable record in the TrainingJobBook (training_jobs.h): written QUEUED
+// by Enqueue before it returns, RUNNING when the job starts, after each expert it registers
+// (named TrainedExpertName(job, ...)), and SUCCEEDED or FAILED (with the reason) when it
+// ends. An expert whose training diverges is skipped and counted (skipped_experts); a
+// problem that is full (kMaxExpertsPerProblem) or a training error fails the job. A job
+// interrupted by Stop or a crash stays QUEUED or RUNNING on disk, and the next start queues
+// it again for the experts it has not trained yet (DecisionService::ResumeTrainingJobs).
+//
 // Thread safety: every method may be called from any thread. Jobs run one at a time
 // (run_mu_), whether on the trainer's thread or in callers of RunPending.
 #ifndef DECISION_SERVER_TRAINER_H_
@@ -11,46 +19,80 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <map>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/problem.h"
+#include "server/training_jobs.h"
 
 namespace decision::server {
+
+// Testing seam (as ProblemHooks): called, when set, by the job's thread with run_mu_ held
+// and no other lock. Null in production.
+struct TrainerHooks {
+  // Before the training of expert `expert` (0-based) of job `job_id`. A non-OK status
+  // abandons the job there with its record as it stands, as a crash would.
+  std::function<absl::Status(int64_t job_id, int expert)> before_expert;
+};
 
 class Trainer {
  public:
   // With `background` false no thread is started and jobs run in RunPending (tests, and the
-  // deterministic inline-maintenance mode).
-  Trainer(bool background, int threads_per_job, uint64_t seed);
+  // deterministic inline-maintenance mode). `book` and `hooks` (may be null) must outlive
+  // the trainer.
+  Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
+          const TrainerHooks* hooks = nullptr);
   ~Trainer();
 
-  // Queues a job for `problem` (which must outlive the trainer). A problem with a job
-  // already queued is not queued again. Returns the number of queued jobs.
-  int Enqueue(Problem* problem, int tree_experts, int linear_experts);
-  // Runs the queued jobs in the caller's thread. Returns the first error.
+  struct Enqueued {
+    int64_t job_id = 0;
+    // A job of the problem was already queued (not started): the request joined it, and
+    // that job's counts stand. Nothing was written.
+    bool joined = false;
+    int queued_jobs = 0;  // jobs waiting, including this one
+  };
+  // Queues a job for `problem` (which must outlive the trainer; `index` is its index in the
+  // store), its record written QUEUED first. A problem keeps at most one job waiting: while
+  // one is queued, Enqueue returns it (joined). INTERNAL if the record cannot be written
+  // (nothing is queued); UNAVAILABLE once stopped.
+  absl::StatusOr<Enqueued> Enqueue(Problem* problem, uint32_t index, int tree_experts,
+                                   int linear_experts, storage::v1::TrainingJobOrigin origin);
+  // Queues a job the book already holds (a restart resuming it).
+  void Requeue(Problem* problem, uint32_t index, int64_t job_id);
+  // Runs the queued jobs in the caller's thread. A job's failure is in its record, not
+  // here: returns an error only if a queued job is not in the book (a bug).
   absl::Status RunPending();
-  // Stops the thread after the job in progress; queued jobs are dropped.
+  // Stops the thread after the expert in training; queued jobs are dropped from memory and
+  // stay QUEUED (or RUNNING) on disk, to be resumed at the next start.
   void Stop();
 
  private:
   struct Job {
-    Problem* problem;
-    int trees;
-    int linear;
+    Problem* problem = nullptr;
+    uint32_t index = 0;
+    int64_t job_id = 0;
   };
   absl::Status Run(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // Runs one job under run_mu_.
   absl::Status RunOne(const Job& job) ABSL_LOCKS_EXCLUDED(run_mu_, mu_);
+  bool Stopping() ABSL_LOCKS_EXCLUDED(mu_);
   void Loop();
 
   const int threads_per_job_;
+  TrainingJobBook* const book_;
+  const TrainerHooks* const hooks_;
+  // One Enqueue at a time: the check for a queued job and the new job's record and push
+  // are one step for other Enqueue calls. Taken before mu_.
+  absl::Mutex enqueue_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  std::set<Problem*> queued_ ABSL_GUARDED_BY(mu_);
+  // The newest queued job of each problem with one queued.
+  std::map<Problem*, int64_t> queued_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Taken before mu_ when both are held.
   absl::Mutex run_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -251,4 +251,12 @@ absl::Status ValidateListAuditLogRequest(const v1::ListAuditLogRequest& request)
   return absl::OkStatus();
 }
 
+absl::Status ValidateGetTrainingJobRequest(const v1::GetTrainingJobRequest& request) {
+  if (request.job_id() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id is ", request.job_id(), "; job ids start at 1"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace decision::server

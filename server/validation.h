@@ -59,6 +59,8 @@ absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);
 // start >= 0, 0 <= limit <= kMaxAuditPage.
 inline constexpr int kMaxAuditPage = 1000;
 absl::Status ValidateListAuditLogRequest(const v1::ListAuditLogRequest& request);
+// GetTrainingJob: job_id >= 1 (job ids start at 1).
+absl::Status ValidateGetTrainingJobRequest(const v1::GetTrainingJobRequest& request);
 
 }  // namespace decision::server
 

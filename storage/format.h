@@ -14,6 +14,7 @@
 //   checkpoints  u32 problem                          -> CheckpointRecord
 //   logchunks    u32 problem, u64 chunk               -> LogChunk (the estimators' view)
 //   audit        u64 sequence                         -> AuditRecord (admin actions)
+//   training_jobs u32 problem, u64 job id             -> TrainingJobRecord
 #ifndef DECISION_STORAGE_FORMAT_H_
 #define DECISION_STORAGE_FORMAT_H_
 
@@ -24,7 +25,7 @@ namespace decision::storage {
 // Family names, in the order Store opens them. Never rename one.
 inline constexpr const char* kFamilyNames[] = {"problems", "experts",     "events",  "samples",
                                                "backfill", "checkpoints", "pending", "logchunks",
-                                               "audit"};
+                                               "audit",    "training_jobs"};
 
 // Samples per LogChunk record: chunk c holds samples [c * kLogChunkSamples, (c + 1) *
 // kLogChunkSamples).

@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   store->pending_ = store->handles_[7];
   store->logchunks_ = store->handles_[8];
   store->audit_ = store->handles_[9];
+  store->training_jobs_ = store->handles_[10];
   {
     std::unique_ptr<rocksdb::Iterator> last(
         store->db_->NewIterator(rocksdb::ReadOptions(), store->audit_));
@@ -400,6 +401,22 @@ uint64_t Store::ApproximateSizeBytes() {
     if (db_->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) total += v;
   }
   return total;
+}
+
+absl::Status Store::PutTrainingJob(uint32_t problem, int64_t job_id,
+                                   const v1::TrainingJobRecord& record) {
+  std::string key = Key32(problem);
+  AppendU64(&key, static_cast<uint64_t>(job_id));
+  return Put(training_jobs_, key, record, "training job");
+}
+
+absl::Status Store::ForEachTrainingJob(
+    const std::function<absl::Status(uint32_t, int64_t, const v1::TrainingJobRecord&)>& fn) {
+  return Scan<v1::TrainingJobRecord>(
+      training_jobs_, "", "", 0, 12,
+      [&](absl::string_view key, const v1::TrainingJobRecord& r) {
+        return fn(ReadU32(key), static_cast<int64_t>(ReadU64(key.substr(4))), r);
+      });
 }
 
 }  // namespace decision::storage

@@ -151,6 +151,14 @@ class Store {
   // Bytes on disk (SST files and WAL), approximately.
   uint64_t ApproximateSizeBytes();
 
+  // Training jobs (server/training_jobs.h): one record per job, rewritten as it changes.
+  absl::Status PutTrainingJob(uint32_t problem, int64_t job_id,
+                              const v1::TrainingJobRecord& record);
+  // Every stored job of every problem, in (problem, job id) order.
+  absl::Status ForEachTrainingJob(
+      const std::function<absl::Status(uint32_t problem, int64_t job_id,
+                                       const v1::TrainingJobRecord&)>& fn);
+
  private:
   Store() = default;
   absl::Status Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
@@ -175,6 +183,7 @@ class Store {
   rocksdb::ColumnFamilyHandle* pending_ = nullptr;
   rocksdb::ColumnFamilyHandle* logchunks_ = nullptr;
   rocksdb::ColumnFamilyHandle* audit_ = nullptr;
+  rocksdb::ColumnFamilyHandle* training_jobs_ = nullptr;
   absl::Mutex audit_mu_;  // one append at a time: sequences are dense
   int64_t next_audit_ ABSL_GUARDED_BY(audit_mu_) = 0;
 };

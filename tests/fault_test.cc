@@ -609,6 +609,15 @@ class UndeliveredTest : public ServiceTest {
     ServiceTest::SetUp();
     auth_ = *Authorizer::Open("");  // open mode
     grpc_ = std::make_unique<GrpcDecisionService>(service_.get(), &metrics_, auth_.get());
+    // Installed before serving; the test sets what it does under a lock.
+    grpc_->set_before_decide_for_testing([this](grpc::CallbackServerContext* ctx) {
+      std::function<void(grpc::CallbackServerContext*)> hook;
+      {
+        absl::MutexLock lock(&hook_mu_);
+        hook = before_decide_;
+      }
+      if (hook) hook(ctx);
+    });
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -638,6 +647,8 @@ class UndeliveredTest : public ServiceTest {
     return req;
   }
 
+  absl::Mutex hook_mu_;
+  std::function<void(grpc::CallbackServerContext*)> before_decide_ ABSL_GUARDED_BY(hook_mu_);
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<GrpcDecisionService> grpc_;
   std::unique_ptr<grpc::Server> server_;
@@ -646,12 +657,21 @@ class UndeliveredTest : public ServiceTest {
 
 TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
   CreateProblem("p", /*wait_ms=*/1000);
+  // The decision waits until the server has seen the cancellation (gRPC learns of it
+  // asynchronously).
   absl::Notification entered, release;
-  hooks_.after_select = [&](const std::string& event_id) {
-    if (event_id != "lost") return;
-    entered.Notify();
-    release.WaitForNotification();
-  };
+  std::atomic<bool> first{true};
+  {
+    absl::MutexLock lock(&hook_mu_);
+    before_decide_ = [&](grpc::CallbackServerContext* ctx) {
+      if (!first.exchange(false)) return;
+      entered.Notify();
+      release.WaitForNotification();
+      for (int i = 0; i < 3000 && !ctx->IsCancelled(); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    };
+  }
   // The decision is made while the caller is already gone.
   grpc::ClientContext ctx;
   const v1::ChooseRequest lost = Request("lost");

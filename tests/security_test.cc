@@ -106,7 +106,8 @@ class SecurityTest : public DecisiondTest {
   // Calls `method` with a request that succeeds when the caller may make it; `create` is
   // used for CreateProblem if given. Returns the status code.
   StatusCode Invoke(const std::string& method, const std::string& token,
-                    const v1::CreateProblemRequest* create = nullptr) {
+                    const v1::CreateProblemRequest* create = nullptr,
+                    const std::string& problem = "p") {
     grpc::ClientContext ctx;
     Authorize(&ctx, token);
     if (method == "CreateProblem") {
@@ -184,6 +185,14 @@ class SecurityTest : public DecisiondTest {
       v1::TrainExpertsResponse out;
       return stub_->TrainExperts(&ctx, r, &out).error_code();
     }
+    if (method == "GetTrainingJob") {
+      // Job 1 of "p": the matrix's TrainExperts (admin) queued it.
+      v1::GetTrainingJobRequest r;
+      r.set_problem_id(problem);
+      r.set_job_id(1);
+      v1::TrainingJob out;
+      return stub_->GetTrainingJob(&ctx, r, &out).error_code();
+    }
     if (method == "ExportLog") {
       v1::ExportLogRequest r;
       r.set_problem_id("p");
@@ -213,6 +222,7 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"ExportLog", "exporter"},      {"CreateProblem", "admin"},
     {"RegisterExpert", "admin"},    {"RetireExpert", "admin"},
     {"TrainExperts", "admin"},      {"ListAuditLog", "admin"},
+    {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
 };
 
 TEST_F(SecurityTest, AuthMatrixGivesTheExactCodeForEveryRoleAndRpc) {
@@ -271,6 +281,9 @@ TEST_F(SecurityTest, ScopedTokenSeesAndChangesOnlyItsProblems) {
   ASSERT_EQ(list.problems_size(), 1);
   EXPECT_EQ(list.problems(0).problem_id(), "p");
   EXPECT_EQ(Invoke("ListAuditLog", "tok-scoped-1"), StatusCode::PERMISSION_DENIED);
+  // A training job of another problem is not shown, whether or not it exists.
+  EXPECT_EQ(Invoke("GetTrainingJob", "tok-scoped-1", nullptr, "q"),
+            StatusCode::PERMISSION_DENIED);
 }
 
 TEST_F(SecurityTest, SighupReloadsTheTokensAndABadFileKeepsTheOldOnes) {

@@ -49,6 +49,7 @@ class ServiceTest : public ::testing::Test {
       return absl::OkStatus();
     };
     options.problem_hooks = &hooks_;
+    options.trainer_hooks = &trainer_hooks_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -207,6 +208,7 @@ class ServiceTest : public ::testing::Test {
   // Store writes for which this returns true fail (storage::StoreOptions::fault_injection).
   std::function<bool(absl::string_view what)> fail_writes_;
   ProblemHooks hooks_;
+  TrainerHooks trainer_hooks_;
   bool inline_maintenance_ = false;
   bool durable_choose_ = false;
   std::string dir_;

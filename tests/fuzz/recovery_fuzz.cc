@@ -6,7 +6,7 @@
 // answer queries, a Choose, a maintenance round and a clean Shutdown without crashing.
 //
 // Input: records until the input ends, each
-//   family byte (% 9: the index in kFamilyNames), key length byte, key,
+//   family byte (% the number of families: the index in kFamilyNames), key length byte, key,
 //   value length (3 bytes, little-endian), value.
 // Seeds: corpus/recovery/, real stores written by the service (write_fuzz_seeds dumps
 // them in this form). Slow: one RocksDB store is created and opened per input.
