@@ -36,15 +36,11 @@ Problem::Env DecisionService::ProblemEnv() const {
 absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
     const ServiceOptions& options, const Clock* clock, Metrics* metrics) {
   std::unique_ptr<DecisionService> service(new DecisionService(options, clock, metrics));
-  std::error_code ec;
-  std::filesystem::create_directories(options.data_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat("cannot create data directory ", options.data_dir, ": ", ec.message()));
-  }
-  storage::StoreOptions store_options;
+  storage::StoreOptions store_options;  // Store::Open creates the directory if missing
   store_options.sync = options.sync_writes;
   store_options.fault_injection = options.store_fault_injection;
+  store_options.env = options.store_env;
+  store_options.now_ms = [clock] { return clock->NowMs(); };
   DECISION_ASSIGN_OR_RETURN(service->store_,
                             storage::Store::Open(options.data_dir, store_options));
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
@@ -89,11 +85,19 @@ absl::Status DecisionService::Shutdown() {
     if (shut_down_) return absl::OkStatus();
     shut_down_ = true;
   }
-  if (store_ == nullptr) return absl::OkStatus();  // Open failed before the store opened
-  blocking_->Stop();  // the RPC work in flight finishes (and queues its writes)
+  // Open may have failed at any step: stop only what it started.
+  if (blocking_ != nullptr) blocking_->Stop();  // the RPC work in flight finishes
   stop_.Notify();
   if (maintenance_.joinable()) maintenance_.join();
-  trainer_->Stop();
+  if (trainer_ != nullptr) trainer_->Stop();
+  if (store_ == nullptr) return absl::OkStatus();  // Open failed before the store opened
+  if (!store_->Health().writable) {
+    // One last attempt (the disk may have space again since the last round): else the
+    // writes below fail, and what was answered but not written is lost.
+    if (absl::Status s = store_->Recover(); !s.ok()) {
+      std::fprintf(stderr, "decisiond: shutdown: %s\n", s.ToString().c_str());
+    }
+  }
   std::vector<Problem*> problems;
   {
     absl::MutexLock lock(&mu_);  // no problem is added once shut_down_ is set
@@ -113,7 +117,7 @@ absl::Status DecisionService::Shutdown() {
       if (status.ok()) status = s;
     }
   }
-  writer_->Stop();
+  if (writer_ != nullptr) writer_->Stop();
   absl::Status closed = store_->Close();
   return status.ok() ? closed : status;
 }
@@ -158,8 +162,9 @@ void DecisionService::RecordAudit(storage::v1::AuditRecord record) {
   blocking_->Schedule([this, record = std::move(record)] {
     if (absl::Status s = store_->AppendAudit(record); !s.ok()) {
       metrics_->audit_write_errors().Increment();
-      std::fprintf(stderr, "decisiond: audit record of %s by %s not written: %s\n",
-                   record.method().c_str(), record.caller().c_str(), s.ToString().c_str());
+      audit_log_.Report(clock_->NowMs(),
+                        absl::StrCat("audit record of ", record.method(), " by ",
+                                     record.caller(), " not written: ", s.ToString()));
     }
   });
 }
@@ -193,10 +198,20 @@ void DecisionService::ListAuditLog(const v1::ListAuditLogRequest& request,
 
 // --------------------------------------------------------------------------- Problems
 
+absl::Status DecisionService::CheckStoreWritable(absl::string_view refused) const {
+  const storage::StoreHealth health = store_->Health();
+  if (health.writable) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "the store cannot write: ", health.error.message(), " (for ",
+      std::max<int64_t>(0, clock_->NowMs() - health.since_ms) / 1000, " s); ", refused,
+      " are refused until it recovers"));
+}
+
 absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& request,
                                                v1::Problem* response) {
   DECISION_ASSIGN_OR_RETURN(storage::v1::ProblemRecord record,
                             ProblemRecordFromConfig(request.problem_id(), request.config()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("new problems"));
   record.set_created_at_ms(clock_->NowMs());
   // One creation at a time: the id is checked, the problem written, then published, without
   // holding mu_ through the write (Find and the other problems' calls go on meanwhile).
@@ -275,6 +290,7 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
                             ValidateRegisterExpertRequest(request, p->record().smoothing()));
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
                             ModelRecordFromWire(request.model()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("new experts"));
   if (model.has_xgboost() && sandbox_.enabled()) {
     // A client's model is loaded and scored first in the sandbox; what is stored and loaded
     // here is the probe's canonical form (a legacy binary model becomes UBJSON).
@@ -309,6 +325,7 @@ absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& reques
                                            v1::Expert* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateRetireExpertRequest(request));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("changes to experts"));
   DECISION_ASSIGN_OR_RETURN(*response, p->RetireExpert(request.expert_id()));
   return absl::OkStatus();
 }
@@ -324,6 +341,7 @@ void DecisionService::RetireExpert(const v1::RetireExpertRequest& request, v1::E
 absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
                                      v1::ChooseResponse* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
   return p->Choose(request, response);
 }
 
@@ -333,6 +351,7 @@ absl::Status DecisionService::Reward(const v1::RewardRequest& request,
     return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
   }
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("rewards"));
   return p->Reward(request, response);
 }
 
@@ -340,6 +359,9 @@ void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
                              Done done) {
   absl::StatusOr<Problem*> p = Find(request.problem_id());
   if (!p.ok()) return done(p.status());
+  // Deferred decisions are answered before they are written: one answered now could not
+  // be kept.
+  if (absl::Status s = CheckStoreWritable("decisions"); !s.ok()) return done(s);
   (*p)->Choose(request, response, std::move(done));
 }
 
@@ -351,6 +373,7 @@ void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardRespons
                              Done done) {
   absl::StatusOr<Problem*> p = Find(request.problem_id());
   if (!p.ok()) return done(p.status());
+  if (absl::Status s = CheckStoreWritable("rewards"); !s.ok()) return done(s);
   if (!options_.inline_maintenance) return (*p)->Reward(request, response, std::move(done));
   // The reward completes on the writer; the maintenance blocks, so it runs on the blocking
   // executor, and the reward is answered after it.
@@ -361,7 +384,7 @@ void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardRespons
     auto shared_done = std::make_shared<Done>(std::move(done));
     const bool scheduled = blocking_->TrySchedule([this, problem, s, shared_done] {
       if (absl::Status m = MaintainInline(problem); !m.ok()) {
-        std::fprintf(stderr, "decisiond: maintenance: %s\n", m.ToString().c_str());
+        maintenance_log_.Report(clock_->NowMs(), "maintenance: " + m.ToString());
       }
       (*shared_done)(s);
     });
@@ -409,6 +432,7 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
                                               v1::TrainExpertsResponse* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateTrainExpertsRequest(request));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("training jobs"));
   int trees = request.tree_experts(), linear = request.linear_experts();
   if (trees == 0 && linear == 0) {
     trees = 3;

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +38,7 @@
 #include "decision/v1/decision.pb.h"
 #include "server/clock.h"
 #include "server/executor.h"
+#include "server/log_limiter.h"
 #include "server/metrics.h"
 #include "server/model_sandbox.h"
 #include "server/problem.h"
@@ -73,17 +75,32 @@ struct ServiceOptions {
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;
-  // Testing seams (see storage::StoreOptions::fault_injection, ProblemHooks and
+  // While the store cannot write (a full disk, a failing one), how often the maintenance
+  // round asks it to resume (storage::Store::Recover), in milliseconds of the Clock.
+  int64_t store_recovery_interval_ms = 1000;
+  // An error that repeats (every maintenance round, every audit record) is printed at most
+  // this often, with the count of those held back (log_limiter.h).
+  int64_t error_log_interval_ms = 10'000;
+  // Testing seams (see storage::StoreOptions::fault_injection and env, ProblemHooks and
   // TrainerHooks).
   std::function<absl::Status(absl::string_view what)> store_fault_injection;
+  std::shared_ptr<rocksdb::Env> store_env;
   const ProblemHooks* problem_hooks = nullptr;
   const TrainerHooks* trainer_hooks = nullptr;
 };
 
+// Store faults. While the store cannot write (storage::Store::Health), every call that
+// would write is refused with UNAVAILABLE before it does anything: Choose ("the store cannot
+// write: ...; decisions are refused until it recovers": with deferred decisions a Choose
+// answered now could not be kept), Reward, CreateProblem, RegisterExpert, RetireExpert and
+// TrainExperts. Calls that only read keep working. The maintenance round asks the store to
+// resume every store_recovery_interval_ms and skips its own writes until it does; then the
+// deferred decisions are written and calls are accepted again, without a restart.
 class DecisionService {
  public:
   // Opens the store under options.data_dir (created if missing) and restores every problem.
-  // `clock` and `metrics` must outlive the service.
+  // `clock` and `metrics` must outlive the service. A store that cannot be opened is
+  // INTERNAL "cannot open the store at PATH: REASON" (storage::Store::Open).
   static absl::StatusOr<std::unique_ptr<DecisionService>> Open(const ServiceOptions& options,
                                                                const Clock* clock,
                                                                Metrics* metrics);
@@ -149,7 +166,16 @@ class DecisionService {
   // One round of maintenance for every problem (service_maintenance.cc). The maintenance
   // thread calls it; tests with start_maintenance_thread = false call it themselves.
   // Each task of each problem runs even if an earlier one failed; returns the first error.
+  // While the store cannot write, the round only tries to resume it (at most every
+  // store_recovery_interval_ms) and returns UNAVAILABLE if it still cannot.
   absl::Status RunMaintenance() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+
+  // OK if the store can write; else UNAVAILABLE, saying what is refused: "the store cannot
+  // write: ERROR (for N s); `refused` are refused until it recovers".
+  absl::Status CheckStoreWritable(absl::string_view refused) const;
+
+  // Testing seam: the store, to flush or compact it at a chosen point.
+  storage::Store& store_for_testing() { return *store_; }
 
  private:
   DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics);
@@ -172,6 +198,9 @@ class DecisionService {
 
   // service_maintenance.cc
   void MaintenanceLoop() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+  // The store's part of a round: its metrics, and an attempt to resume it if it cannot
+  // write. OK if it can write now.
+  absl::Status MaintainStore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
   // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
   absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
@@ -204,6 +233,15 @@ class DecisionService {
   // Set by a round whose backfill ran out of its time budget with work left: the
   // maintenance thread then starts the next round at once instead of waiting an interval.
   bool backfill_behind_ ABSL_GUARDED_BY(maintenance_mu_) = false;
+  // Store faults (MaintainStore): the last attempt to resume (Clock ms), and the write
+  // errors already counted in the metrics.
+  int64_t last_store_recovery_ms_ ABSL_GUARDED_BY(maintenance_mu_) =
+      std::numeric_limits<int64_t>::min();
+  int64_t store_write_errors_counted_ ABSL_GUARDED_BY(maintenance_mu_) = 0;
+  bool store_was_writable_ ABSL_GUARDED_BY(maintenance_mu_) = true;
+  // Repeated errors, printed at a bounded rate (see ServiceOptions::error_log_interval_ms).
+  LogLimiter maintenance_log_{options_.error_log_interval_ms};
+  LogLimiter audit_log_{options_.error_log_interval_ms};
 };
 
 }  // namespace decision::server

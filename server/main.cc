@@ -28,6 +28,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/exposer.h"
@@ -240,7 +241,14 @@ int Run() {
   }
   auto service = DecisionService::Open(options, &clock, &metrics);
   if (!service.ok()) {
-    std::fprintf(stderr, "decisiond: cannot start: %s\n", service.status().ToString().c_str());
+    // A store that cannot be opened names itself and the reason, in one line: "decisiond:
+    // cannot open the store at PATH: REASON".
+    const absl::Status& failed = service.status();
+    if (absl::StartsWith(failed.message(), "cannot open the store")) {
+      std::fprintf(stderr, "decisiond: %s\n", std::string(failed.message()).c_str());
+    } else {
+      std::fprintf(stderr, "decisiond: cannot start: %s\n", failed.ToString().c_str());
+    }
     return 1;
   }
 

@@ -112,6 +112,18 @@ Metrics::Metrics()
                              .Help("Audit records of administrative calls that could not be written")
                              .Register(*registry_)
                              .Add({});
+  store_healthy_ = &prometheus::BuildGauge()
+                        .Name("decision_store_healthy")
+                        .Help("1 while the store can write; 0 while it refuses writes (a full "
+                              "or failing disk): decisions and rewards are refused meanwhile")
+                        .Register(*registry_)
+                        .Add({});
+  store_healthy_->Set(1.0);
+  store_write_errors_ = &prometheus::BuildCounter()
+                             .Name("decision_store_write_errors_total")
+                             .Help("Writes that RocksDB refused")
+                             .Register(*registry_)
+                             .Add({});
 }
 
 prometheus::Histogram& Metrics::RpcLatency(const std::string& method) {

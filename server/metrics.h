@@ -35,6 +35,10 @@ class Metrics {
   prometheus::Histogram& storage_write_latency() { return *storage_write_latency_; }
   prometheus::Gauge& storage_size() { return *storage_size_; }
   prometheus::Counter& audit_write_errors() { return *audit_write_errors_; }
+  // 1 while the store can write, 0 while RocksDB refuses writes (a full or failing disk).
+  prometheus::Gauge& store_healthy() { return *store_healthy_; }
+  // Writes RocksDB refused (each failed decision group, reward join, expert, chunk...).
+  prometheus::Counter& store_write_errors() { return *store_write_errors_; }
 
   // Per problem.
   struct ProblemMetrics {
@@ -96,6 +100,8 @@ class Metrics {
   prometheus::Histogram* storage_write_latency_;
   prometheus::Gauge* storage_size_;
   prometheus::Counter* audit_write_errors_;
+  prometheus::Gauge* store_healthy_;
+  prometheus::Counter* store_write_errors_;
 
   absl::Mutex mu_;
   std::map<std::string, prometheus::Histogram*> rpc_latency_by_method_ ABSL_GUARDED_BY(mu_);

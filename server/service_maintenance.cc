@@ -3,7 +3,12 @@
 // passed, backfill within a time budget, retire dominated experts (auto-training), refresh
 // the divergences at a batch boundary (and queue training). Each task runs even when an
 // earlier one failed (a full disk that fails a log chunk must not stop the expiry); the
-// first error of a round is returned and logged.
+// first error of a round is returned and logged (at a bounded rate: log_limiter.h).
+//
+// A store that cannot write (a full disk) would fail every task of every round: the round
+// then only asks the store to resume, at most every store_recovery_interval_ms, and runs
+// its tasks again (writing the deferred decisions first) once it does.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +27,13 @@ absl::Status DecisionService::RunMaintenance() {
   const auto now = std::chrono::steady_clock::now();
   const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
   backfill_behind_ = false;
+  if (absl::Status store = MaintainStore(); !store.ok()) {
+    if (export_metrics) {
+      for (Problem* p : problems) p->ExportMetrics();
+      last_metrics_export_ = now;
+    }
+    return store;
+  }
   for (Problem* p : problems) {
     absl::Status s = MaintainProblem(p, std::chrono::milliseconds(100));
     if (status.ok()) status = s;
@@ -72,12 +84,50 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   return first;
 }
 
+absl::Status DecisionService::MaintainStore() {
+  storage::StoreHealth health = store_->Health();
+  const int64_t now_ms = clock_->NowMs();
+  absl::Status recovered = absl::OkStatus();
+  if (!health.writable) {
+    if (store_was_writable_) {
+      store_was_writable_ = false;
+      std::fprintf(stderr, "decisiond: the store cannot write: %s; decisions, rewards and "
+                           "changes are refused until it recovers\n",
+                   std::string(health.error.message()).c_str());
+    }
+    if (last_store_recovery_ms_ == std::numeric_limits<int64_t>::min() ||
+        now_ms - last_store_recovery_ms_ >= options_.store_recovery_interval_ms) {
+      last_store_recovery_ms_ = now_ms;
+      recovered = store_->Recover();
+      health = store_->Health();
+    }
+  }
+  metrics_->store_healthy().Set(health.writable ? 1.0 : 0.0);
+  if (health.write_errors > store_write_errors_counted_) {
+    metrics_->store_write_errors().Increment(
+        static_cast<double>(health.write_errors - store_write_errors_counted_));
+    store_write_errors_counted_ = health.write_errors;
+  }
+  if (!health.writable) {
+    return recovered.ok() ? CheckStoreWritable("writes") : recovered;
+  }
+  if (!store_was_writable_) {
+    store_was_writable_ = true;
+    last_store_recovery_ms_ = std::numeric_limits<int64_t>::min();
+    maintenance_log_.Reset();
+    std::fprintf(stderr, "decisiond: the store writes again (%lld writes failed since it "
+                         "opened); decisions are accepted\n",
+                 static_cast<long long>(health.write_errors));
+  }
+  return absl::OkStatus();
+}
+
 void DecisionService::MaintenanceLoop() {
   bool behind = false;
   while (!stop_.WaitForNotificationWithTimeout(
       behind ? absl::ZeroDuration() : absl::Milliseconds(options_.maintenance_interval_ms))) {
     absl::Status s = RunMaintenance();
-    if (!s.ok()) std::fprintf(stderr, "decisiond: maintenance: %s\n", s.ToString().c_str());
+    if (!s.ok()) maintenance_log_.Report(clock_->NowMs(), "maintenance: " + s.ToString());
     absl::MutexLock lock(&maintenance_mu_);
     behind = s.ok() && backfill_behind_;
   }

@@ -2,14 +2,23 @@
 
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/table.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "storage/format.h"
 
@@ -58,24 +67,185 @@ std::string Key32x2(uint32_t a, uint32_t b) {
   return k;
 }
 
+int64_t SystemNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status OpenFailure(const std::string& path, absl::string_view reason) {
+  return absl::InternalError(absl::StrCat("cannot open the store at ", path, ": ", reason));
+}
+
+// Whether `path` can hold the store (creating it if asked): the failures an operator makes
+// (a file where the directory should be, a read-only directory), named before RocksDB
+// reports them in its own words ("While renaming a file to .../LOG.old...").
+absl::Status CheckDirectory(const std::string& path, bool create) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st)) {
+    if (!std::filesystem::is_directory(st)) return OpenFailure(path, "it is not a directory");
+  } else if (create) {
+    std::filesystem::create_directories(path, ec);
+    if (ec) return OpenFailure(path, absl::StrCat("cannot create the directory: ", ec.message()));
+  } else {
+    return OpenFailure(path, "it does not exist");
+  }
+  if (access(path.c_str(), R_OK | W_OK | X_OK) != 0) {
+    return OpenFailure(path, absl::StrCat("the directory is not writable (",
+                                          std::error_code(errno, std::generic_category()).message(),
+                                          ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// RocksDB's background errors as Store::Health() reports them. Written by the listener
+// (on RocksDB's threads, or on the thread whose write failed, before its write returns)
+// and by Store::Recover.
+class StoreHealthTracker {
+ public:
+  explicit StoreHealthTracker(std::function<int64_t()> now_ms) : now_ms_(std::move(now_ms)) {}
+
+  // `stops_writes`: RocksDB refuses writes until the error is cleared.
+  void OnError(const rocksdb::Status& error, bool stops_writes, bool fatal) {
+    absl::MutexLock lock(&mu_);
+    fatal_ = fatal_ || fatal;
+    // RocksDB reports errors milder than the one in force too: the first error that stops
+    // writes is kept, else the first error.
+    if (!health_.writable || (!health_.error.ok() && !stops_writes)) return;
+    if (health_.error.ok()) health_.since_ms = now_ms_();
+    health_.error = absl::UnavailableError(error.ToString());
+    if (stops_writes) {
+      health_.writable = false;
+      writable_.store(false);
+    }
+  }
+  void OnRecovered() {
+    absl::MutexLock lock(&mu_);
+    if (!health_.writable) ++health_.recoveries;
+    health_.writable = true;
+    writable_.store(true);
+    health_.error = absl::OkStatus();
+    health_.since_ms = 0;
+    fatal_ = false;
+  }
+  void CountWriteError() {
+    absl::MutexLock lock(&mu_);
+    ++health_.write_errors;
+  }
+  StoreHealth Get() const {
+    absl::MutexLock lock(&mu_);
+    return health_;
+  }
+  bool fatal() const {
+    absl::MutexLock lock(&mu_);
+    return fatal_;
+  }
+  bool writable() const { return writable_.load(); }
+
+ private:
+  const std::function<int64_t()> now_ms_;
+  mutable absl::Mutex mu_;
+  StoreHealth health_ ABSL_GUARDED_BY(mu_);
+  bool fatal_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> writable_{true};
+};
+
+namespace {
+
+// Tells the tracker about RocksDB's background errors and their end, and turns RocksDB's
+// automatic recovery off for the errors that stop writes (Store::Recover is the one way
+// out: see store.h). Called with no RocksDB lock held.
+class HealthListener final : public rocksdb::EventListener {
+ public:
+  explicit HealthListener(std::shared_ptr<StoreHealthTracker> tracker)
+      : tracker_(std::move(tracker)) {}
+
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason,
+                         rocksdb::Status* error) override {
+    // RocksDB 7.8 rates the error before this call, except for the "retryable" I/O errors,
+    // which reach here unrated (kNoError) and then stop writes, unless they came from a
+    // compaction (which RocksDB reschedules itself).
+    const rocksdb::Status::Severity severity = error->severity();
+    const bool stops_writes =
+        severity >= rocksdb::Status::Severity::kHardError ||
+        (severity == rocksdb::Status::Severity::kNoError &&
+         reason != rocksdb::BackgroundErrorReason::kCompaction);
+    tracker_->OnError(*error, stops_writes,
+                      severity >= rocksdb::Status::Severity::kFatalError);
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status error,
+                            bool* auto_recovery) override {
+    if (error.severity() >= rocksdb::Status::Severity::kHardError) *auto_recovery = false;
+  }
+  void OnErrorRecoveryEnd(const rocksdb::BackgroundErrorRecoveryInfo& info) override {
+    if (info.new_bg_error.ok()) tracker_->OnRecovered();
+  }
+
+ private:
+  const std::shared_ptr<StoreHealthTracker> tracker_;
+};
+
+// A write RocksDB refused: UNAVAILABLE if RocksDB stopped writing (the caller may retry
+// once the store recovers), else as FromRocks.
+absl::Status WriteError(StoreHealthTracker& health, const rocksdb::Status& s,
+                        absl::string_view what) {
+  health.CountWriteError();
+  if (!health.writable()) {
+    return absl::UnavailableError(
+        absl::StrCat("the store cannot write (", what, "): ", s.ToString()));
+  }
+  return FromRocks(s, what);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
                                                    const StoreOptions& options) {
+  if (absl::Status s = CheckDirectory(path, options.create_if_missing); !s.ok()) return s;
+  std::unique_ptr<Store> store(new Store());
+  store->path_ = path;
+  store->options_ = options;
+  store->health_ = std::make_shared<StoreHealthTracker>(
+      options.now_ms ? options.now_ms : std::function<int64_t()>(SystemNowMs));
+  std::unique_lock<std::shared_mutex> lock(store->db_mu_);
+  if (absl::Status s = store->OpenDbLocked(); !s.ok()) return s;
+  std::unique_ptr<rocksdb::Iterator> last(
+      store->db_->NewIterator(rocksdb::ReadOptions(), store->audit_));
+  last->SeekToLast();
+  if (last->Valid()) {
+    if (last->key().size() != 8) {
+      return absl::DataLossError("storage: an audit key is not 8 bytes");
+    }
+    absl::MutexLock audit(&store->audit_mu_);
+    store->next_audit_ =
+        static_cast<int64_t>(ReadU64(absl::string_view(last->key().data(), 8))) + 1;
+  }
+  if (!last->status().ok()) {
+    return OpenFailure(path, absl::StrCat("reading the audit log: ", last->status().ToString()));
+  }
+  return store;
+}
+
+absl::Status Store::OpenDbLocked() {
   rocksdb::Options db_options;
-  db_options.create_if_missing = options.create_if_missing;
+  db_options.create_if_missing = options_.create_if_missing;
   db_options.create_missing_column_families = true;
   db_options.IncreaseParallelism(2);
   // Memory: one budget for all memtables and one block cache shared by every family
-  // (RocksDB's defaults give each of the nine families its own 64 MiB memtables and
+  // (RocksDB's defaults give each of the ten families its own 64 MiB memtables and
   // 8 MiB cache).
   db_options.db_write_buffer_size = 64 << 20;
   // The WAL is kept until every family with data in it is flushed, and the small families
   // (checkpoints, experts) rarely fill a memtable: without a cap the WAL grows to 4x the
-  // write buffers of all nine families (576 MiB) before RocksDB flushes them, and a restart
+  // write buffers of all ten families (640 MiB) before RocksDB flushes them, and a restart
   // replays all of it.
   db_options.max_total_wal_size = 128 << 20;
   db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
+  db_options.listeners.push_back(std::make_shared<HealthListener>(health_));
+  if (options_.env != nullptr) db_options.env = options_.env.get();
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(32 << 20);
   // Most event lookups miss (every Choose with a new caller event id): Bloom filters in the
@@ -89,43 +259,40 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, family_options);
   for (const char* name : kFamilyNames) families.emplace_back(name, family_options);
-  std::unique_ptr<Store> store(new Store());
-  store->options_ = options;
-  rocksdb::Status s =
-      rocksdb::DB::Open(db_options, path, families, &store->handles_, &store->db_);
-  if (!s.ok()) return FromRocks(s, absl::StrCat("opening ", path));
-  store->problems_ = store->handles_[1];
-  store->experts_ = store->handles_[2];
-  store->events_ = store->handles_[3];
-  store->samples_ = store->handles_[4];
-  store->backfill_ = store->handles_[5];
-  store->checkpoints_ = store->handles_[6];
-  store->pending_ = store->handles_[7];
-  store->logchunks_ = store->handles_[8];
-  store->audit_ = store->handles_[9];
-  store->training_jobs_ = store->handles_[10];
-  {
-    std::unique_ptr<rocksdb::Iterator> last(
-        store->db_->NewIterator(rocksdb::ReadOptions(), store->audit_));
-    last->SeekToLast();
-    if (last->Valid()) {
-      if (last->key().size() != 8) {
-        return absl::DataLossError("storage: an audit key is not 8 bytes");
-      }
-      absl::MutexLock lock(&store->audit_mu_);
-      store->next_audit_ =
-          static_cast<int64_t>(ReadU64(absl::string_view(last->key().data(), 8))) + 1;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, path_, families, &handles_, &db_);
+  if (!s.ok()) {
+    db_ = nullptr;
+    handles_.clear();
+    // WART: RocksDB says "lock" only in its message (an IOError either way).
+    if (s.IsIOError() && absl::StrContains(s.ToString(), "lock")) {
+      return OpenFailure(path_, absl::StrCat("another process holds its lock (is another "
+                                             "decisiond running on it?): ", s.ToString()));
     }
-    if (!last->status().ok()) return FromRocks(last->status(), "reading the audit log");
+    return OpenFailure(path_, s.ToString());
   }
-  return store;
+  problems_ = handles_[1];
+  experts_ = handles_[2];
+  events_ = handles_[3];
+  samples_ = handles_[4];
+  backfill_ = handles_[5];
+  checkpoints_ = handles_[6];
+  pending_ = handles_[7];
+  logchunks_ = handles_[8];
+  audit_ = handles_[9];
+  training_jobs_ = handles_[10];
+  return absl::OkStatus();
 }
 
-Store::~Store() { Close().IgnoreError(); }
-
-absl::Status Store::Close() {
-  if (db_ == nullptr) return absl::OkStatus();
-  absl::Status status = FromRocks(db_->FlushWAL(/*sync=*/true), "flushing the WAL");
+absl::Status Store::CloseDbLocked() {
+  absl::Status status = absl::OkStatus();
+  if (health_->writable()) {
+    status = FromRocks(db_->FlushWAL(/*sync=*/true), "flushing the WAL");
+  } else {
+    // Syncing a WAL whose writer failed trips an assertion in RocksDB (see Close in store.h).
+    status = absl::UnavailableError(absl::StrCat(
+        "storage: closed without syncing the WAL: the store cannot write: ",
+        health_->Get().error.message()));
+  }
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     rocksdb::Status s = db_->DestroyColumnFamilyHandle(h);
     if (status.ok()) status = FromRocks(s, "closing a column family");
@@ -138,22 +305,84 @@ absl::Status Store::Close() {
   return status;
 }
 
-absl::Status Store::Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
+Store::~Store() { Close().IgnoreError(); }
+
+StoreHealth Store::Health() const { return health_ == nullptr ? StoreHealth() : health_->Get(); }
+
+absl::Status Store::NotOpen() const {
+  if (closed_) return absl::FailedPreconditionError("storage is closed");
+  return absl::UnavailableError(absl::StrCat(
+      "the store cannot write and is being reopened: ", health_->Get().error.message()));
+}
+
+bool Store::MemtablesEmptyLocked() {
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t active = 0, immutable = 0;
+    if (!db_->GetIntProperty(h, rocksdb::DB::Properties::kNumEntriesActiveMemTable, &active) ||
+        !db_->GetIntProperty(h, rocksdb::DB::Properties::kNumImmutableMemTable, &immutable) ||
+        active > 0 || immutable > 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status Store::Recover() {
+  std::unique_lock<std::shared_mutex> lock(db_mu_);
+  if (closed_) return absl::FailedPreconditionError("storage is closed");
+  if (health_->writable()) return absl::OkStatus();
+  absl::Status failed;
+  // DB::Resume flushes the memtables, and a flush starts a new WAL: with every memtable
+  // empty (the write that failed was the first into its WAL) nothing is flushed, RocksDB
+  // 7.8 keeps writing to the WAL that failed, and its next append trips an assertion. Such
+  // a store, and one whose error RocksDB cannot resume from (an I/O error on the WAL), is
+  // closed and opened again instead: what a restart of decisiond would do (the WAL is
+  // replayed), without the restart.
+  if (db_ != nullptr && !health_->fatal() && !MemtablesEmptyLocked()) {
+    const rocksdb::Status s = db_->Resume();
+    // OK: RocksDB cleared the error (the listener has seen it), or had none to clear.
+    if (s.ok()) health_->OnRecovered();
+    if (!s.ok()) failed = absl::UnavailableError(absl::StrCat("resuming: ", s.ToString()));
+  } else {
+    if (db_ != nullptr) CloseDbLocked().IgnoreError();
+    failed = OpenDbLocked();
+    if (failed.ok()) health_->OnRecovered();
+  }
+  if (health_->writable()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the store cannot write: ",
+                                             health_->Get().error.message(), "; ",
+                                             failed.message()));
+}
+
+absl::Status Store::Close() {
+  std::unique_lock<std::shared_mutex> lock(db_mu_);
+  closed_ = true;
+  if (db_ == nullptr) return absl::OkStatus();
+  return CloseDbLocked();
+}
+
+absl::Status Store::Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
                         const google::protobuf::MessageLite& record, absl::string_view what) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::ColumnFamilyHandle* const cf = this->*family;  // read under the lock: Recover
+                                                          // replaces the handles
   if (options_.fault_injection) {
     if (absl::Status s = options_.fault_injection(what); !s.ok()) return s;
   }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
-  return FromRocks(db_->Put(write, cf, key, record.SerializeAsString()), what);
+  const rocksdb::Status s = db_->Put(write, cf, key, record.SerializeAsString());
+  return s.ok() ? absl::OkStatus() : WriteError(*health_, s, what);
 }
 
 template <typename Record>
-absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
+absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& prefix,
                          const std::string& start, int64_t limit, size_t suffix_bytes,
                          const std::function<absl::Status(absl::string_view, const Record&)>& fn) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::ColumnFamilyHandle* const cf = this->*family;  // under the lock, as in Put
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
   int64_t visited = 0;
   Record record;
@@ -178,25 +407,26 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& pre
 absl::Status Store::ForEachProblem(
     const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn) {
   return Scan<v1::ProblemRecord>(
-      problems_, "", "", 0, 4,
+      &Store::problems_, "", "", 0, 4,
       [&](absl::string_view key, const v1::ProblemRecord& r) { return fn(ReadU32(key), r); });
 }
 
 absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,
                               const v1::ExpertRecord& record) {
-  return Put(experts_, Key32x2(problem, expert), record, "expert");
+  return Put(&Store::experts_, Key32x2(problem, expert), record, "expert");
 }
 
 absl::Status Store::ForEachExpert(
     uint32_t problem, const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn) {
   const std::string prefix = Key32(problem);
   return Scan<v1::ExpertRecord>(
-      experts_, prefix, prefix, 0, 4,
+      &Store::experts_, prefix, prefix, 0, 4,
       [&](absl::string_view key, const v1::ExpertRecord& r) { return fn(ReadU32(key), r); });
 }
 
 absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_view event_id) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
   std::string value;
   rocksdb::Status s =
       db_->Get(rocksdb::ReadOptions(), events_, absl::StrCat(Key32(problem), event_id), &value);
@@ -208,7 +438,8 @@ absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_v
 
 absl::Status Store::ForEachEventId(uint32_t problem,
                                    const std::function<void(absl::string_view)>& fn) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
   const std::string prefix = Key32(problem);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), events_));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
@@ -218,13 +449,15 @@ absl::Status Store::ForEachEventId(uint32_t problem,
 }
 
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
   if (options_.fault_injection) {
     if (absl::Status s = options_.fault_injection(what); !s.ok()) return s;
   }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
-  return FromRocks(db_->Write(write, batch), what);
+  const rocksdb::Status s = db_->Write(write, batch);
+  return s.ok() ? absl::OkStatus() : WriteError(*health_, s, what);
 }
 
 Store::WriteGroup::WriteGroup() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
@@ -234,6 +467,8 @@ absl::Status Store::AddProblem(WriteGroup* group, uint32_t problem,
                                const v1::ProblemRecord& record,
                                const v1::ExpertRecord& first_expert,
                                const v1::CheckpointRecord& checkpoint) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
   rocksdb::WriteBatch& batch = *group->batch_;
   rocksdb::Status s = batch.Put(problems_, Key32(problem), record.SerializeAsString());
   if (s.ok()) s = batch.Put(experts_, Key32x2(problem, 0), first_expert.SerializeAsString());
@@ -245,6 +480,8 @@ absl::Status Store::AddProblem(WriteGroup* group, uint32_t problem,
 
 absl::Status Store::AddEventUpdate(WriteGroup* group, uint32_t problem,
                                    absl::string_view event_id, const v1::EventRecord& record) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
   rocksdb::Status s = group->batch_->Put(events_, absl::StrCat(Key32(problem), event_id),
                                          record.SerializeAsString());
   if (!s.ok()) return FromRocks(s, "event batch");
@@ -254,6 +491,8 @@ absl::Status Store::AddEventUpdate(WriteGroup* group, uint32_t problem,
 
 absl::Status Store::AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                                 const v1::EventRecord& record) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
   rocksdb::Status s = group->batch_->Put(events_, absl::StrCat(Key32(problem), event_id),
                                          record.SerializeAsString());
   if (s.ok()) {
@@ -267,6 +506,8 @@ absl::Status Store::AddDecision(WriteGroup* group, uint32_t problem, absl::strin
 absl::Status Store::AddJoin(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                             const v1::EventRecord& event, int64_t sequence,
                             const v1::SampleRecord& sample, bool decision_stored) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
   std::string sample_key = Key32(problem);
   AppendU64(&sample_key, static_cast<uint64_t>(sequence));
   rocksdb::WriteBatch& batch = *group->batch_;
@@ -288,6 +529,8 @@ absl::Status Store::Commit(WriteGroup* group) {
 
 absl::Status Store::AddExpiry(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                               const v1::EventRecord& record, bool decision_stored) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
   rocksdb::WriteBatch& batch = *group->batch_;
   rocksdb::Status s = batch.Put(events_, absl::StrCat(Key32(problem), event_id),
                                 record.SerializeAsString());
@@ -302,7 +545,8 @@ absl::Status Store::AddExpiry(WriteGroup* group, uint32_t problem, absl::string_
 absl::Status Store::ForEachPending(
     uint32_t problem,
     const std::function<absl::Status(int64_t, absl::string_view)>& fn) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
   const std::string prefix = Key32(problem);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), pending_));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
@@ -320,7 +564,7 @@ absl::Status Store::ForEachSample(
   const std::string prefix = Key32(problem);
   std::string first = prefix;
   AppendU64(&first, static_cast<uint64_t>(start));
-  return Scan<v1::SampleRecord>(samples_, prefix, first, limit, 8,
+  return Scan<v1::SampleRecord>(&Store::samples_, prefix, first, limit, 8,
                                 [&](absl::string_view key, const v1::SampleRecord& r) {
                                   return fn(static_cast<int64_t>(ReadU64(key)), r);
                                 });
@@ -330,7 +574,7 @@ absl::Status Store::PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t
                                      const v1::BackfillChunk& record) {
   std::string key = Key32x2(problem, expert);
   AppendU64(&key, chunk);
-  return Put(backfill_, key, record, "backfill chunk");
+  return Put(&Store::backfill_, key, record, "backfill chunk");
 }
 
 absl::Status Store::ForEachBackfillChunk(
@@ -338,30 +582,31 @@ absl::Status Store::ForEachBackfillChunk(
     const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn) {
   const std::string prefix = Key32x2(problem, expert);
   return Scan<v1::BackfillChunk>(
-      backfill_, prefix, prefix, 0, 8,
+      &Store::backfill_, prefix, prefix, 0, 8,
       [&](absl::string_view key, const v1::BackfillChunk& r) { return fn(ReadU64(key), r); });
 }
 
 absl::Status Store::PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogChunk& record) {
   std::string key = Key32(problem);
   AppendU64(&key, chunk);
-  return Put(logchunks_, key, record, "log chunk");
+  return Put(&Store::logchunks_, key, record, "log chunk");
 }
 
 absl::Status Store::ForEachLogChunk(
     uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn) {
   const std::string prefix = Key32(problem);
   return Scan<v1::LogChunk>(
-      logchunks_, prefix, prefix, 0, 8,
+      &Store::logchunks_, prefix, prefix, 0, 8,
       [&](absl::string_view key, const v1::LogChunk& r) { return fn(ReadU64(key), r); });
 }
 
 absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record) {
-  return Put(checkpoints_, Key32(problem), record, "checkpoint");
+  return Put(&Store::checkpoints_, Key32(problem), record, "checkpoint");
 }
 
 absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
-  if (db_ == nullptr) return absl::FailedPreconditionError("storage is closed");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, Key32(problem), &value);
   if (!s.ok()) return FromRocks(s, "checkpoint");
@@ -376,7 +621,7 @@ absl::Status Store::AppendAudit(const v1::AuditRecord& record) {
   absl::MutexLock lock(&audit_mu_);
   std::string key;
   AppendU64(&key, static_cast<uint64_t>(next_audit_));
-  if (absl::Status s = Put(audit_, key, record, "audit"); !s.ok()) return s;
+  if (absl::Status s = Put(&Store::audit_, key, record, "audit"); !s.ok()) return s;
   ++next_audit_;
   return absl::OkStatus();
 }
@@ -386,13 +631,33 @@ absl::Status Store::ForEachAudit(
     const std::function<absl::Status(int64_t, const v1::AuditRecord&)>& fn) {
   std::string from;
   AppendU64(&from, static_cast<uint64_t>(std::max<int64_t>(start, 0)));
-  return Scan<v1::AuditRecord>(audit_, "", from, limit, 8,
+  return Scan<v1::AuditRecord>(&Store::audit_, "", from, limit, 8,
                                [&](absl::string_view key, const v1::AuditRecord& r) {
                                  return fn(static_cast<int64_t>(ReadU64(key)), r);
                                });
 }
 
+absl::Status Store::Flush() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::FlushOptions flush;
+  flush.wait = true;
+  const rocksdb::Status s = db_->Flush(flush, handles_);
+  return s.ok() ? absl::OkStatus() : WriteError(*health_, s, "flush");
+}
+
+absl::Status Store::Compact() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    const rocksdb::Status s = db_->CompactRange(rocksdb::CompactRangeOptions(), h, nullptr, nullptr);
+    if (!s.ok()) return WriteError(*health_, s, "compaction");
+  }
+  return absl::OkStatus();
+}
+
 uint64_t Store::ApproximateSizeBytes() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return 0;
   uint64_t total = 0;
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
@@ -407,13 +672,13 @@ absl::Status Store::PutTrainingJob(uint32_t problem, int64_t job_id,
                                    const v1::TrainingJobRecord& record) {
   std::string key = Key32(problem);
   AppendU64(&key, static_cast<uint64_t>(job_id));
-  return Put(training_jobs_, key, record, "training job");
+  return Put(&Store::training_jobs_, key, record, "training job");
 }
 
 absl::Status Store::ForEachTrainingJob(
     const std::function<absl::Status(uint32_t, int64_t, const v1::TrainingJobRecord&)>& fn) {
   return Scan<v1::TrainingJobRecord>(
-      training_jobs_, "", "", 0, 12,
+      &Store::training_jobs_, "", "", 0, 12,
       [&](absl::string_view key, const v1::TrainingJobRecord& r) {
         return fn(ReadU32(key), static_cast<int64_t>(ReadU64(key.substr(4))), r);
       });

@@ -11,7 +11,20 @@
 //
 // Errors: RocksDB statuses are converted once, here: IO errors and corruption become
 // INTERNAL, a missing record NOT_FOUND, a record that does not parse or whose key has the
-// wrong size DATA_LOSS.
+// wrong size DATA_LOSS. A write that fails because the store stopped writing (see below)
+// is UNAVAILABLE.
+//
+// Write health: a write RocksDB cannot make durable (a full disk, an I/O error on the WAL,
+// a flush or the MANIFEST) puts RocksDB in a background-error state in which it refuses
+// every write. Health() says so (writable = false, the error, since when). Recover() gets
+// the store writing again once the disk allows: DB::Resume() (it flushes the memtables and
+// starts a new WAL), or, where RocksDB cannot resume (an I/O error it rates fatal, or a
+// failed WAL with nothing to flush: see Recover), closing and reopening the database,
+// which replays the WAL as a restart would. The caller retries Recover at a bounded rate
+// (decisiond: from its maintenance round). RocksDB's own automatic recovery of errors that
+// stop writes is turned off (it polls the free space every few seconds on a thread of its
+// own): the caller's retries are the only ones, which keeps recovery observable and
+// testable. Reads keep working while writes are stopped (not during a reopen).
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef DECISION_STORAGE_STORE_H_
@@ -20,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +47,7 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -46,7 +61,27 @@ struct StoreOptions {
   // "expert", "checkpoint", "backfill chunk", "log chunk"); a non-OK status fails that
   // write, with nothing written, as an I/O error would. Empty in production.
   std::function<absl::Status(absl::string_view what)> fault_injection;
+  // Testing seam: the Env (and through it the FileSystem) RocksDB uses; tests pass one
+  // that fails chosen writes, syncs or reads (tests/fault_injection_fs.h). Null (the
+  // default, and always in production): the operating system's.
+  std::shared_ptr<rocksdb::Env> env;
+  // Milliseconds since the epoch, for StoreHealth::since_ms. Null: the system clock.
+  std::function<int64_t()> now_ms;
 };
+
+// Whether the store can write, and what stopped it. A snapshot: see Store::Health().
+struct StoreHealth {
+  bool writable = true;
+  // The background error RocksDB reported last and has not cleared: while writable is
+  // false, what stopped the writes; while writable is true, a milder one (a compaction that
+  // ran out of space) that RocksDB retries by itself. OK if none.
+  absl::Status error;
+  int64_t since_ms = 0;      // when `error` was first reported (0 if none)
+  int64_t write_errors = 0;  // writes that failed in RocksDB since the store opened
+  int64_t recoveries = 0;    // times writes resumed after being stopped
+};
+
+class StoreHealthTracker;  // store.cc: RocksDB's background errors, seen by a listener
 
 class Store {
  public:
@@ -66,8 +101,10 @@ class Store {
     int size_ = 0;
   };
 
-  // Opens (or creates) the store in directory `path`. INTERNAL if RocksDB cannot open it
-  // (e.g. another process holds its lock).
+  // Opens (or creates) the store in directory `path`. INTERNAL if it cannot be opened,
+  // with a message "cannot open the store at PATH: REASON" whose reason an operator can act
+  // on: the path is not a directory or not writable, another process holds its lock, or
+  // RocksDB's words (a corrupt CURRENT or MANIFEST is "Corruption: ...").
   static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
                                                      const StoreOptions& options);
   ~Store();
@@ -75,7 +112,19 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Flushes and closes. Further calls fail. Called by the destructor if not called before.
+  // A store that cannot write (Health()) is closed without the final WAL sync, which
+  // RocksDB cannot do on a WAL that failed (in RocksDB builds with assertions, such as
+  // Debian's, it aborts the process): the error is returned. Acknowledged writes are in
+  // the WAL already, and the next Open replays it.
   absl::Status Close();
+
+  // Write health (see the header comment). Cheap: one short lock.
+  StoreHealth Health() const;
+  // Gets the store writing again after a background error (see the header comment). OK if
+  // it writes again (or never stopped); UNAVAILABLE with the reason if not (the disk is
+  // still full or failing). Calls wait while it runs; a reopen that fails leaves the store
+  // closed until a later Recover reopens it (calls meanwhile get UNAVAILABLE).
+  absl::Status Recover();
 
   // Group writes (see WriteGroup): nothing is written until Commit.
   //
@@ -158,20 +207,42 @@ class Store {
   absl::Status ForEachTrainingJob(
       const std::function<absl::Status(uint32_t problem, int64_t job_id,
                                        const v1::TrainingJobRecord&)>& fn);
+  // Writes every memtable to table files (a flush), or compacts every family, and waits.
+  // RocksDB does both by itself when it needs to; these make them happen at a chosen point
+  // (tests, and an operator's tool). A flush that fails stops writes (see Health()); a
+  // compaction that fails does not (RocksDB retries it).
+  absl::Status Flush();
+  absl::Status Compact();
 
  private:
   Store() = default;
-  absl::Status Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
+  // `family` names the handle member: it is read under db_mu_ (Recover may replace it).
+  absl::Status Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
                    const google::protobuf::MessageLite& record, absl::string_view what);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
   // Records whose key starts with `prefix`, from `start`; fn gets the rest of the key, which
   // must have `suffix_bytes` bytes (else DATA_LOSS).
   template <typename Record>
-  absl::Status Scan(rocksdb::ColumnFamilyHandle* cf, const std::string& prefix,
+  absl::Status Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& prefix,
                     const std::string& start, int64_t limit, size_t suffix_bytes,
                     const std::function<absl::Status(absl::string_view, const Record&)>& fn);
 
+  // REQUIRES: db_mu_ held exclusively. Open the RocksDB database (db_, the handles) at
+  // path_, and close it.
+  absl::Status OpenDbLocked();
+  absl::Status CloseDbLocked();
+  bool MemtablesEmptyLocked();
+  // The status of a call while db_ is null: closed, or being reopened by Recover.
+  absl::Status NotOpen() const;
+
+  std::string path_;
   StoreOptions options_;
+  std::shared_ptr<StoreHealthTracker> health_;  // shared with RocksDB's listener
+  // Held shared by every call that uses db_ or the family handles, exclusively by Recover
+  // (which may close and reopen the database) and Close. A shared_mutex (glibc: readers
+  // first) because the callbacks of a scan may call the store again.
+  mutable std::shared_mutex db_mu_;
+  bool closed_ = false;  // guarded by db_mu_
   rocksdb::DB* db_ = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::ColumnFamilyHandle* problems_ = nullptr;

@@ -84,6 +84,8 @@ tests:
     input_series:
       - series: 'up{$SERIES_LABELS}'
         values: '1x130'
+      - series: 'decision_store_healthy{$SERIES_LABELS}'
+        values: '1x130'
       - series: 'decision_decisions_total{$SERIES_LABELS,problem="p"}'
         values: '0+600x130'
       - series: 'decision_rewards_total{$SERIES_LABELS,problem="p",outcome="learned"}'
@@ -250,6 +252,18 @@ tests:
           - labels: 'ALERTS{alertname="DecisiondStorageWriteFailures",alertstate="firing",severity="critical",$SERIES_LABELS}'
             value: 1
           - labels: 'ALERTS{alertname="DecisiondStorageWritesSlow",alertstate="firing",severity="warning",$SERIES_LABELS}'
+            value: 1
+
+  # The store stops writing (a full volume) for good.
+  - interval: 1m
+    input_series:
+      - series: 'decision_store_healthy{$SERIES_LABELS}'
+        values: '1 1 0x10'
+    promql_expr_test:
+      - expr: ALERTS{alertstate="firing"}
+        eval_time: 6m
+        exp_samples:
+          - labels: 'ALERTS{alertname="DecisiondStoreCannotWrite",alertstate="firing",severity="critical",$SERIES_LABELS}'
             value: 1
 
   # Pending decisions grow by 100 a minute at 60 decisions a minute: nothing expires.

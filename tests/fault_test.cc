@@ -188,7 +188,8 @@ TEST_F(ServiceTest, AStoreThatCannotBeOpenedIsAClearError) {
   const absl::StatusOr<std::unique_ptr<DecisionService>> second =
       DecisionService::Open(options, &clock_, &metrics_);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInternal) << second.status();
-  EXPECT_THAT(second.status().message(), HasSubstr("opening"));
+  EXPECT_THAT(second.status().message(), HasSubstr("cannot open the store at"));
+  EXPECT_THAT(second.status().message(), HasSubstr("lock"));
 }
 
 // Restart checks every size a record states before indexing with it: a record that does not

@@ -50,6 +50,7 @@ class ServiceTest : public ::testing::Test {
     };
     options.problem_hooks = &hooks_;
     options.trainer_hooks = &trainer_hooks_;
+    options.store_env = store_env_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -209,6 +210,8 @@ class ServiceTest : public ::testing::Test {
   std::function<bool(absl::string_view what)> fail_writes_;
   ProblemHooks hooks_;
   TrainerHooks trainer_hooks_;
+  // The store's Env (storage::StoreOptions::env): tests/fault_injection_fs.h's, or null.
+  std::shared_ptr<rocksdb::Env> store_env_;
   bool inline_maintenance_ = false;
   bool durable_choose_ = false;
   std::string dir_;
