@@ -5,7 +5,7 @@
 // nor a failed open ever crashes.
 //
 // FaultMatrix prints the status codes seen for each fault and operation as a markdown
-// table (docs/failure-modes-storage.md holds a copy).
+// table (README.md "Failure modes" holds a copy).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -51,7 +51,7 @@ class StoreFaultTest : public ServiceTest {
     v1::ChooseRequest req;
     req.set_problem_id(problem);
     req.set_event_id(event_id);
-    for (int f = 0; f < kFeatures; ++f) req.add_features(0.25 * (f + 1));
+    for (int f = 0; f < kFeatures; ++f) req.add_features(f == 0 ? key_ : 0.25 * (f + 1));
     return service_->Choose(req, response);
   }
   absl::Status TryRegisterUniform(const std::string& problem) {
@@ -88,6 +88,8 @@ class StoreFaultTest : public ServiceTest {
   }
 
   std::shared_ptr<FaultInjectionFs> fs_;
+  // Feature 0 of TryChoose's contexts (the key of the table expert of the fault matrix).
+  double key_ = 0.25;
 };
 
 // The main scenario of the issue: the WAL's disk fills up. The first write that fails
@@ -296,7 +298,8 @@ TEST(LogLimiterTest, PrintsTheFirstThenAtMostOncePerIntervalWithTheCount) {
 struct Fault {
   const char* name;
   // Makes the fault happen: sets it in `fs` and, where a flush or compaction is what
-  // meets it, runs one on `store`.
+  // meets it, runs one on `store`. Null for the one fault that is not the store's: an
+  // expert that cannot score a context (FaultMatrix::InjectExpertFault).
   std::function<void(FaultInjectionFs& fs, storage::Store& store)> inject;
 };
 
@@ -334,12 +337,13 @@ std::vector<Fault> Faults() {
          store.Flush().IgnoreError();
          fs.FailReads(kTableFile, FaultInjectionFs::Eio());
        }},
+      {"expert cannot score a context", nullptr},
   };
 }
 
 const char* const kColumns[] = {
     "Reward", "Choose", "RegisterExpert", "ExportLog (read)", "maintenance",
-    "space back: maintenance, Choose", "shutdown (SIGTERM) while faulted",
+    "fault cleared: maintenance, Choose", "shutdown (SIGTERM) while faulted",
     "restart while faulted", "restart after: acknowledged rewards"};
 
 std::map<std::string, std::map<std::string, std::string>>& Table() {
@@ -363,6 +367,41 @@ class FaultMatrix : public StoreFaultTest, public ::testing::WithParamInterface<
     std::printf("%s", out.str().c_str());
     if (const char* path = std::getenv("DECISION_FAULT_TABLE")) std::ofstream(path) << out.str();
   }
+
+  // The expert fault: a table expert over key feature 0 (rows for keys [0, 2)), accepted
+  // because every context seen so far fits it, then a context with key 7. It is quarantined
+  // (at the Choose or at the join); the reward is learned by the others.
+  void InjectExpertFault(std::set<std::string>* acknowledged) {
+    if (expert_fault_injected_) return;  // it stays quarantined
+    expert_fault_injected_ = true;
+    v1::RegisterExpertRequest req;
+    req.set_problem_id("p");
+    req.set_name("table");
+    auto* t = req.mutable_model()->mutable_table();
+    for (int r = 0; r < 2; ++r) {
+      auto* row = t->add_rows();
+      for (int a = 0; a < kArms; ++a) row->add_probabilities(a == 0 ? 0.97 : 0.01);
+    }
+    t->set_key_feature(0);
+    v1::Expert table;
+    ASSERT_TRUE(service_->RegisterExpert(req, &table).ok());
+    RunMaintenanceUntilActive("p");
+    key_ = 7.0;
+    v1::ChooseResponse c;
+    ASSERT_TRUE(TryChoose("p", &c).ok());
+    ASSERT_TRUE(Reward("p", c.event_id(), 1.0).ok());
+    acknowledged->insert(c.event_id());
+    v1::ListExpertsRequest list;
+    list.set_problem_id("p");
+    v1::ListExpertsResponse experts;
+    ASSERT_TRUE(service_->ListExperts(list, &experts).ok());
+    EXPECT_EQ(experts.experts(table.expert_id()).status(), v1::EXPERT_STATUS_FAILED);
+  }
+  bool expert_fault_injected_ = false;
+  void Inject(const Fault& fault, std::set<std::string>* acknowledged) {
+    if (fault.inject == nullptr) return InjectExpertFault(acknowledged);
+    fault.inject(*fs_, service_->store_for_testing());
+  }
 };
 
 TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
@@ -379,7 +418,7 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
     acknowledged.insert(c.event_id());
   }
   Choose("p", "pending");
-  fault.inject(*fs_, store);
+  Inject(fault, &acknowledged);
 
   const absl::Status reward = Reward("p", "pending", 1.0);
   if (reward.ok()) acknowledged.insert("pending");
@@ -397,10 +436,14 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
   if (stopped) EXPECT_THAT(choose.message(), HasSubstr("decisions are refused until"));
 
   fs_->Clear();
+  if (key_ == 7.0) {
+    // The expert fault "clears" as contexts fit again; the expert stays quarantined.
+    key_ = 0.25;
+  }
   clock_.AdvanceMs(1000);
   const absl::Status round = service_->RunMaintenance();
   const absl::Status choose_after = TryChoose("p", &c);
-  row["space back: maintenance, Choose"] = absl::StrCat(Code(round), ", ", Code(choose_after));
+  row["fault cleared: maintenance, Choose"] = absl::StrCat(Code(round), ", ", Code(choose_after));
   if (choose_after.ok()) {
     ASSERT_TRUE(Reward("p", c.event_id(), 0.0).ok());
     acknowledged.insert(c.event_id());
@@ -408,7 +451,7 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
 
   // SIGTERM while faulted: the same fault again, met by a write.
   Choose("p", "late");  // answered now only if the store recovered
-  fault.inject(*fs_, store);
+  Inject(fault, &acknowledged);
   if (Reward("p", "late", 1.0).ok()) acknowledged.insert("late");
   row["shutdown (SIGTERM) while faulted"] = Code(service_->Shutdown());
   service_.reset();
@@ -428,7 +471,7 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
       absl::StrCat(all_there ? "all " : "MISSING ", acknowledged.size(), " present");
 }
 
-INSTANTIATE_TEST_SUITE_P(Faults, FaultMatrix, ::testing::Range(0, 6));
+INSTANTIATE_TEST_SUITE_P(Faults, FaultMatrix, ::testing::Range(0, 7));
 
 // --------------------------------------------------------------- Store open failures
 
