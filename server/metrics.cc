@@ -156,6 +156,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.expired_default = &expired_.Add(with("handling", "default"));
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
   m.undelivered = &undelivered_.Add(labels);
+  problem_failed_.Add(labels);  // 0: the problem loaded (ProblemFailed sets 1 otherwise)
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);

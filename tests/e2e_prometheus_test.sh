@@ -295,6 +295,55 @@ tests:
         exp_samples:
           - labels: 'ALERTS{alertname="DecisiondBackfillStuck",alertstate="firing",severity="warning",$SERIES_LABELS,problem="p",expert="3"}'
             value: 1
+  # Expert 2 is quarantined; expert 1 stays healthy.
+  - interval: 1m
+    input_series:
+      - series: 'decision_expert_failed{$SERIES_LABELS,problem="p",expert="1"}'
+        values: '0x10'
+      - series: 'decision_expert_failed{$SERIES_LABELS,problem="p",expert="2"}'
+        values: '0 0 1x8'
+    promql_expr_test:
+      - expr: ALERTS{alertstate="firing"}
+        eval_time: 5m
+        exp_samples:
+          - labels: 'ALERTS{alertname="DecisiondExpertFailed",alertstate="firing",severity="warning",$SERIES_LABELS,problem="p",expert="2"}'
+            value: 1
+
+  # Problem q failed to load; p serves.
+  - interval: 1m
+    input_series:
+      - series: 'decision_problem_failed{$SERIES_LABELS,problem="p"}'
+        values: '0x10'
+      - series: 'decision_problem_failed{$SERIES_LABELS,problem="q"}'
+        values: '1x10'
+    promql_expr_test:
+      - expr: ALERTS{alertstate="firing"}
+        eval_time: 2m
+        exp_samples:
+          - labels: 'ALERTS{alertname="DecisiondProblemFailed",alertstate="firing",severity="critical",$SERIES_LABELS,problem="q"}'
+            value: 1
+
+  # 10 of 60 decisions a minute are undelivered in p, 1 of 60 in r.
+  - interval: 1m
+    input_series:
+      - series: 'decision_decisions_total{$SERIES_LABELS,problem="p"}'
+        values: '0+60x40'
+      - series: 'decision_undelivered_total{$SERIES_LABELS,problem="p"}'
+        values: '0+10x40'
+      - series: 'decision_rewards_total{$SERIES_LABELS,problem="p",outcome="learned"}'
+        values: '0+50x40'
+      - series: 'decision_decisions_total{$SERIES_LABELS,problem="r"}'
+        values: '0+60x40'
+      - series: 'decision_undelivered_total{$SERIES_LABELS,problem="r"}'
+        values: '0+1x40'
+      - series: 'decision_rewards_total{$SERIES_LABELS,problem="r",outcome="learned"}'
+        values: '0+59x40'
+    promql_expr_test:
+      - expr: ALERTS{alertstate="firing"}
+        eval_time: 30m
+        exp_samples:
+          - labels: 'ALERTS{alertname="DecisiondUndeliveredDecisions",alertstate="firing",severity="warning",$SERIES_LABELS,problem="p"}'
+            value: 1
 EOF
 promtool test rules "$WORK/alerts_test.yml" >"$WORK/rules_test.out" 2>&1 || {
   cat "$WORK/rules_test.out" >&2
