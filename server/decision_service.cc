@@ -54,20 +54,27 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   const Problem::Env env = service->ProblemEnv();
   {
     absl::MutexLock lock(&service->mu_);
+    // One problem that cannot be loaded fails alone: the others serve.
+    auto fail = [&](const std::string& name, const absl::Status& why) {
+      std::fprintf(stderr, "decisiond: problem %s FAILED to load and serves no call: %s\n",
+                   name.c_str(), why.ToString().c_str());
+      service->failed_problems_[name] = why;
+      metrics->ProblemFailed(name).Set(1.0);
+      return absl::OkStatus();
+    };
     DECISION_RETURN_IF_ERROR(service->store_->ForEachProblem(
         [&](uint32_t index, const storage::v1::ProblemRecord& record) -> absl::Status {
           service->next_index_ = std::max(service->next_index_, index + 1);
           absl::StatusOr<std::unique_ptr<Problem>> p = Problem::Load(index, record, env);
-          if (!p.ok()) {
-            // One problem that cannot be loaded fails alone: the others serve.
-            std::fprintf(stderr, "decisiond: problem %s FAILED to load and serves no call: %s\n",
-                         record.problem_id().c_str(), p.status().ToString().c_str());
-            service->failed_problems_[record.problem_id()] = p.status();
-            metrics->ProblemFailed(record.problem_id()).Set(1.0);
-            return absl::OkStatus();
-          }
+          if (!p.ok()) return fail(record.problem_id(), p.status());
           service->problems_[record.problem_id()] = *std::move(p);
           return absl::OkStatus();
+        },
+        [&](uint32_t index, const absl::Status& damage) -> absl::Status {
+          // Its id is in the record that does not parse: it is listed as "#INDEX", which no
+          // problem id can be ([A-Za-z0-9_.-] only).
+          service->next_index_ = std::max(service->next_index_, index + 1);
+          return fail(absl::StrCat("#", index), damage);
         }));
   }
   DECISION_RETURN_IF_ERROR(service->ResumeTrainingJobs());

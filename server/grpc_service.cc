@@ -12,6 +12,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/log_limiter.h"
 #include "server/validation.h"
 
 namespace decision::server {
@@ -40,31 +41,16 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
-}  // namespace
-
-namespace {
-
-absl::Mutex protobuf_log_mu;
-absl::Time protobuf_log_last ABSL_GUARDED_BY(protobuf_log_mu) = absl::InfinitePast();
-int64_t protobuf_log_skipped ABSL_GUARDED_BY(protobuf_log_mu) = 0;
 
 void LimitedProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
                         const std::string& message) {
+  static LogLimiter* const limiter = new LogLimiter(10'000);
+  const std::string text = absl::StrCat("libprotobuf ", filename, ":", line, ": ", message);
   if (level == google::protobuf::LOGLEVEL_FATAL) {
-    std::fprintf(stderr, "libprotobuf FATAL %s:%d: %s\n", filename, line, message.c_str());
+    std::fprintf(stderr, "decisiond: %s\n", text.c_str());
     return;
   }
-  absl::MutexLock lock(&protobuf_log_mu);
-  const absl::Time now = absl::Now();
-  if (now - protobuf_log_last < absl::Seconds(10)) {
-    ++protobuf_log_skipped;
-    return;
-  }
-  std::fprintf(stderr, "decisiond: libprotobuf %s:%d: %s (%lld similar lines left out)\n",
-               filename, line, message.c_str(),
-               static_cast<long long>(protobuf_log_skipped));
-  protobuf_log_last = now;
-  protobuf_log_skipped = 0;
+  limiter->Report(absl::ToUnixMillis(absl::Now()), text);
 }
 
 }  // namespace

@@ -62,6 +62,7 @@
 #include "server/event_id_filter.h"
 #include "server/executor.h"
 #include "server/expert_pool.h"
+#include "server/log_limiter.h"
 #include "server/metrics.h"
 #include "server/pending_table.h"
 #include "storage/format.h"
@@ -418,6 +419,8 @@ class Problem {
   // Samples of the log with a positive reward: training needs at least one.
   int64_t positive_rewards_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
+  // Failed flushes repeat at the rate of Choose calls while the store cannot write.
+  LogLimiter write_error_log_{10'000};
   // The model of every quarantined expert: uniform over the problem's arms.
   std::shared_ptr<const Expert> stand_in_;
 };

@@ -234,8 +234,9 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
       }
       // Answered already: they stay pending in memory, and the next flush (or their join)
       // writes them. Until then a crash would forget them.
-      std::fprintf(stderr, "decisiond: problem %s: %zu decisions not written: %s\n",
-                   id().c_str(), op.flushed.size(), written.ToString().c_str());
+      write_error_log_.Report(env_.clock->NowMs(),
+                              absl::StrCat("problem ", id(), ": ", op.flushed.size(),
+                                           " decisions not written: ", written.ToString()));
       for (const auto& [event_id, event] : op.flushed) {
         pending_.ReturnUnwritten(event_id, env_.clock->NowMs());
       }

@@ -405,10 +405,29 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std:
 }
 
 absl::Status Store::ForEachProblem(
-    const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn) {
-  return Scan<v1::ProblemRecord>(
-      &Store::problems_, "", "", 0, 4,
-      [&](absl::string_view key, const v1::ProblemRecord& r) { return fn(ReadU32(key), r); });
+    const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn,
+    const std::function<absl::Status(uint32_t, const absl::Status&)>& damaged) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), problems_));
+  v1::ProblemRecord record;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != 4) {
+      return absl::DataLossError(absl::StrCat("storage: a problem key has ", it->key().size(),
+                                              " bytes, expected 4"));
+    }
+    const uint32_t index = ReadU32(absl::string_view(it->key().data(), 4));
+    absl::Status s;
+    if (record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      s = fn(index, record);
+    } else {
+      const absl::Status loss = absl::DataLossError(
+          absl::StrCat("storage: the record of problem index ", index, " does not parse"));
+      s = damaged ? damaged(index, loss) : loss;
+    }
+    if (!s.ok()) return s;
+  }
+  return FromRocks(it->status(), "scan");
 }
 
 absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,

@@ -153,8 +153,12 @@ class Store {
   // Writes every record of the group or none.
   absl::Status Commit(WriteGroup* group);
 
+  // Every problem record, in index order. A record that does not parse is passed to
+  // `damaged` with DATA_LOSS (the other problems go on), or, without `damaged`, ends the
+  // scan with DATA_LOSS. A key of the wrong size (no index to name) always ends it.
   absl::Status ForEachProblem(
-      const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn);
+      const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn,
+      const std::function<absl::Status(uint32_t, const absl::Status&)>& damaged = nullptr);
 
   absl::Status PutExpert(uint32_t problem, uint32_t expert, const v1::ExpertRecord& record);
   absl::Status ForEachExpert(

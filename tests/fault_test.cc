@@ -11,8 +11,10 @@
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "rocksdb/db.h"
 #include "server/auth.h"
 #include "server/grpc_service.h"
+#include "storage/format.h"
 #include "storage/store.h"
 #include "tests/service_fixture.h"
 
@@ -495,6 +497,52 @@ TEST_F(ExpertThatCannotScoreTest, LinearWhoseLogitsOverflowIsRefused) {
   for (int i = 0; i < kArms * kFeatures; ++i) l->add_weights(1e308);
   for (int a = 0; a < kArms; ++a) l->add_bias(0.0);
   ExpectRefusedAndNothingStored(req);
+}
+
+// A problem record that does not even parse (its id is in it) fails that problem alone,
+// listed as "#INDEX"; the service opens and the other problems serve.
+TEST_F(ServiceTest, AProblemRecordThatDoesNotParseFailsOnlyItsProblem) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  CreateProblem("q", /*wait_ms=*/1'000'000);
+  PlayRounds("q", 5);
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+    for (const char* name : storage::kFamilyNames) {
+      families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir_, families, &handles, &db).ok());
+    std::unique_ptr<rocksdb::Iterator> first(
+        db->NewIterator(rocksdb::ReadOptions(), handles[1]));  // "problems": index 0 is p
+    first->SeekToFirst();
+    ASSERT_TRUE(first->Valid());
+    const std::string key = first->key().ToString();
+    first.reset();
+    // A length-delimited field that claims more bytes than follow.
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[1], key, "\x0a\x7f").ok());
+    for (rocksdb::ColumnFamilyHandle* h : handles) db->DestroyColumnFamilyHandle(h);
+    ASSERT_TRUE(db->Close().ok());
+    delete db;
+  }
+  Open();
+  EXPECT_EQ(service_->ProblemLoadStatus("#0").code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(service_->ProblemLoadStatus("#0").message(), HasSubstr("does not parse"));
+  v1::ListProblemsResponse list;
+  ASSERT_TRUE(service_->ListProblems({}, &list).ok());
+  ASSERT_EQ(list.problems_size(), 2);
+  EXPECT_EQ(list.problems(0).problem_id(), "#0");
+  EXPECT_THAT(list.problems(0).error(), HasSubstr("does not parse"));
+  PlayRounds("q", 5);
+  EXPECT_EQ(GetProblem("q").samples(), 10);
+  // A new problem does not reuse the damaged one's index.
+  CreateProblem("r", /*wait_ms=*/1'000'000);
+  PlayRounds("r", 1);
+  Reopen();
+  EXPECT_EQ(GetProblem("r").samples(), 1);
 }
 
 // Runtime quarantine: an expert registered while every context it saw fit it, that later
