@@ -46,6 +46,27 @@ constexpr int kFeatures = 3;
 constexpr int kKills = 10;
 // Reward values cycle through these (exact in binary, so equality is exact).
 constexpr double kRewardValues[] = {0.0, 0.25, 0.5, 1.0};
+
+// Choose + Reward rounds [first, end) of `problem` on random contexts (seeded), with reward
+// kRewardValues[round % 4].
+void PlayRounds(Stub* stub, const std::string& problem, int64_t first, int64_t end,
+                uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int64_t n = first; n < end; ++n) {
+    v1::ChooseRequest choose;
+    choose.set_problem_id(problem);
+    for (int f = 0; f < kFeatures; ++f) choose.add_features(u(gen));
+    v1::ChooseResponse decision;
+    ASSERT_GRPC_OK(Call(&Stub::Choose, stub, choose, &decision));
+    v1::RewardRequest reward;
+    reward.set_problem_id(problem);
+    reward.set_event_id(decision.event_id());
+    reward.set_value(kRewardValues[n % 4]);
+    v1::RewardResponse response;
+    ASSERT_GRPC_OK(Call(&Stub::Reward, stub, reward, &response));
+  }
+}
 constexpr auto kRpcTimeout = std::chrono::seconds(10);
 constexpr auto kPollTimeout = std::chrono::seconds(30);
 
@@ -366,23 +387,7 @@ TEST_P(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
 class ChunkGapTest : public ::decision::testing::DecisiondTest {
  protected:
   // Choose + Reward pairs until the problem has `samples` samples.
-  void PlayUntil(int64_t samples) {
-    std::mt19937_64 gen(3);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    for (int64_t n = Samples(); n < samples; ++n) {
-      v1::ChooseRequest choose;
-      choose.set_problem_id(kProblem);
-      for (int f = 0; f < kFeatures; ++f) choose.add_features(u(gen));
-      v1::ChooseResponse decision;
-      ASSERT_GRPC_OK(Call(&Stub::Choose, stub_.get(), choose, &decision));
-      v1::RewardRequest reward;
-      reward.set_problem_id(kProblem);
-      reward.set_event_id(decision.event_id());
-      reward.set_value(kRewardValues[n % 4]);
-      v1::RewardResponse response;
-      ASSERT_GRPC_OK(Call(&Stub::Reward, stub_.get(), reward, &response));
-    }
-  }
+  void PlayUntil(int64_t samples) { PlayRounds(stub_.get(), kProblem, Samples(), samples, 3); }
   int64_t Samples() {
     v1::GetProblemRequest request;
     request.set_problem_id(kProblem);
@@ -454,21 +459,7 @@ TEST_F(TrainingCrashTest, AJobKilledWhileRunningIsResumedOrFailedNeverSilentlySh
   ASSERT_NO_FATAL_FAILURE(StartServer({"--training_threads=1"}));
   ASSERT_GRPC_OK(CreateProblem(stub_.get(), kProblem));
   // A log to train on: rewards cycle through 0, 0.25, 0.5, 1 (three in four positive).
-  std::mt19937_64 gen(14);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (int n = 0; n < kRounds; ++n) {
-    v1::ChooseRequest choose;
-    choose.set_problem_id(kProblem);
-    for (int f = 0; f < kFeatures; ++f) choose.add_features(u(gen));
-    v1::ChooseResponse decision;
-    ASSERT_GRPC_OK(Call(&Stub::Choose, stub_.get(), choose, &decision));
-    v1::RewardRequest reward;
-    reward.set_problem_id(kProblem);
-    reward.set_event_id(decision.event_id());
-    reward.set_value(kRewardValues[n % 4]);
-    v1::RewardResponse response;
-    ASSERT_GRPC_OK(Call(&Stub::Reward, stub_.get(), reward, &response));
-  }
+  ASSERT_NO_FATAL_FAILURE(PlayRounds(stub_.get(), kProblem, 0, kRounds, 14));
   v1::TrainExpertsRequest train;
   train.set_problem_id(kProblem);
   train.set_tree_experts(kTrees);

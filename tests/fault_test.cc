@@ -477,16 +477,8 @@ class ExpertThatCannotScoreTest : public ServiceTest {
 };
 
 TEST_F(ExpertThatCannotScoreTest, TableWhoseKeysMissTheContextsIsRefused) {
-  v1::RegisterExpertRequest req;
-  req.set_problem_id("p");
-  req.set_name("table");
-  auto* t = req.mutable_model()->mutable_table();
-  for (int r = 0; r < 2; ++r) {
-    auto* row = t->add_rows();
-    for (int a = 0; a < kArms; ++a) row->add_probabilities(1.0 / kArms);
-  }
-  t->set_key_feature(0);  // the contexts have 5..24 there: no row
-  ExpectRefusedAndNothingStored(req);
+  // The contexts have 5..24 in feature 0: no row.
+  ExpectRefusedAndNothingStored(TableRequest("p", std::vector<double>(kArms, 1.0 / kArms)));
 }
 
 TEST_F(ExpertThatCannotScoreTest, LinearWhoseLogitsOverflowIsRefused) {
@@ -545,6 +537,9 @@ TEST_F(ServiceTest, AProblemRecordThatDoesNotParseFailsOnlyItsProblem) {
   EXPECT_EQ(GetProblem("r").samples(), 1);
 }
 
+constexpr double kPrefersArm0[] = {0.97, 0.01, 0.01, 0.01};
+static_assert(std::size(kPrefersArm0) == kArms);
+
 // Runtime quarantine: an expert registered while every context it saw fit it, that later
 // cannot score one, is FAILED and excluded; rewards keep being learned by the others.
 class QuarantineTest : public ServiceTest {
@@ -552,17 +547,8 @@ class QuarantineTest : public ServiceTest {
   // A table expert over key feature 0 with two rows (keys in [0, 2)); it fails on larger
   // keys. Strongly prefers arm 0.
   int RegisterTable() {
-    v1::RegisterExpertRequest req;
-    req.set_problem_id("p");
-    req.set_name("table");
-    auto* t = req.mutable_model()->mutable_table();
-    for (int r = 0; r < 2; ++r) {
-      auto* row = t->add_rows();
-      for (int a = 0; a < kArms; ++a) row->add_probabilities(a == 0 ? 0.97 : 0.01);
-    }
-    t->set_key_feature(0);
     v1::Expert e;
-    const absl::Status s = service_->RegisterExpert(req, &e);
+    const absl::Status s = service_->RegisterExpert(TableRequest("p", {std::begin(kPrefersArm0), std::end(kPrefersArm0)}), &e);
     EXPECT_TRUE(s.ok()) << s;
     return e.expert_id();
   }

@@ -93,6 +93,21 @@ class ServiceTest : public ::testing::Test {
     return e.expert_id();
   }
 
+  // A table expert over key feature 0 with two rows (keys in [0, 2): it cannot score a
+  // context with a larger key), each row `probabilities` (kArms values).
+  static v1::RegisterExpertRequest TableRequest(const std::string& problem,
+                                                const std::vector<double>& probabilities) {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id(problem);
+    req.set_name("table");
+    auto* t = req.mutable_model()->mutable_table();
+    for (int r = 0; r < 2; ++r) {
+      t->add_rows()->mutable_probabilities()->Add(probabilities.begin(), probabilities.end());
+    }
+    t->set_key_feature(0);
+    return req;
+  }
+
   void RunMaintenanceUntilActive(const std::string& problem) {
     for (int i = 0; i < 1000; ++i) {
       ASSERT_TRUE(service_->RunMaintenance().ok());

@@ -374,17 +374,10 @@ class FaultMatrix : public StoreFaultTest, public ::testing::WithParamInterface<
   void InjectExpertFault(std::set<std::string>* acknowledged) {
     if (expert_fault_injected_) return;  // it stays quarantined
     expert_fault_injected_ = true;
-    v1::RegisterExpertRequest req;
-    req.set_problem_id("p");
-    req.set_name("table");
-    auto* t = req.mutable_model()->mutable_table();
-    for (int r = 0; r < 2; ++r) {
-      auto* row = t->add_rows();
-      for (int a = 0; a < kArms; ++a) row->add_probabilities(a == 0 ? 0.97 : 0.01);
-    }
-    t->set_key_feature(0);
+    std::vector<double> prefers_arm_0(kArms, 0.01);
+    prefers_arm_0[0] = 1.0 - 0.01 * (kArms - 1);
     v1::Expert table;
-    ASSERT_TRUE(service_->RegisterExpert(req, &table).ok());
+    ASSERT_TRUE(service_->RegisterExpert(TableRequest("p", prefers_arm_0), &table).ok());
     RunMaintenanceUntilActive("p");
     key_ = 7.0;
     v1::ChooseResponse c;
