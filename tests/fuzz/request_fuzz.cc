@@ -215,8 +215,15 @@ void Run(uint8_t selector, absl::string_view bytes) {
       break;
     }
     case 11: {
+      // The same bytes as both requests: a new case would renumber the corpus' selectors.
       v1::ListAuditLogRequest r;
       if (Parse(bytes, &r)) ExpectValidation(ValidateListAuditLogRequest(r), "ListAuditLog");
+      v1::GetTrainingJobRequest job;
+      if (Parse(bytes, &job)) {
+        const absl::Status s = ValidateGetTrainingJobRequest(job);
+        ExpectValidation(s, "ValidateGetTrainingJobRequest");
+        if (s.ok()) FUZZ_CHECK(job.job_id() >= 1, "job id %lld", (long long)job.job_id());
+      }
       break;
     }
     case 12:
