@@ -74,14 +74,18 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
                                         p->record_.num_features(), 0.0));
   uniform.metrics = env.metrics->ForExpert(p->id(), 0);
   uniform.metrics.backfill_progress->Set(1.0);
-  storage::Store::WriteGroup batch;
+  storage::v1::CheckpointRecord checkpoint;
+  const storage::v1::ExpertRecord first = uniform.record;
   {
     absl::MutexLock lock(&p->mu_);
     p->next_refresh_at_ = NextRefresh(p->record_, 0);
-    DECISION_RETURN_IF_ERROR(env.store->AddProblem(&batch, index, p->record_, uniform.record,
-                                                   p->CheckpointLocked()));
+    checkpoint = p->CheckpointLocked();
     p->experts_.Add(std::move(uniform));
   }
+  // The store's lock is never taken under mu_ (ExportLog takes mu_ inside a store scan).
+  storage::Store::WriteGroup batch;
+  DECISION_RETURN_IF_ERROR(env.store->AddProblem(&batch, index, p->record_,
+                                                 first, checkpoint));
   // One write: after a crash the problem exists with its first expert, or not at all.
   DECISION_RETURN_IF_ERROR(p->Timed([&] { return env.store->Commit(&batch); }));
   return p;
