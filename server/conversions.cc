@@ -251,6 +251,7 @@ v1::TrainingJob TrainingJobToWire(const rec::TrainingJobRecord& record) {
   job.set_created_at_ms(record.created_at_ms());
   job.set_updated_at_ms(record.updated_at_ms());
   job.set_interruptions(record.interruptions());
+  job.set_samples(record.samples());
   return job;
 }
 

@@ -65,11 +65,11 @@ struct ServiceOptions {
   // threads. Slower, but the decisions become a deterministic function of the seed and the
   // request sequence: for tests and reproducible replays.
   bool inline_maintenance = false;
-  // Batch boundaries (divergence refresh, auto-training) closer than this in wall time are
-  // merged: the boundary waits. The refresh costs O(N^2 R K) and, at thousands of rewards
-  // per second, the paper's b sqrt(t) schedule would refresh several times a second.
-  // Ignored with inline_maintenance (the schedule then follows the samples only).
-  int64_t min_refresh_interval_ms = 10'000;
+  // 0 (the default): every batch boundary happens at its round, as in the paper, and late
+  // work queues and catches up (Problem::MaybeRefreshDivergences). > 0: an opt-in CPU
+  // throttle: boundaries closer than this in wall time merge into one, so fewer batches are
+  // trained than the paper's schedule has. Ignored with inline_maintenance.
+  int64_t min_refresh_interval_ms = 0;
   // Threads each XGBoost training job uses.
   int training_threads = 1;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
@@ -202,6 +202,7 @@ class DecisionService {
   // write. OK if it can write now.
   absl::Status MaintainStore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
   // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
+  void ExportProblemMetrics(Problem* p);
   absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
 

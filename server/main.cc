@@ -58,9 +58,10 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
-ABSL_FLAG(int64_t, min_refresh_interval_ms, 10000,
-          "batch boundaries (divergence refresh, auto-training) closer than this in wall time "
-          "are merged");
+ABSL_FLAG(int64_t, min_refresh_interval_ms, 0,
+          "opt-in CPU throttle: batch boundaries (divergence refresh, auto-training) closer "
+          "than this in wall time merge into one (fewer batches than the paper's schedule). "
+          "0: every boundary at its round");
 
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port (enables TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");

@@ -51,6 +51,11 @@ Metrics::Metrics()
                           .Name("decision_problem_failed")
                           .Help("1 if the problem failed to load at start-up and serves no call")
                           .Register(*registry_)),
+      batch_lag_(prometheus::BuildGauge()
+                     .Name("decision_batch_lag_rounds")
+                     .Help("Joined samples since the oldest batch boundary whose divergence "
+                           "refresh or training job is not done: 0 when the schedule is kept")
+                     .Register(*registry_)),
       pending_(prometheus::BuildGauge()
                    .Name("decision_pending")
                    .Help("Decisions waiting for their reward")
@@ -156,6 +161,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.expired_default = &expired_.Add(with("handling", "default"));
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
   m.undelivered = &undelivered_.Add(labels);
+  m.batch_lag = &batch_lag_.Add(labels);
   problem_failed_.Add(labels);  // 0: the problem loaded (ProblemFailed sets 1 otherwise)
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);

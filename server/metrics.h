@@ -50,6 +50,7 @@ class Metrics {
     prometheus::Counter* expired_default;
     prometheus::Counter* expired_dropped;
     prometheus::Counter* undelivered;  // answers that never reached the client
+    prometheus::Gauge* batch_lag;      // rounds behind the batch schedule
     prometheus::Gauge* pending;
     prometheus::Gauge* samples;
     prometheus::Gauge* estimated_regret;
@@ -86,6 +87,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Counter>& undelivered_;
   prometheus::Family<prometheus::Gauge>& problem_failed_;
+  prometheus::Family<prometheus::Gauge>& batch_lag_;
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& regret_;

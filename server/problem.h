@@ -184,8 +184,9 @@ class Problem {
 
   // Training support (the trainer's thread): the joined samples with a positive reward, as
   // an importance-weighted training set (label: the arm, weight: reward / propensity); at
-  // most the newest kMaxTrainingSamples. FAILED_PRECONDITION if there is none.
-  absl::StatusOr<TrainingSet> TrainingSetFromLog() ABSL_LOCKS_EXCLUDED(mu_);
+  // most the newest kMaxTrainingSamples, of the first `samples` joined ones (0: all).
+  // FAILED_PRECONDITION if there is none.
+  absl::StatusOr<TrainingSet> TrainingSetFromLog(int64_t samples = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Maintenance (one thread at a time; problem_maintenance.cc and problem_experts.cc).
   // Joins decisions whose wait time has passed with the default reward (or drops them).
@@ -193,18 +194,29 @@ class Problem {
   // Backfills up to one chunk of the oldest backfilling expert; completes it when done.
   // Sets *worked if it did anything.
   absl::Status StepBackfill(bool* worked) ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
-  // Re-estimates all divergences when the log has grown past the batch boundary, unless the
-  // last refresh is less than min_interval_ms old (then the boundary waits). Sets
-  // *refreshed when a refresh (a batch boundary) happened. The divergences and the O(N t)
-  // rebuild run without mu_ on a shared prefix of the log; mu_ is held to catch up with
-  // the samples joined meanwhile and swap the result in.
-  absl::Status MaybeRefreshDivergences(bool* refreshed, int64_t min_interval_ms)
+  // Batch boundaries follow rounds (joined samples), as in the paper: the first after the
+  // warm-up, then every b sqrt(t) (NextRefresh), whatever the traffic speed. When the log
+  // has reached one or more boundaries, re-estimates all divergences once and appends every
+  // boundary passed, in order, to *boundaries (auto-training queues one job per boundary,
+  // trained on the log up to it). A maintenance round that comes late catches up: no
+  // boundary is skipped. min_interval_ms > 0 is the opt-in CPU throttle of
+  // --min_refresh_interval_ms: a boundary then waits until the last refresh is that old, and
+  // the boundaries passed meanwhile merge into one at the current log size (fewer batches:
+  // it changes the algorithm). The divergences and the O(N t) rebuild run without mu_ on a
+  // shared prefix of the log; mu_ is held to catch up with the samples joined meanwhile and
+  // swap the result in.
+  absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Rounds (joined samples) the log is past the oldest batch boundary whose divergence
+  // refresh has not happened yet; 0 if none is due.
+  int64_t RefreshLag() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the FAILED records of experts quarantined since the last call (a restart then
   // keeps them quarantined without loading their models). On a failure the rest wait.
   absl::Status PersistFailures() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
-  void ExportMetrics() ABSL_LOCKS_EXCLUDED(mu_);
+  // `batch_lag`: rounds the log is past the oldest batch boundary whose work (refresh or
+  // training) is not done (the owner knows the training jobs).
+  void ExportMetrics(int64_t batch_lag = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the deferred decisions not yet written and waits for that write (retried once if
   // it fails). Blocks. When it returns OK, every decision answered before the call is
   // written, unless an earlier flush failed while this one was queued (its decisions are

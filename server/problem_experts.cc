@@ -400,8 +400,13 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   return out;
 }
 
-absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_interval_ms) {
-  if (refreshed != nullptr) *refreshed = false;
+int64_t Problem::RefreshLag() const {
+  absl::MutexLock lock(&mu_);
+  return std::max<int64_t>(0, ducb_.log().size() - next_refresh_at_);
+}
+
+absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
+                                              int64_t min_interval_ms) {
   std::vector<std::shared_ptr<const Expert>> models;
   std::vector<double> contexts;
   DivergenceMatrix previous;
@@ -433,11 +438,21 @@ absl::Status Problem::MaybeRefreshDivergences(bool* refreshed, int64_t min_inter
       if (absl::IsFailedPrecondition(s)) return absl::OkStatus();  // experts added: as above
       return s;
     }
-    next_refresh_at_ = NextRefresh(record_, ducb_.log().size());
+    const int64_t t = ducb_.log().size();
+    if (min_interval_ms > 0) {
+      // The throttle merges the boundaries passed into one, here.
+      if (boundaries != nullptr) boundaries->push_back(t);
+      next_refresh_at_ = NextRefresh(record_, t);
+    } else {
+      // Every boundary passed, each at its own round.
+      while (next_refresh_at_ <= t) {
+        if (boundaries != nullptr) boundaries->push_back(next_refresh_at_);
+        next_refresh_at_ = NextRefresh(record_, next_refresh_at_);
+      }
+    }
     last_refresh_ms_ = env_.clock->NowMs();
     checkpoint = CheckpointLocked();
   }
-  if (refreshed != nullptr) *refreshed = true;
   return Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); });
 }
 

@@ -169,11 +169,11 @@ absl::Status Problem::WriteLogChunks() {
 
 // ----------------------------------------------------------------- Training and metrics
 
-absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog() {
+absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   TrainingSet set;
   set.num_features = record_.num_features();
   DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
-      index_, 0, 0, [&](int64_t, const storage::v1::SampleRecord& s) {
+      index_, 0, samples, [&](int64_t, const storage::v1::SampleRecord& s) {
         if (s.features_size() != set.num_features) {
           return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
                                                   s.features_size(), " features"));
@@ -195,7 +195,8 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog() {
   return set;
 }
 
-void Problem::ExportMetrics() {
+void Problem::ExportMetrics(int64_t batch_lag) {
+  metrics_.batch_lag->Set(static_cast<double>(batch_lag));
   const v1::Estimates estimates = GetEstimates();
   std::vector<Metrics::Pair> pairs;
   std::vector<int> active;

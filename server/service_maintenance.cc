@@ -29,7 +29,7 @@ absl::Status DecisionService::RunMaintenance() {
   backfill_behind_ = false;
   if (absl::Status store = MaintainStore(); !store.ok()) {
     if (export_metrics) {
-      for (Problem* p : problems) p->ExportMetrics();
+      for (Problem* p : problems) ExportProblemMetrics(p);
       last_metrics_export_ = now;
     }
     return store;
@@ -37,13 +37,21 @@ absl::Status DecisionService::RunMaintenance() {
   for (Problem* p : problems) {
     absl::Status s = MaintainProblem(p, std::chrono::milliseconds(100));
     if (status.ok()) status = s;
-    if (export_metrics) p->ExportMetrics();
+    if (export_metrics) ExportProblemMetrics(p);
   }
   if (export_metrics) {
     last_metrics_export_ = now;
     metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
   }
   return status;
+}
+
+void DecisionService::ExportProblemMetrics(Problem* p) {
+  // The schedule's lag: the oldest boundary whose refresh, or whose training job, is not
+  // done yet.
+  const int64_t boundary = training_jobs_->OldestUnfinishedBoundary(p->index());
+  const int64_t samples = p->Summary().samples();
+  p->ExportMetrics(std::max(p->RefreshLag(), boundary > 0 ? samples - boundary : 0));
 }
 
 absl::Status DecisionService::MaintainProblem(Problem* p,
@@ -71,15 +79,19 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   if (worked && backfill.ok()) backfill_behind_ = true;
   const storage::v1::ProblemRecord& r = p->record();
   if (r.auto_train()) keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
-  bool batch_boundary = false;
+  std::vector<int64_t> boundaries;
   keep("divergence refresh",
        p->MaybeRefreshDivergences(
-           &batch_boundary, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
-  if (batch_boundary && r.auto_train()) {
-    keep("queueing training", trainer_->Enqueue(p, p->index(), r.auto_train_trees(),
-                                                r.auto_train_linear(),
-                                                storage::v1::TRAINING_JOB_ORIGIN_AUTO)
-                                  .status());
+           &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
+  if (r.auto_train()) {
+    // One job per boundary, trained on the log up to it: a late round catches up.
+    for (int64_t boundary : boundaries) {
+      keep("queueing training", trainer_->Enqueue(p, p->index(), r.auto_train_trees(),
+                                                  r.auto_train_linear(),
+                                                  storage::v1::TRAINING_JOB_ORIGIN_AUTO,
+                                                  boundary)
+                                    .status());
+    }
   }
   return first;
 }

@@ -35,24 +35,25 @@ bool Trainer::Stopping() {
 
 absl::StatusOr<Trainer::Enqueued> Trainer::Enqueue(Problem* problem, uint32_t index,
                                                    int tree_experts, int linear_experts,
-                                                   storage::v1::TrainingJobOrigin origin) {
+                                                   storage::v1::TrainingJobOrigin origin,
+                                                   int64_t samples) {
   absl::MutexLock enqueue(&enqueue_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("the trainer is stopping");
-    if (auto it = queued_.find(problem); it != queued_.end()) {
+    if (auto it = queued_.find(problem); samples == 0 && it != queued_.end()) {
       return Enqueued{it->second, /*joined=*/true, static_cast<int>(queue_.size())};
     }
   }
   // The record is durable before the job is queued (and before TrainExperts answers).
   DECISION_ASSIGN_OR_RETURN(
       const TrainingJobRecord record,
-      book_->Create(index, problem->id(), tree_experts, linear_experts, origin));
+      book_->Create(index, problem->id(), tree_experts, linear_experts, origin, samples));
   absl::MutexLock lock(&mu_);
   // Stopped meanwhile: the record stays QUEUED and the next start resumes it.
   if (!stop_) {
     queue_.push_back({problem, index, record.job_id()});
-    queued_[problem] = record.job_id();
+    if (samples == 0) queued_[problem] = record.job_id();
   }
   return Enqueued{record.job_id(), /*joined=*/false, static_cast<int>(queue_.size())};
 }
@@ -137,7 +138,7 @@ absl::Status Trainer::Run(const Job& job) {
   r.set_state(storage::v1::TRAINING_JOB_STATE_RUNNING);
   if (r.first_expert_id() == 0) r.set_first_expert_id(p.Summary().experts());
   update();
-  absl::StatusOr<TrainingSet> set = p.TrainingSetFromLog();
+  absl::StatusOr<TrainingSet> set = p.TrainingSetFromLog(r.samples());
   if (!set.ok()) return fail(absl::StrCat("no training set: ", set.status().message()));
   const int num_arms = p.record().num_arms();
   const int total = r.tree_experts() + r.linear_experts();
@@ -163,7 +164,8 @@ absl::Status Trainer::Run(const Job& job) {
     }
     storage::v1::ExpertModelRecord record;
     record.set_xgboost(*std::move(model));
-    const std::string name = TrainedExpertName(r.job_id(), linear, p.Summary().samples());
+    const std::string name =
+        TrainedExpertName(r.job_id(), linear, r.samples() > 0 ? r.samples() : p.Summary().samples());
     absl::StatusOr<v1::Expert> e = p.RegisterExpert(name, std::move(record), p.record().smoothing());
     if (!e.ok()) {
       return fail(absl::StrCat("registering expert ", i + 1, " of ", total, " (",

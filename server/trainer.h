@@ -57,11 +57,15 @@ class Trainer {
     int queued_jobs = 0;  // jobs waiting, including this one
   };
   // Queues a job for `problem` (which must outlive the trainer; `index` is its index in the
-  // store), its record written QUEUED first. A problem keeps at most one job waiting: while
-  // one is queued, Enqueue returns it (joined). INTERNAL if the record cannot be written
-  // (nothing is queued); UNAVAILABLE once stopped.
+  // store), its record written QUEUED first. `samples` > 0: an auto-training job of the
+  // batch boundary at that many samples, trained on them alone; every boundary gets its
+  // own job, so that none is skipped however far training lags (they queue and catch up).
+  // A TrainExperts job (samples 0) joins the problem's TrainExperts job already waiting, if
+  // any. INTERNAL if the record cannot be written (nothing is queued); UNAVAILABLE once
+  // stopped.
   absl::StatusOr<Enqueued> Enqueue(Problem* problem, uint32_t index, int tree_experts,
-                                   int linear_experts, storage::v1::TrainingJobOrigin origin);
+                                   int linear_experts, storage::v1::TrainingJobOrigin origin,
+                                   int64_t samples = 0);
   // Queues a job the book already holds (a restart resuming it).
   void Requeue(Problem* problem, uint32_t index, int64_t job_id);
   // Runs the queued jobs in the caller's thread. A job's failure is in its record, not
@@ -91,7 +95,7 @@ class Trainer {
   absl::Mutex enqueue_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  // The newest queued job of each problem with one queued.
+  // The newest queued TrainExperts job (samples 0) of each problem with one queued.
   std::map<Problem*, int64_t> queued_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Taken before mu_ when both are held.

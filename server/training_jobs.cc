@@ -119,12 +119,13 @@ absl::StatusOr<std::vector<std::pair<uint32_t, TrainingJobRecord>>> TrainingJobB
 
 absl::StatusOr<TrainingJobRecord> TrainingJobBook::Create(
     uint32_t problem, const std::string& problem_id, int tree_experts, int linear_experts,
-    storage::v1::TrainingJobOrigin origin) {
+    storage::v1::TrainingJobOrigin origin, int64_t samples) {
   TrainingJobRecord record;
   record.set_problem_id(problem_id);
   record.set_origin(origin);
   record.set_tree_experts(tree_experts);
   record.set_linear_experts(linear_experts);
+  record.set_samples(samples);
   record.set_state(storage::v1::TRAINING_JOB_STATE_QUEUED);
   record.set_created_at_ms(clock_->NowMs());
   record.set_updated_at_ms(record.created_at_ms());
@@ -160,6 +161,19 @@ absl::StatusOr<TrainingJobRecord> TrainingJobBook::Get(uint32_t problem, int64_t
     if (it != jobs->second.end()) return it->second;
   }
   return absl::NotFoundError(absl::StrCat("training job ", job_id, " does not exist"));
+}
+
+int64_t TrainingJobBook::OldestUnfinishedBoundary(uint32_t problem) const {
+  absl::MutexLock lock(&mu_);
+  auto jobs = jobs_.find(problem);
+  if (jobs == jobs_.end()) return 0;
+  int64_t oldest = 0;
+  for (const auto& [id, record] : jobs->second) {
+    if (record.samples() > 0 && Unfinished(record) && (oldest == 0 || record.samples() < oldest)) {
+      oldest = record.samples();
+    }
+  }
+  return oldest;
 }
 
 }  // namespace decision::server

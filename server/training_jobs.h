@@ -76,7 +76,8 @@ class TrainingJobBook {
   absl::StatusOr<storage::v1::TrainingJobRecord> Create(uint32_t problem,
                                                         const std::string& problem_id,
                                                         int tree_experts, int linear_experts,
-                                                        storage::v1::TrainingJobOrigin origin)
+                                                        storage::v1::TrainingJobOrigin origin,
+                                                        int64_t samples = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sets updated_at_ms, writes `record` and then keeps it as the job's latest state (also
@@ -84,6 +85,10 @@ class TrainingJobBook {
   // REQUIRES: the job was created or loaded.
   absl::Status Update(uint32_t problem, storage::v1::TrainingJobRecord record)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The batch boundary (TrainingJobRecord::samples) of the problem's oldest unfinished
+  // auto-training job; 0 if none.
+  int64_t OldestUnfinishedBoundary(uint32_t problem) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The latest record of a job; NOT_FOUND if the problem has no such job.
   absl::StatusOr<storage::v1::TrainingJobRecord> Get(uint32_t problem, int64_t job_id) const

@@ -103,6 +103,61 @@ class TrainingJobTest : public ServiceTest {
   }
 };
 
+// Issue 15: batch boundaries follow rounds. A maintenance round that comes late (here: the
+// first one after 300 samples) queues one auto-training job per boundary passed, each
+// trained on the log up to its boundary, and the lag behind the schedule is a metric.
+TEST_F(TrainingJobTest, ALateMaintenanceRoundQueuesAJobForEveryBoundaryItPassed) {
+  absl::Notification reached, release;
+  trainer_hooks_.before_expert = [&](int64_t job, int expert) {
+    if (job == 1 && expert == 0) {
+      reached.Notify();
+      release.WaitForNotification();
+    }
+    return absl::OkStatus();
+  };
+  CreateProblem("p", /*wait_ms=*/1'000'000, /*drop=*/false, /*auto_train_max_active=*/8);
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  v1::GetProblemRequest get;
+  get.set_problem_id("p");
+  v1::Problem problem;
+  ASSERT_TRUE(service_->GetProblem(get, &problem).ok());
+  storage::v1::ProblemRecord record;
+  record.set_num_arms(kArms);
+  record.set_batch_multiplier(problem.config().batch_multiplier());
+  std::vector<int64_t> boundaries;
+  for (int64_t b = NextRefresh(record, 0); b <= 300; b = NextRefresh(record, b)) {
+    boundaries.push_back(b);
+  }
+  ASSERT_GE(boundaries.size(), 4u);  // 12, 36, 78, 139, 221 with K = 4, b = 7
+  EXPECT_EQ(problem.next_batch_at(), NextRefresh(record, boundaries.back()));
+  for (size_t i = 0; i < boundaries.size(); ++i) {
+    const absl::StatusOr<v1::TrainingJob> job = Job(static_cast<int64_t>(i) + 1);
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->origin(), v1::TRAINING_JOB_ORIGIN_AUTO_TRAIN);
+    EXPECT_EQ(job->samples(), boundaries[i]);
+  }
+  EXPECT_TRUE(absl::IsNotFound(Job(static_cast<int64_t>(boundaries.size()) + 1).status()));
+  // The trainer is held at job 1: the schedule is 300 - 12 rounds behind.
+  ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  clock_.AdvanceMs(1000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  double lag = -1;
+  for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+    if (f.name == "decision_batch_lag_rounds" && !f.metric.empty()) lag = f.metric[0].gauge.value;
+  }
+  EXPECT_EQ(lag, 300 - boundaries[0]);
+  release.Notify();
+  // Each job trained on its own prefix: its experts are named for its boundary.
+  for (size_t i = 0; i < boundaries.size(); ++i) {
+    const v1::TrainingJob job = WaitForEnd(static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.error();
+    for (int id : job.expert_ids()) {
+      EXPECT_THAT(Experts()[id].name(), HasSubstr(absl::StrCat("-t", boundaries[i])));
+    }
+  }
+}
+
 TEST_F(TrainingJobTest, AJobIsQueuedRunsAndSucceedsWithItsExpertsDurably) {
   absl::Notification reached, release;
   trainer_hooks_.before_expert = [&](int64_t job, int expert) {
