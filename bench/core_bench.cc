@@ -38,6 +38,19 @@
 //                                        of a fresh D-UCB with N = 32: the mean hides the
 //                                        occasional expensive update (group refresh, storage
 //                                        growth). One iteration; read the counters.
+//   BM_ScoreXgboost/<model>/<form>       the cost per row of scoring trained XGBoost experts
+//                                        (K = 26, d = 16, trained on bench/data/letter.csv
+//                                        with core/xgboost_trainer): "row" is one
+//                                        Expert::Predict per row (what every Reward does per
+//                                        expert), "batch<n>" one PredictBatch over n rows
+//                                        (what a backfill or a divergence refresh can do).
+//                                        items/s = rows scored per second. Counters:
+//                                        speedup_vs_row = the per-row cost of "row" (timed
+//                                        in the same benchmark before the loop) / this
+//                                        form's; read_syscalls_per_call = read(2) calls
+//                                        per Predict/PredictBatch (/proc/self/io syscr).
+//                                        /threads:2: two threads scoring on one expert at
+//                                        once; items/s is the total over both (real time).
 //
 // Data: a fixed-seed synthetic stream of K = 26 arm samples. Every context has a base
 // distribution over arms (Dirichlet(0.3)); expert k's distribution is the base tilted by a
@@ -55,6 +68,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -73,6 +87,9 @@
 #include "core/estimator.h"
 #include "core/policy.h"
 #include "core/sample_log.h"
+#include "core/xgboost_expert.h"
+#include "core/xgboost_trainer.h"
+#include "bench/dataset.h"
 #include "tests/reference_estimators.h"
 
 namespace decision {
@@ -560,6 +577,163 @@ void BM_DivergenceTerms(benchmark::State& state, bool kernel) {
   state.SetItemsProcessed(state.iterations() * kScoreExperts * (kScoreExperts - 1) * kRows);
 }
 
+// ------------------------------------------------------------ scoring XGBoost experts
+
+// Experts trained as auto-training trains them (core/xgboost_trainer.h, SampleExpertOptions:
+// hist trees at learning rate 0.3, column sampling 0.8; gblinear at 0.1 for 30 rounds), with
+// the depth and rounds fixed to the smallest, middle and largest of the recipe, on the
+// first kXgbTrainRows rows of letter (K = 26, d = 16) as importance-weighted samples of a
+// uniform logging policy that paid 1 for the label. Trained once per process (not timed).
+constexpr int kXgbTrainRows = 4000;
+constexpr size_t kXgbScoreRows = 4096;  // rows scored, cycled: letter rows 4000..8095
+
+struct XgbModel {
+  const char* name;
+  bool linear;
+  int max_depth;
+  int rounds;
+};
+constexpr XgbModel kXgbModels[] = {
+    {"tree_d3_r10", false, 3, 10},
+    {"tree_d6_r20", false, 6, 20},
+    {"tree_d10_r40", false, 10, 40},
+    {"linear_r30", true, 0, 30},
+};
+
+struct XgbBank {
+  std::string error;  // not empty if the data could not be read or a model not trained
+  int num_features = 0;
+  int num_arms = 0;
+  std::vector<double> rows;  // kXgbScoreRows x num_features
+  std::map<std::string, std::unique_ptr<Expert>> experts;
+};
+
+const XgbBank& GetXgbBank() {
+  static const XgbBank* bank = [] {
+    auto* b = new XgbBank;
+    absl::StatusOr<bench::Dataset> data =
+        bench::LoadCsv(std::string(DECISION_SOURCE_DIR) + "/bench/data/letter.csv");
+    if (!data.ok()) {
+      b->error = std::string(data.status().message());
+      return b;
+    }
+    b->num_features = data->num_features;
+    b->num_arms = data->num_classes;
+    TrainingSet set;
+    set.num_features = data->num_features;
+    for (int i = 0; i < kXgbTrainRows; ++i) {
+      set.Add(data->row(i), data->labels[i], 1.0, 1.0 / data->num_classes);
+    }
+    for (size_t i = 0; i < kXgbScoreRows; ++i) {
+      const absl::Span<const double> x = data->row(kXgbTrainRows + i);
+      b->rows.insert(b->rows.end(), x.begin(), x.end());
+    }
+    for (const XgbModel& m : kXgbModels) {
+      XgboostTrainOptions o;
+      o.linear = m.linear;
+      o.rounds = m.rounds;
+      if (m.linear) {
+        o.learning_rate = 0.1;
+      } else {
+        o.max_depth = m.max_depth;
+        o.colsample_bytree = 0.8;
+      }
+      o.seed = 7;
+      o.threads = 2;  // training is not timed
+      absl::StatusOr<std::string> bytes = TrainXgboostModel(set, b->num_arms, o);
+      absl::StatusOr<std::unique_ptr<Expert>> expert =
+          bytes.ok() ? MakeXgboostExpert(b->num_arms, b->num_features, *bytes)
+                     : absl::StatusOr<std::unique_ptr<Expert>>(bytes.status());
+      if (!expert.ok()) {
+        b->error = absl::StrCat(m.name, ": ", expert.status().message());
+        return b;
+      }
+      b->experts[m.name] = *std::move(expert);
+    }
+    return b;
+  }();
+  return *bank;
+}
+
+// read(2) calls made so far by this process (/proc/self/io syscr), or -1 if unreadable.
+int64_t ReadSyscalls() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "syscr:") return value;
+  }
+  return -1;
+}
+
+// Scores `calls` batches of `batch` rows on `expert`, starting at batch number `first`
+// (cycling over the bank's rows). Returns false after SkipWithError.
+bool ScoreBatches(const Expert& expert, const XgbBank& bank, size_t batch, int64_t first,
+                  int64_t calls, std::vector<double>& probs, benchmark::State& state) {
+  const size_t d = bank.num_features;
+  for (int64_t c = first; c < first + calls; ++c) {
+    const size_t start = (static_cast<size_t>(c) * batch) % (kXgbScoreRows - batch + 1);
+    const absl::Status s = expert.PredictBatch(
+        absl::MakeConstSpan(bank.rows).subspan(start * d, batch * d), batch,
+        absl::MakeSpan(probs).subspan(0, batch * bank.num_arms));
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+void BM_ScoreXgboost(benchmark::State& state, std::string model, size_t batch) {
+  const XgbBank& bank = GetXgbBank();
+  if (!bank.error.empty()) {
+    state.SkipWithError(bank.error.c_str());
+    return;
+  }
+  const Expert& expert = *bank.experts.at(model);
+  std::vector<double> probs(kXgbScoreRows * bank.num_arms);
+  // The one-row cost, for the speedup counter: median of 5 chunks of 400 rows (thread 0).
+  double row_ns = 0.0;
+  if (state.thread_index() == 0 && state.threads() == 1 && batch > 1) {
+    std::vector<double> per_row;
+    for (int chunk = 0; chunk < 5; ++chunk) {
+      const auto start = std::chrono::steady_clock::now();
+      if (!ScoreBatches(expert, bank, 1, chunk * 400, 400, probs, state)) return;
+      per_row.push_back(std::chrono::duration<double, std::nano>(
+                            std::chrono::steady_clock::now() - start).count() / 400.0);
+    }
+    std::sort(per_row.begin(), per_row.end());
+    row_ns = per_row[2];
+  }
+  // ReadSyscalls itself reads: its own count is measured and taken off.
+  int64_t syscr_before = 0, syscr_own = 0;
+  if (state.thread_index() == 0) {
+    const int64_t first = ReadSyscalls();
+    syscr_before = ReadSyscalls();
+    syscr_own = syscr_before - first;
+  }
+  int64_t c = static_cast<int64_t>(state.thread_index()) * 1000;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (!ScoreBatches(expert, bank, batch, c++, 1, probs, state)) break;
+  }
+  const double ns_per_row = std::chrono::duration<double, std::nano>(
+                                std::chrono::steady_clock::now() - start).count() /
+                            static_cast<double>(state.iterations() * batch);
+  benchmark::DoNotOptimize(probs.data());
+  state.SetItemsProcessed(state.iterations() * batch);
+  if (state.thread_index() == 0) {
+    const int64_t syscr_after = ReadSyscalls();
+    // Both threads' calls are in the difference; each thread runs state.iterations().
+    if (syscr_before >= 0 && syscr_after >= 0) {
+      state.counters["read_syscalls_per_call"] =
+          static_cast<double>(syscr_after - syscr_before - syscr_own) /
+          static_cast<double>(state.iterations() * state.threads());
+    }
+    if (batch > 1 && state.threads() == 1) state.counters["speedup_vs_row"] = row_ns / ns_per_row;
+  }
+}
+
 // Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
 // small enough to keep the log (and the memory) bounded.
 int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
@@ -624,6 +798,20 @@ void RegisterAll() {
                                  BM_UpdateLatency, kind, 32)
         ->Iterations(1)
         ->Unit(benchmark::kMillisecond);
+  }
+  for (const XgbModel& m : kXgbModels) {
+    for (size_t batch : {size_t{1}, size_t{64}, size_t{512}, size_t{4096}}) {
+      const std::string form = batch == 1 ? "row" : absl::StrCat("batch", batch);
+      for (int threads : {1, 2}) {
+        if (threads == 2 && batch > 64) continue;
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_ScoreXgboost/", m.name, "/", form).c_str(), BM_ScoreXgboost,
+            std::string(m.name), batch)
+            ->Threads(threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
   }
 }
 

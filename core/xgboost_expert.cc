@@ -6,7 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,25 +39,110 @@ float XgboostFeature(double x) {
 
 namespace {
 
+// libxgboost 1.7.4 and threads: what PredictRaw relies on, from the v1.7.4 sources.
+//
+// Concurrent predictions on one booster are safe once the booster is configured:
+//   - src/c_api/c_api.cc XGBoosterPredictFromDense -> InplacePredictImpl ->
+//     LearnerImpl::InplacePredict (src/learner.cc), and XGBoosterPredictFromDMatrix ->
+//     LearnerImpl::Predict, write their results to learner->GetThreadLocal() (a
+//     dmlc::ThreadLocalStore keyed by the booster: one prediction_entry and
+//     prediction_shape per thread) and Predict's cache to GetPredictionCache() (also
+//     thread-local). The pointers they return stay valid until this thread's next
+//     prediction on this booster; PredictRaw copies them out at once.
+//   - Both call LearnerConfiguration::Configure(), a double-checked lock on an atomic
+//     need_configuration_ and config_lock_. MakeXgboostExpert configures the booster once,
+//     with a first prediction, before the expert is shared: XGBoosterSetParam sets
+//     need_configuration_ again, so nothing may call it afterwards.
+//   - GBTree::InplacePredict (src/gbm/gbtree.h) is const; CPUPredictor::InplacePredict /
+//     DispatchedInplacePredict (src/predictor/cpu_predictor.cc) keep their thread buffers
+//     (thread_temp, workspace) on the stack; SoftmaxMultiClassObj::PredTransform
+//     (src/objective/multiclass_obj.cu) transforms the thread's own output.
+//   - GBLinear::PredictBatch (src/gbm/gblinear.cc) reads the model (LazyInitModel returns
+//     at once for a loaded model). WART: its common::Monitor writes a map when the global
+//     verbosity is 3 (debug, src/common/timer.cc); this process never sets it.
+//   - Errors: API_END stores the message per thread (XGBAPIThreadLocalStore), so
+//     XGBGetLastError reads this thread's.
+// What is not shared: the DMatrixProxy that XGBoosterPredictFromDense fills.
+// DispatchedInplacePredict writes its num_row_, and SetArrayData its adapter, so each call
+// in flight has its own (Scratch below).
+//
+// Why the proxy is reused rather than passed as nullptr (which makes XGBoosterPredictFromDense
+// create one per call): every DMatrix holds a Context (data::DMatrixProxy::ctx_,
+// SimpleDMatrix::ctx_), whose constructor (GenericParameter::GenericParameter in
+// src/learner.cc) calls common::GetCfsCPUCount (src/common/threading_utils.cc), which opens
+// and reads /sys/fs/cgroup/cpu/cpu.cfs_quota_us and cpu.cfs_period_us: six system calls per
+// prediction under cgroup v1 (strace, bench/README.md "Scoring XGBoost experts").
+
+// The scratch of one prediction in flight: the rows as floats and, for tree boosters, the
+// proxy DMatrix XGBoosterPredictFromDense attaches them to. Reused from call to call.
+struct Scratch {
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (proxy != nullptr) XGDMatrixFree(proxy);
+  }
+  DMatrixHandle proxy = nullptr;
+  std::vector<float> rows;
+};
+
 class XgboostExpert final : public Expert {
  public:
   XgboostExpert(int num_arms, int num_features, BoosterHandle booster, bool inplace,
                 double smoothing)
       : Expert(num_arms, num_features, smoothing), booster_(booster), inplace_(inplace) {}
-  ~XgboostExpert() override { XGBoosterFree(booster_); }
+  ~XgboostExpert() override {
+    free_scratch_.clear();  // the proxies before the booster
+    XGBoosterFree(booster_);
+  }
   const char* kind() const override { return "xgboost"; }
 
  protected:
   absl::Status PredictRaw(absl::Span<const double> rows, size_t n,
                           absl::Span<double> probs) const override {
-    absl::MutexLock lock(&mu_);
-    buffer_.resize(rows.size());
-    std::transform(rows.begin(), rows.end(), buffer_.begin(), XgboostFeature);
+    absl::StatusOr<std::unique_ptr<Scratch>> taken = TakeScratch();
+    if (!taken.ok()) return taken.status();
+    std::unique_ptr<Scratch> scratch = *std::move(taken);
+    const absl::Status status = PredictWith(*scratch, rows, n, probs);
+    ReturnScratch(std::move(scratch));
+    return status;
+  }
+
+ private:
+  // A free scratch, or a new one if every one is in use (so at most one per thread that
+  // predicts at once). Creating a proxy reads the cgroup files once.
+  absl::StatusOr<std::unique_ptr<Scratch>> TakeScratch() const {
+    {
+      absl::MutexLock lock(&scratch_mu_);
+      if (!free_scratch_.empty()) {
+        std::unique_ptr<Scratch> scratch = std::move(free_scratch_.back());
+        free_scratch_.pop_back();
+        return scratch;
+      }
+    }
+    auto scratch = std::make_unique<Scratch>();
+    if (inplace_ && XGProxyDMatrixCreate(&scratch->proxy) != 0) {
+      return absl::InternalError(
+          absl::StrCat("xgboost: cannot create a proxy DMatrix: ", XGBGetLastError()));
+    }
+    return scratch;
+  }
+
+  void ReturnScratch(std::unique_ptr<Scratch> scratch) const {
+    absl::MutexLock lock(&scratch_mu_);
+    free_scratch_.push_back(std::move(scratch));
+  }
+
+  absl::Status PredictWith(Scratch& scratch, absl::Span<const double> rows, size_t n,
+                           absl::Span<double> probs) const {
+    std::vector<float>& buffer = scratch.rows;
+    buffer.resize(rows.size());
+    std::transform(rows.begin(), rows.end(), buffer.begin(), XgboostFeature);
     char array_interface[256];
     std::snprintf(array_interface, sizeof(array_interface),
                   "{\"data\": [%llu, true], \"shape\": [%zu, %d], \"typestr\": \"<f4\", "
                   "\"version\": 3}",
-                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buffer_.data())),
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buffer.data())),
                   n, num_features());
     // libxgboost 1.7 requires every one of these keys.
     static constexpr char kConfig[] =
@@ -68,12 +153,12 @@ class XgboostExpert final : public Expert {
     const float* result = nullptr;
     int rc;
     if (inplace_) {
-      rc = XGBoosterPredictFromDense(booster_, array_interface, kConfig, nullptr, &shape, &dims,
-                                     &result);
+      rc = XGBoosterPredictFromDense(booster_, array_interface, kConfig, scratch.proxy, &shape,
+                                     &dims, &result);
     } else {
       // gblinear has no in-place prediction in libxgboost 1.7: go through a DMatrix.
       DMatrixHandle matrix = nullptr;
-      rc = XGDMatrixCreateFromMat(buffer_.data(), n, num_features(), NAN, &matrix);
+      rc = XGDMatrixCreateFromMat(buffer.data(), n, num_features(), NAN, &matrix);
       if (rc == 0) {
         rc = XGBoosterPredictFromDMatrix(booster_, matrix, kConfig, &shape, &dims, &result);
       }
@@ -105,11 +190,12 @@ class XgboostExpert final : public Expert {
     return absl::OkStatus();
   }
 
- private:
-  mutable absl::Mutex mu_;
-  BoosterHandle booster_ ABSL_GUARDED_BY(mu_);
+  // Configured at load and never changed again (see above): predictions need no lock.
+  const BoosterHandle booster_;
   const bool inplace_;  // tree boosters predict in place; gblinear needs a DMatrix
-  mutable std::vector<float> buffer_ ABSL_GUARDED_BY(mu_);
+  // Scratch not in use. The lock is held only to take or return one.
+  mutable absl::Mutex scratch_mu_;
+  mutable std::vector<std::unique_ptr<Scratch>> free_scratch_ ABSL_GUARDED_BY(scratch_mu_);
 };
 
 }  // namespace
@@ -171,10 +257,20 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   }
   const std::string booster_kind = ConfigValue(config, "booster");
   // One thread per prediction: a single context is far too small to share across threads.
+  // The last parameter set: predictions may run concurrently only after this.
   XGBoosterSetParam(booster, "nthread", "1");
-  return std::unique_ptr<Expert>(new XgboostExpert(num_arms, num_features, booster,
-                                                   /*inplace=*/booster_kind != "gblinear",
-                                                   smoothing));
+  auto expert = std::make_unique<XgboostExpert>(num_arms, num_features, booster,
+                                                /*inplace=*/booster_kind != "gblinear",
+                                                smoothing);  // owns the booster from here
+  // The first prediction configures the booster (LearnerConfiguration::Configure) while no
+  // other thread can see it, and leaves one scratch for the next call.
+  const std::vector<double> zeros(num_features, 0.0);
+  std::vector<double> probs(num_arms);
+  if (absl::Status s = expert->Predict(zeros, absl::MakeSpan(probs)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "xgboost expert: the model loads but cannot predict: ", s.message()));
+  }
+  return std::unique_ptr<Expert>(std::move(expert));
 }
 
 absl::StatusOr<std::string> ConvertXgboostModelToUbjson(absl::string_view model_bytes) {

@@ -7,8 +7,16 @@
 // A context for which the booster returns no finite positive probability (a diverged model)
 // gets the uniform distribution instead of an error.
 //
-// Thread safety: Predict may be called from any thread; calls into the booster are
-// serialised by a mutex (libxgboost keeps per-handle prediction buffers).
+// Thread safety: Predict and PredictBatch may be called from any number of threads at
+// once, and run in parallel: libxgboost 1.7.4 keeps its prediction buffers per thread and
+// per booster, and the booster is configured once at load (core/xgboost_expert.cc gives the
+// source references). Each call in flight takes its own scratch (float rows, a proxy
+// DMatrix) from a small pool, under a lock held only to take and return it.
+//
+// Cost: no call opens or reads a file once the expert has served as many calls at once as
+// it ever will (a new scratch's proxy DMatrix reads two cgroup files, in libxgboost). A
+// gblinear expert still builds a DMatrix per call (libxgboost 1.7 has no in-place gblinear
+// prediction), and that reads the two cgroup files every time.
 #ifndef DECISION_CORE_XGBOOST_EXPERT_H_
 #define DECISION_CORE_XGBOOST_EXPERT_H_
 

@@ -1,13 +1,18 @@
 // Races between calls of one problem, made deterministic with the service's testing hooks
 // where an interleaving matters, and run many times over where it does not: idempotent
 // Choose against a reward joined in between, late rewards against each other and against
-// the expiry, training jobs started from two threads.
+// the expiry, training jobs started from two threads; and, below the service, several
+// threads scoring on one XGBoost expert (core/xgboost_expert.h), which takes no lock.
+#include <algorithm>
 #include <atomic>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "core/xgboost_expert.h"
+#include "core/xgboost_trainer.h"
 #include "tests/service_fixture.h"
 
 namespace decision::server {
@@ -133,6 +138,76 @@ TEST_F(ServiceTest, TrainingJobsFromTwoThreadsRunOneAtATime) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failed.load(), 0);
   EXPECT_GE(GetProblem("p").experts(), 2);
+}
+
+// Several threads predicting on one XGBoost expert, rows one at a time and in batches of
+// varied sizes, get exactly what one thread gets. The expert holds no lock while libxgboost
+// predicts (core/xgboost_expert.cc says why that is safe); ThreadSanitizer (the tsan stage
+// of deploy/test.sh) checks the expert's own state: the pool of scratch buffers and proxy
+// DMatrix handles that calls in flight take and return. libxgboost itself is not
+// instrumented.
+class XgboostExpertThreads : public ::testing::TestWithParam<bool> {};  // param: gblinear
+
+INSTANTIATE_TEST_SUITE_P(Boosters, XgboostExpertThreads, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "gblinear" : "gbtree";
+                         });
+
+TEST_P(XgboostExpertThreads, ConcurrentPredictionsOnOneExpertMatchSingleThreaded) {
+  constexpr int kArms = 4, kFeatures = 6, kRows = 400, kThreads = 4, kCalls = 60;
+  // A fixed-seed problem: the logged arm is the largest of the first 4 features.
+  std::mt19937_64 gen(20261126);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> rows(kRows * kFeatures);
+  for (double& x : rows) x = unit(gen);
+  TrainingSet set;
+  set.num_features = kFeatures;
+  for (int i = 0; i < kRows; ++i) {
+    const double* x = &rows[i * kFeatures];
+    const int arm = static_cast<int>(std::max_element(x, x + kArms) - x);
+    set.Add(absl::MakeConstSpan(x, kFeatures), arm, 1.0, 1.0 / kArms);
+  }
+  XgboostTrainOptions options;
+  options.linear = GetParam();
+  options.rounds = 5;
+  options.max_depth = 4;
+  options.seed = 1;
+  const absl::StatusOr<std::string> model = TrainXgboostModel(set, kArms, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<Expert>> loaded = MakeXgboostExpert(kArms, kFeatures, *model);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Expert& expert = **loaded;
+  std::vector<double> expected(kRows * kArms);
+  ASSERT_TRUE(expert.PredictBatch(rows, kRows, absl::MakeSpan(expected)).ok());
+
+  std::atomic<bool> go{false};
+  std::vector<int> failures(kThreads, 0), mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<double> probs(32 * kArms);
+      while (!go.load()) std::this_thread::yield();
+      for (int call = 0; call < kCalls; ++call) {
+        const size_t n = (call + t) % 2 == 0 ? 1 : 1 + (call * 7 + t) % 32;  // 1..32 rows
+        const size_t first = (call * 37 + t * 101) % (kRows - 32);
+        const absl::Status s = expert.PredictBatch(
+            absl::MakeConstSpan(rows).subspan(first * kFeatures, n * kFeatures), n,
+            absl::MakeSpan(probs).subspan(0, n * kArms));
+        if (!s.ok()) {
+          ++failures[t];
+          continue;
+        }
+        mismatches[t] += !std::equal(probs.begin(), probs.begin() + n * kArms,
+                                     expected.begin() + first * kArms);
+      }
+    });
+  }
+  go = true;
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -492,6 +494,90 @@ TEST_P(ConcurrencyTest, ConcurrentPredictionsMatchSingleThreaded) {
     EXPECT_EQ(failures[t], 0) << "thread " << t;
     EXPECT_EQ(mismatches[t], 0) << "thread " << t;
   }
+}
+
+// Threads mixing batch sizes: each call in flight has its own scratch (the float rows and
+// the proxy DMatrix), reused by later calls of other sizes on other threads.
+TEST_P(ConcurrencyTest, ConcurrentBatchesOfMixedSizesMatchSingleThreaded) {
+  std::unique_ptr<Expert> expert =
+      MustLoad(GetParam() == "gbtree" ? GetModels().tree_json : GetModels().linear_json);
+  ASSERT_NE(expert, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 100;
+  constexpr size_t kSizes[] = {1, 5, 50};
+  const std::vector<double> rows(Data().features.begin(), Data().features.end());
+  auto slice = [&](int call, int t, size_t* n) {
+    *n = kSizes[(call + t) % 3];
+    return static_cast<size_t>((call * 11 + t * 29) % (kRows - 50));
+  };
+  // Single-threaded: every row once.
+  std::vector<double> expected(kRows * kClasses);
+  ASSERT_TRUE(expert->PredictBatch(rows, kRows, absl::MakeSpan(expected)).ok());
+
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<int> failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<double> probs(50 * kClasses);
+      for (int call = 0; call < kCalls; ++call) {
+        size_t n = 0;
+        const size_t first = slice(call, t, &n);
+        const absl::Status s = expert->PredictBatch(
+            absl::MakeConstSpan(rows).subspan(first * kFeatures, n * kFeatures), n,
+            absl::MakeSpan(probs).subspan(0, n * kClasses));
+        if (!s.ok()) {
+          ++failures[t];
+          continue;
+        }
+        mismatches[t] += !std::equal(probs.begin(), probs.begin() + n * kClasses,
+                                     expected.begin() + first * kClasses);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// No file read on the prediction path.
+
+// read(2) calls this process has made (/proc/self/io syscr), or -1 if unreadable.
+int64_t ReadSyscalls() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "syscr:") return value;
+  }
+  return -1;
+}
+
+// libxgboost 1.7.4 reads two cgroup files (common::GetCfsCPUCount) whenever it constructs
+// a DMatrix, and XGBoosterPredictFromDense given no DMatrix constructs one per call: a
+// tree expert reuses its proxy DMatrix instead (core/xgboost_expert.cc), so once loaded it
+// reads nothing to predict. syscr counts read(2) calls: where the cgroup v1 files exist
+// (the CI host) the regression is 2 reads per call, 800 here; under cgroup v2 they do not
+// exist, the failed openat reads nothing and this test cannot see it.
+TEST(XgboostExpert, TreePredictionsReadNoFiles) {
+  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_ubj);
+  ASSERT_NE(expert, nullptr);
+  const std::vector<double> rows(Data().features.begin(),
+                                 Data().features.begin() + 25 * kFeatures);
+  std::vector<double> batch(25 * kClasses);
+  const int64_t before = ReadSyscalls();
+  if (before < 0) GTEST_SKIP() << "/proc/self/io is not readable here";
+  for (int i = 0; i < 200; ++i) {
+    MustPredict(*expert, Data().Row(i));
+    ASSERT_TRUE(expert->PredictBatch(rows, 25, absl::MakeSpan(batch)).ok());
+  }
+  const int64_t after = ReadSyscalls();
+  // ReadSyscalls itself reads /proc/self/io (a few calls); 400 predictions reading the
+  // cgroup files would add 800.
+  EXPECT_LT(after - before, 20);
 }
 
 }  // namespace
