@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README walkthrough, measured: decisiond with its default flags pinned to CPU 0,
+# `decisionctl replay` of a labelled data set pinned to CPU 1 (letter s1 by default), then
+# how long after the replay the batch schedule catches up (decision_batch_lag_rounds = 0).
+#
+# Usage: bench/replay_schedule.sh [DATA_CSV ORDER_FILE ARMS FEATURES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
+arms=${3:-26} features=${4:-16}
+dir=$(mktemp -d)
+taskset -c 0 build/server/decisiond --data_dir="$dir" --listen=127.0.0.1:50071 \
+  --metrics_listen=127.0.0.1:9471 2>"$dir.log" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir" "$dir.log"' EXIT
+C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50071"
+until $C health >/dev/null 2>&1; do sleep 0.2; done
+$C create-problem p --arms="$arms" --features="$features" --auto_train >/dev/null
+start=$(date +%s.%N)
+$C replay p --data="$data" --order="$order" | tail -1
+end=$(date +%s.%N)
+lag() { curl -s 127.0.0.1:9471/metrics | awk '/^decision_batch_lag_rounds/ {print $2}'; }
+echo "replay: $(echo "$end - $start" | bc) s; rounds behind the schedule at its end: $(lag)"
+while [[ "$(lag)" != "0" ]]; do sleep 1; done
+echo "schedule caught up $(echo "$(date +%s.%N) - $end" | bc) s later;" \
+     "$($C jobs p | grep -c SUCCEEDED) training jobs succeeded, $($C list-experts p | tail -n +2 | wc -l) experts"
