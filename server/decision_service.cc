@@ -206,6 +206,7 @@ void DecisionService::ListAuditLog(const v1::ListAuditLogRequest& request,
 // --------------------------------------------------------------------------- Problems
 
 absl::Status DecisionService::CheckStoreWritable(absl::string_view refused) const {
+  if (store_->Writable()) return absl::OkStatus();  // the hot path: one atomic load
   const storage::StoreHealth health = store_->Health();
   if (health.writable) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
@@ -266,25 +267,25 @@ absl::Status DecisionService::GetProblem(const v1::GetProblemRequest& request,
 absl::Status DecisionService::ListProblems(const v1::ListProblemsRequest&,
                                            v1::ListProblemsResponse* response) {
   std::vector<Problem*> serving;
-  std::vector<v1::Problem> failed;
+  std::vector<v1::Problem> listed;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the service is shutting down");
     for (auto& [id, p] : problems_) serving.push_back(p.get());
     for (const auto& [id, why] : failed_problems_) {
-      failed.emplace_back();
-      failed.back().set_problem_id(id);
-      failed.back().set_error(FailedLoadError(id, why).ToString());
+      listed.emplace_back();
+      listed.back().set_problem_id(id);
+      listed.back().set_error(FailedLoadError(id, why).ToString());
     }
   }
   for (Problem* p : serving) {
-    failed.emplace_back(p->Summary());
-    *failed.back().mutable_config() = ConfigFromRecord(p->record());
+    listed.emplace_back(p->Summary());
+    *listed.back().mutable_config() = ConfigFromRecord(p->record());
   }
-  std::sort(failed.begin(), failed.end(), [](const v1::Problem& a, const v1::Problem& b) {
+  std::sort(listed.begin(), listed.end(), [](const v1::Problem& a, const v1::Problem& b) {
     return a.problem_id() < b.problem_id();
   });
-  for (v1::Problem& p : failed) *response->add_problems() = std::move(p);
+  for (v1::Problem& p : listed) *response->add_problems() = std::move(p);
   return absl::OkStatus();
 }
 

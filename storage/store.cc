@@ -307,6 +307,8 @@ absl::Status Store::CloseDbLocked() {
 
 Store::~Store() { Close().IgnoreError(); }
 
+bool Store::Writable() const { return health_ == nullptr || health_->writable(); }
+
 StoreHealth Store::Health() const { return health_ == nullptr ? StoreHealth() : health_->Get(); }
 
 absl::Status Store::NotOpen() const {

@@ -119,6 +119,9 @@ class Store {
   absl::Status Close();
 
   // Write health (see the header comment). Cheap: one short lock.
+  // Health().writable without its lock (one atomic load): the check on every Choose and
+  // Reward.
+  bool Writable() const;
   StoreHealth Health() const;
   // Gets the store writing again after a background error (see the header comment). OK if
   // it writes again (or never stopped); UNAVAILABLE with the reason if not (the disk is
