@@ -503,7 +503,9 @@ all_in() {
     fail "$1: want >= $4 series with values in [$2, $3], got $(jq -c '[.data.result[]? | {m: .metric, v: .value[1]}]' <<<"$answer")"
   ok "$1: $(jq '.data.result | length' <<<"$answer") series in [$2, $3]"
 }
-all_in "decision_expert_estimate{problem=\"$PROBLEM\"}" 0 1 2
+# Importance-weighted means of rewards in [0, 1]: never negative, and above 1 only by the
+# estimator's variance, at most the largest ratio pi_k / pi_j <= K / eta = 10 / 0.05.
+all_in "decision_expert_estimate{problem=\"$PROBLEM\"}" 0 200 2
 all_in "decision_expert_ucb{problem=\"$PROBLEM\"}" 0 +Inf 2
 all_in "decision_expert_backfill_progress{problem=\"$PROBLEM\"}" 0 1 2
 all_in "decision_expert_effective_sample_size{problem=\"$PROBLEM\"}" 0 1e12 2
