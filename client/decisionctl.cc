@@ -189,6 +189,7 @@ const char* StatusName(v1::ExpertStatus s) {
     case v1::EXPERT_STATUS_BACKFILLING: return "backfilling";
     case v1::EXPERT_STATUS_ACTIVE: return "active";
     case v1::EXPERT_STATUS_RETIRED: return "retired";
+    case v1::EXPERT_STATUS_FAILED: return "FAILED";
     default: return "?";
   }
 }
@@ -226,6 +227,11 @@ int ListProblems(DecisionClient& c) {
   std::printf("%-24s %6s %8s %8s %10s %10s %8s\n", "problem", "arms", "features", "experts",
               "decisions", "samples", "pending");
   for (const v1::Problem& p : list->problems()) {
+    if (!p.error().empty()) {
+      // It failed to load at start-up: no counts, only why.
+      std::printf("%-24s FAILED: %s\n", p.problem_id().c_str(), p.error().c_str());
+      continue;
+    }
     std::printf("%-24s %6d %8d %8d %10lld %10lld %8lld\n", p.problem_id().c_str(),
                 p.config().num_arms(), p.config().num_features(), p.experts(),
                 static_cast<long long>(p.decisions()), static_cast<long long>(p.samples()),
@@ -290,6 +296,7 @@ int ListExperts(DecisionClient& c, const std::vector<char*>& args) {
                 e.name().c_str(), e.kind().c_str(), StatusName(e.status()), e.smoothing(),
                 static_cast<long long>(e.backfilled()),
                 static_cast<long long>(e.backfill_total()));
+    if (!e.error().empty()) std::printf("        why FAILED: %s\n", e.error().c_str());
   }
   return 0;
 }

@@ -4,6 +4,21 @@
 #include "server/conversions.h"
 
 namespace decision::server {
+namespace {
+
+// The kind of a stored model, as Expert::kind() names it (a FAILED expert's model is the
+// stand-in: its own kind is in the record).
+const char* KindOf(const storage::v1::ExpertModelRecord& model) {
+  switch (model.kind_case()) {
+    case storage::v1::ExpertModelRecord::kUniform: return "uniform";
+    case storage::v1::ExpertModelRecord::kTable: return "table";
+    case storage::v1::ExpertModelRecord::kLinearSoftmax: return "linear_softmax";
+    case storage::v1::ExpertModelRecord::kXgboost: return "xgboost";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
 
 std::vector<std::shared_ptr<const Expert>> ExpertPool::Models(int n) const {
   std::vector<std::shared_ptr<const Expert>> models;
@@ -35,13 +50,13 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_problem_id(problem_id);
   e.set_expert_id(id);
   e.set_name(slot.record.name());
-  e.set_kind(slot.model->kind());
+  e.set_kind(slot.failure.empty() ? slot.model->kind() : KindOf(slot.record.model()));
   e.set_status(ExpertStatusToWire(slot.record.status()));
   if (!slot.failure.empty()) {
     e.set_status(v1::EXPERT_STATUS_FAILED);
     e.set_error(slot.failure);
   }
-  e.set_smoothing(slot.model->smoothing());
+  e.set_smoothing(slot.failure.empty() ? slot.model->smoothing() : slot.record.smoothing());
   e.set_backfill_total(slot.record.backfill_total());
   e.set_backfilled(estimated ? slot.record.backfill_total()
                              : static_cast<int64_t>(slot.backfill.size()));
