@@ -666,14 +666,7 @@ class UndeliveredTest : public ServiceTest {
     server_->Shutdown();
     server_.reset();
   }
-  double Undelivered() {
-    for (const prometheus::MetricFamily& family : metrics_.registry()->Collect()) {
-      if (family.name == "decision_undelivered_total" && !family.metric.empty()) {
-        return family.metric[0].counter.value;
-      }
-    }
-    return 0.0;
-  }
+  double Undelivered() { return std::max(0.0, MetricValue("decision_undelivered_total")); }
   v1::ChooseRequest Request(const std::string& event_id) {
     v1::ChooseRequest req;
     req.set_problem_id("p");

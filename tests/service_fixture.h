@@ -93,6 +93,17 @@ class ServiceTest : public ::testing::Test {
     return e.expert_id();
   }
 
+  // The value of metric family `name`'s first series (a gauge or a counter), or -1 if the
+  // family has none.
+  double MetricValue(const std::string& name) {
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name == name && !f.metric.empty()) {
+        return f.metric[0].gauge.value + f.metric[0].counter.value;
+      }
+    }
+    return -1;
+  }
+
   // A table expert over key feature 0 with two rows (keys in [0, 2): it cannot score a
   // context with a larger key), each row `probabilities` (kArms values).
   static v1::RegisterExpertRequest TableRequest(const std::string& problem,

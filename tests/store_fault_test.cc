@@ -67,14 +67,6 @@ class StoreFaultTest : public ServiceTest {
     req.set_problem_id(problem);
     return service_->ExportLog(req, [](const v1::LoggedSample&) { return absl::OkStatus(); });
   }
-  double Gauge(const std::string& name) {
-    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
-      if (f.name == name && !f.metric.empty()) {
-        return f.metric[0].gauge.value + f.metric[0].counter.value;
-      }
-    }
-    return -1;
-  }
   // DecisionService::Open of dir_ as the fixture does it, but returning the failure.
   absl::Status TryOpen() {
     ServiceOptions options;
@@ -104,7 +96,7 @@ TEST_F(StoreFaultTest, WalOutOfSpaceStopsDecisionsAndRecoversWithoutRestart) {
     ASSERT_TRUE(Reward("p", c.event_id(), i % 2).ok());
     acknowledged.insert(c.event_id());
   }
-  EXPECT_EQ(Gauge("decision_store_healthy"), 1.0);
+  EXPECT_EQ(MetricValue("decision_store_healthy"), 1.0);
   for (int cycle = 0; cycle < 2; ++cycle) {
     SCOPED_TRACE(absl::StrCat("cycle ", cycle));
     const std::string pending = absl::StrCat("pending", cycle);
@@ -123,8 +115,8 @@ TEST_F(StoreFaultTest, WalOutOfSpaceStopsDecisionsAndRecoversWithoutRestart) {
     EXPECT_TRUE(TryExport("p").ok());  // reads work
     EXPECT_EQ(GetProblem("p").samples(), static_cast<int64_t>(acknowledged.size()));
     EXPECT_EQ(service_->RunMaintenance().code(), absl::StatusCode::kUnavailable);
-    EXPECT_EQ(Gauge("decision_store_healthy"), 0.0);
-    EXPECT_GE(Gauge("decision_store_write_errors_total"), 1.0);
+    EXPECT_EQ(MetricValue("decision_store_healthy"), 0.0);
+    EXPECT_GE(MetricValue("decision_store_write_errors_total"), 1.0);
 
     fs_->Clear();  // space is back
     // The last attempt to resume was this round's: the next waits for the interval.
@@ -132,7 +124,7 @@ TEST_F(StoreFaultTest, WalOutOfSpaceStopsDecisionsAndRecoversWithoutRestart) {
     clock_.AdvanceMs(1000);
     const absl::Status round = service_->RunMaintenance();
     EXPECT_TRUE(round.ok()) << round;
-    EXPECT_EQ(Gauge("decision_store_healthy"), 1.0);
+    EXPECT_EQ(MetricValue("decision_store_healthy"), 1.0);
     EXPECT_TRUE(TryChoose("p", &c).ok());
     ASSERT_TRUE(Reward("p", pending, 1.0).ok());  // its decision was kept in memory
     acknowledged.insert(pending);

@@ -142,11 +142,7 @@ TEST_F(TrainingJobTest, ALateMaintenanceRoundQueuesAJobForEveryBoundaryItPassed)
   ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(120)));
   clock_.AdvanceMs(1000);
   ASSERT_TRUE(service_->RunMaintenance().ok());
-  double lag = -1;
-  for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
-    if (f.name == "decision_batch_lag_rounds" && !f.metric.empty()) lag = f.metric[0].gauge.value;
-  }
-  EXPECT_EQ(lag, 300 - boundaries[0]);
+  EXPECT_EQ(MetricValue("decision_batch_lag_rounds"), 300 - boundaries[0]);
   release.Notify();
   // Each job trained on its own prefix: its experts are named for its boundary.
   for (size_t i = 0; i < boundaries.size(); ++i) {
