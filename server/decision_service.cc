@@ -30,6 +30,7 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.defer_decisions = !options_.durable_choose;
   env.decision_flush_ms = options_.maintenance_interval_ms;
   env.hooks = options_.problem_hooks;
+  env.learner = learner_.get();
   return env;
 }
 
@@ -45,6 +46,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
                             storage::Store::Open(options.data_dir, store_options));
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
   service->writer_ = std::make_unique<Executor>(1, "writer");
+  service->learner_ = std::make_unique<Executor>(1, "learner");
   service->blocking_ = std::make_unique<Executor>(kBlockingThreads, "blocking");
   service->training_jobs_ =
       std::make_unique<TrainingJobBook>(service->store_.get(), service->clock_);
@@ -116,6 +118,7 @@ absl::Status DecisionService::Shutdown() {
     // one took the rest. No decision is answered any more, so the second leaves none.
     absl::Status s = problem->FlushDecisions();
     if (s.ok()) s = problem->FlushDecisions();
+    if (s.ok()) s = problem->WaitLearned();  // the checkpoint then covers every sample
     if (s.ok()) s = problem->WriteLogChunks();
     if (s.ok()) s = problem->Checkpoint();
     if (!s.ok()) {
@@ -125,6 +128,7 @@ absl::Status DecisionService::Shutdown() {
     }
   }
   if (writer_ != nullptr) writer_->Stop();
+  if (learner_ != nullptr) learner_->Stop();  // after the writer, which schedules it
   absl::Status closed = store_->Close();
   return status.ok() ? closed : status;
 }
@@ -256,12 +260,31 @@ absl::Status DecisionService::CreateProblem(const v1::CreateProblemRequest& requ
   return CreateProblemNow(request, response);
 }
 
+void DecisionService::AfterLearning(const std::string& problem_id,
+                                    std::function<absl::Status(const Problem&)> read,
+                                    Done done) {
+  absl::StatusOr<Problem*> p = Find(problem_id);
+  if (!p.ok()) return done(p.status());
+  (*p)->WhenLearned([p = *p, read = std::move(read), done = std::move(done)](absl::Status s) {
+    done(s.ok() ? read(*p) : s);
+  });
+}
+
+void DecisionService::GetProblem(const v1::GetProblemRequest& request, v1::Problem* response,
+                                 Done done) {
+  AfterLearning(
+      request.problem_id(),
+      [response](const Problem& p) {
+        *response = p.Summary();
+        *response->mutable_config() = ConfigFromRecord(p.record());
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
 absl::Status DecisionService::GetProblem(const v1::GetProblemRequest& request,
                                          v1::Problem* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  *response = p->Summary();
-  *response->mutable_config() = ConfigFromRecord(p->record());
-  return absl::OkStatus();
+  return AwaitDone([&](Done done) { GetProblem(request, response, std::move(done)); });
 }
 
 absl::Status DecisionService::ListProblems(const v1::ListProblemsRequest&,
@@ -322,11 +345,20 @@ void DecisionService::RegisterExpert(const v1::RegisterExpertRequest& request,
              std::move(done));
 }
 
+void DecisionService::ListExperts(const v1::ListExpertsRequest& request,
+                                  v1::ListExpertsResponse* response, Done done) {
+  AfterLearning(
+      request.problem_id(),
+      [response](const Problem& p) {
+        for (v1::Expert& e : p.ListExperts()) *response->add_experts() = std::move(e);
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
 absl::Status DecisionService::ListExperts(const v1::ListExpertsRequest& request,
                                           v1::ListExpertsResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  for (v1::Expert& e : p->ListExperts()) *response->add_experts() = std::move(e);
-  return absl::OkStatus();
+  return AwaitDone([&](Done done) { ListExperts(request, response, std::move(done)); });
 }
 
 absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& request,
@@ -401,6 +433,8 @@ void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardRespons
 }
 
 absl::Status DecisionService::MaintainInline(Problem* p) {
+  // Deterministic: the reward just acknowledged is learned before anything else happens.
+  DECISION_RETURN_IF_ERROR(p->WaitLearned());
   absl::MutexLock round(&maintenance_mu_);
   absl::Status m = MaintainProblem(p, std::chrono::hours(1));
   absl::Status trained = trainer_->RunPending();
@@ -409,11 +443,20 @@ absl::Status DecisionService::MaintainInline(Problem* p) {
 
 // ---------------------------------------------------------------- Queries and training
 
+void DecisionService::GetEstimates(const v1::GetEstimatesRequest& request,
+                                   v1::Estimates* response, Done done) {
+  AfterLearning(
+      request.problem_id(),
+      [response](const Problem& p) {
+        *response = p.GetEstimates();
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
 absl::Status DecisionService::GetEstimates(const v1::GetEstimatesRequest& request,
                                            v1::Estimates* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
-  *response = p->GetEstimates();
-  return absl::OkStatus();
+  return AwaitDone([&](Done done) { GetEstimates(request, response, std::move(done)); });
 }
 
 absl::Status DecisionService::ExportLog(
@@ -421,6 +464,8 @@ absl::Status DecisionService::ExportLog(
     const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateExportLogRequest(request));
+  // Every acknowledged sample then carries its experts' propensities.
+  DECISION_RETURN_IF_ERROR(p->WaitLearned());
   return p->ExportLog(request.start(), request.limit(), fn);
 }
 
@@ -441,6 +486,7 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateTrainExpertsRequest(request));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("training jobs"));
+  DECISION_RETURN_IF_ERROR(p->WaitLearned());  // the acknowledged rewards count
   int trees = request.tree_experts(), linear = request.linear_experts();
   if (trees == 0 && linear == 0) {
     trees = 3;

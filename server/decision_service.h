@@ -61,7 +61,7 @@ struct ServiceOptions {
   int maintenance_interval_ms = 20;
   bool start_maintenance_thread = true;
   // Run a problem's maintenance (expiry, the whole backfill, divergence refresh, training)
-  // after every Reward, before the Reward is answered, instead of on the background
+  // after every Reward, once it is learned, before the Reward is answered, instead of on the background
   // threads. Slower, but the decisions become a deterministic function of the seed and the
   // request sequence: for tests and reproducible replays.
   bool inline_maintenance = false;
@@ -152,6 +152,13 @@ class DecisionService {
   // What Problem::Load returned for a problem at Open: OK for one that serves (or was
   // created since), its error for one that failed to load, NOT_FOUND for an unknown id.
   absl::Status ProblemLoadStatus(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // GetProblem, ListExperts and GetEstimates report what is learned: they answer once
+  // every reward acknowledged before them is learned (Problem::WhenLearned), without
+  // blocking. The synchronous forms wait for that (tests, tools).
+  void GetProblem(const v1::GetProblemRequest& request, v1::Problem* response, Done done);
+  void ListExperts(const v1::ListExpertsRequest& request, v1::ListExpertsResponse* response,
+                   Done done);
+  void GetEstimates(const v1::GetEstimatesRequest& request, v1::Estimates* response, Done done);
   absl::Status GetProblem(const v1::GetProblemRequest& request, v1::Problem* response);
   absl::Status ListProblems(const v1::ListProblemsRequest& request,
                             v1::ListProblemsResponse* response);
@@ -184,6 +191,9 @@ class DecisionService {
   Problem::Env ProblemEnv() const;
   // Runs `work` on the blocking executor and passes its status to `done`.
   void OffReactor(std::function<absl::Status()> work, Done done);
+  // Runs `read` on problem `problem_id` once what was acknowledged before is learned.
+  void AfterLearning(const std::string& problem_id,
+                     std::function<absl::Status(const Problem&)> read, Done done);
   absl::Status CreateProblemNow(const v1::CreateProblemRequest& request, v1::Problem* response)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status TrainExpertsNow(const v1::TrainExpertsRequest& request,
@@ -214,6 +224,7 @@ class DecisionService {
   // Declared after the store and before the problems: destroyed before the problems they
   // run work for, and after nothing that uses them.
   std::unique_ptr<Executor> writer_;
+  std::unique_ptr<Executor> learner_;  // scores and learns joined samples (problem_learn.cc)
   std::unique_ptr<Executor> blocking_;
   std::unique_ptr<TrainingJobBook> training_jobs_;  // before the trainer, which uses it
   std::unique_ptr<Trainer> trainer_;

@@ -236,7 +236,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetProblem(grpc::CallbackServerCo
       ctx, "GetProblem", in, out,
       [](const v1::GetProblemRequest& r, const auto&) { return Call{"GetProblem", r.problem_id(), nullptr}; },
       [this](const Grant&, DECISION_CALL(GetProblemRequest, Problem), Done done) {
-        done(service_->GetProblem(call->request, &call->response));
+        service_->GetProblem(call->request, &call->response, std::move(done));
       });
 }
 
@@ -295,7 +295,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ListExperts(grpc::CallbackServerC
       ctx, "ListExperts", in, out,
       [](const v1::ListExpertsRequest& r, const auto&) { return Call{"ListExperts", r.problem_id(), nullptr}; },
       [this](const Grant&, DECISION_CALL(ListExpertsRequest, ListExpertsResponse), Done done) {
-        done(service_->ListExperts(call->request, &call->response));
+        service_->ListExperts(call->request, &call->response, std::move(done));
       });
 }
 
@@ -358,7 +358,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetEstimates(grpc::CallbackServer
         return Call{"GetEstimates", r.problem_id(), nullptr};
       },
       [this](const Grant&, DECISION_CALL(GetEstimatesRequest, Estimates), Done done) {
-        done(service_->GetEstimates(call->request, &call->response));
+        service_->GetEstimates(call->request, &call->response, std::move(done));
       });
 }
 

@@ -56,6 +56,16 @@ Metrics::Metrics()
                      .Help("Joined samples since the oldest batch boundary whose divergence "
                            "refresh or training job is not done: 0 when the schedule is kept")
                      .Register(*registry_)),
+      learning_lag_(prometheus::BuildGauge()
+                        .Name("decision_learning_lag_samples")
+                        .Help("Joined samples acknowledged (durable) and not yet learned: "
+                              "scored by every expert and taught to D-UCB")
+                        .Register(*registry_)),
+      learning_delay_(prometheus::BuildHistogram()
+                          .Name("decision_learning_delay_seconds")
+                          .Help("Time from a joined sample's write (its acknowledgement) to "
+                                "its learning")
+                          .Register(*registry_)),
       pending_(prometheus::BuildGauge()
                    .Name("decision_pending")
                    .Help("Decisions waiting for their reward")
@@ -162,6 +172,10 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
   m.undelivered = &undelivered_.Add(labels);
   m.batch_lag = &batch_lag_.Add(labels);
+  m.learning_lag = &learning_lag_.Add(labels);
+  m.learning_delay = &learning_delay_.Add(
+      labels, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                      0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10});
   problem_failed_.Add(labels);  // 0: the problem loaded (ProblemFailed sets 1 otherwise)
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);

@@ -51,6 +51,8 @@ class Metrics {
     prometheus::Counter* expired_dropped;
     prometheus::Counter* undelivered;  // answers that never reached the client
     prometheus::Gauge* batch_lag;      // rounds behind the batch schedule
+    prometheus::Gauge* learning_lag;   // samples written (acknowledged) and not yet learned
+    prometheus::Histogram* learning_delay;  // acknowledgement to learning, per sample
     prometheus::Gauge* pending;
     prometheus::Gauge* samples;
     prometheus::Gauge* estimated_regret;
@@ -88,6 +90,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& undelivered_;
   prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& batch_lag_;
+  prometheus::Family<prometheus::Gauge>& learning_lag_;
+  prometheus::Family<prometheus::Histogram>& learning_delay_;
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& regret_;

@@ -303,40 +303,14 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
 // ------------------------------------------------------------------------------- Reward
 
 absl::Status Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response) {
-  return AwaitDone(
-      [&](Done done) { RewardAs(request, response, std::move(done), Committer::kCaller); });
+  DECISION_RETURN_IF_ERROR(AwaitDone(
+      [&](Done done) { RewardAs(request, response, std::move(done), Committer::kCaller); }));
+  return WaitLearned();
 }
 
 void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
                      Done done) {
   RewardAs(request, response, std::move(done), Committer::kWriter);
-}
-
-std::vector<double> Problem::Propensities(
-    const std::vector<std::shared_ptr<const Expert>>& models, const EventRecord& event,
-    std::vector<ScoringFailure>* failures) const {
-  std::vector<double> out(models.size());
-  std::vector<double> probs(record_.num_arms());
-  const absl::Span<const double> x(event.features().data(), event.features_size());
-  for (size_t k = 0; k < models.size(); ++k) {
-    if (static_cast<int>(k) == event.expert_id()) {
-      // The probability the decision was drawn with: the importance ratios' denominator.
-      out[k] = event.propensity();
-      continue;
-    }
-    absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
-    out[k] = s.ok() ? probs[event.arm()] : 0.0;
-    // The same check the log makes when it learns the sample, made before it is written.
-    if (s.ok() && !(out[k] > 0.0 && out[k] <= 1.0)) {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("the played arm gets probability ", out[k]));
-    }
-    if (!s.ok()) {
-      failures->push_back({static_cast<int>(k), absl::StrCat("join: ", s.message())});
-      out[k] = 1.0 / record_.num_arms();  // the stand-in's
-    }
-  }
-  return out;
 }
 
 absl::Status Problem::LateError(const std::string& event_id, int64_t deadline_ms) const {
@@ -389,7 +363,7 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
     metrics_.rewards_late->Increment();
     plan.answer = LateError(event_id, d->record.deadline_ms());
     plan.action = RewardPlan::kExpire;
-    PrepareExpiryLocked(event_id, *d, &plan.op, &plan.models);
+    PrepareExpiryLocked(event_id, *d, &plan.op);
     return plan;
   }
   plan.action = RewardPlan::kJoin;
@@ -397,7 +371,6 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
   plan.op.event_id = event_id;
   plan.op.decision_stored = pending_.StartJoin(*d, /*expiry=*/false);
   plan.op.event = d->record;
-  plan.models = experts_.Models();
   return plan;
 }
 
@@ -417,7 +390,7 @@ void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* res
       op.done = [answer = plan.answer, done = std::move(done)](absl::Status written) {
         done(written.ok() ? answer : written);
       };
-      return SubmitExpiry(std::move(op), std::move(plan.models), committer);
+      return Submit(std::move(op), committer);
     case RewardPlan::kLate:
       op.kind = WriteOp::kLateReward;
       op.event_id = request.event_id();
@@ -427,12 +400,7 @@ void Problem::RewardAs(const v1::RewardRequest& request, v1::RewardResponse* res
     case RewardPlan::kJoin:
       break;
   }
-  // WART: every expert scores the context on the caller's (reactor) thread: N model
-  // evaluations per reward, CPU and not a wait, but for large tree experts the reactor's
-  // largest cost. Scoring in batches off the request path is the planned fix.
-  std::vector<ScoringFailure> failures;
-  op.propensities = Propensities(plan.models, op.event, &failures);
-  QuarantineFailures(failures);
+  // No expert scores the context here: the learner scores the written samples in batches.
   op.reward = request.value();
   op.reward_response = response;
   op.done = std::move(done);

@@ -9,6 +9,7 @@
 // and the pieces of work, one file each:
 //   problem.cc              creation, Choose, Reward, the read-only queries
 //   problem_commit.cc       the join writer: group commits on the writer executor
+//   problem_learn.cc        the learner: joined samples scored in batches and learned
 //   problem_experts.cc      registration, retirement, backfill, divergence refresh
 //   problem_maintenance.cc  expiry, checkpoints, log chunks, training sets, metrics
 //   recovery.cc             Load: the problem rebuilt from the store, in named steps
@@ -20,6 +21,17 @@
 // it is taken before mu_, never after. A group commit runs on the writer executor (one
 // thread for all problems) and takes mu_ only to read the log's size and to apply the
 // written group.
+//
+// Learning trails the acknowledgement. A Reward is answered once its joined sample is
+// durable; the sample is then queued for the learner (problem_learn.cc), which scores the
+// queued samples with every expert in batches (one PredictBatch per expert, outside mu_)
+// and teaches them to D-UCB in log order. Samples written but not learned yet are bounded
+// (kMaxUnlearnedSamples: past it the writer waits for the learner) and measured
+// (decision_learning_lag_samples, decision_learning_delay_seconds). Reads that report what
+// is learned (GetEstimates, Summary, ListExperts through the service; the synchronous
+// Reward) first wait, without blocking a thread (WhenLearned), until every sample
+// acknowledged before them is learned. A crash between the write and the learning loses
+// nothing: a restart learns the stored samples.
 //
 // Threads. Choose and Reward never block their caller: they do their in-memory work and
 // hand the rest to the writer (or, for a Choose whose caller event id may be stored, a
@@ -41,6 +53,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,6 +86,10 @@ namespace decision::server {
 
 inline constexpr size_t kMaxTrainingSamples = 200'000;
 inline constexpr size_t kMaxUnwrittenDecisions = 4096;  // deferred ones before a flush
+// Samples written and not yet learned before the writer waits for the learner: the bound
+// of the learning lag, in samples (a full learner batch, and one more filling).
+inline constexpr size_t kMaxLearnBatch = 512;  // scored in one PredictBatch per expert
+inline constexpr size_t kMaxUnlearnedSamples = 2 * kMaxLearnBatch;
 // A log chunk on disk is one chunk of the in-memory log (a PendingChunk shares it).
 static_assert(storage::kLogChunkSamples == SampleLog::kChunkSamples);
 
@@ -100,12 +117,15 @@ absl::Status AwaitDone(Start&& start) {
 }
 
 // Testing seams (as RocksDB's SyncPoint, reduced to what the tests need): each is called,
-// when set, with no lock held. Null in production.
+// when set, with no lock held unless it says so. Null in production.
 struct ProblemHooks {
   // In Choose, after the expert is selected and before the decision is recorded.
   std::function<void(const std::string& event_id)> after_select;
-  // In the join, before a sample is learned; a non-OK status makes the learning fail.
+  // In the learner, before a sample is learned (called with the problem's lock held); a
+  // non-OK status makes the learning fail.
   std::function<absl::Status(int64_t sequence)> before_learn;
+  // In the learner, before it scores a batch of samples from `first_sequence` on.
+  std::function<void(int64_t first_sequence)> before_score;
 };
 
 class Problem {
@@ -117,6 +137,9 @@ class Problem {
     Executor* writer;    // group commits (see problem_commit.cc)
     Executor* blocking;  // blocking work a Choose or Reward needs (store lookups)
     uint64_t seed;
+    // Scores and learns joined samples (problem_learn.cc). Null: the writer learns each
+    // group itself once it is answered (tests that want learning in the writer's order).
+    Executor* learner = nullptr;
     bool defer_decisions = false;  // see "Deferred decisions" above
     int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
     const ProblemHooks* hooks = nullptr;
@@ -151,9 +174,17 @@ class Problem {
   // Counted in decision_undelivered_total. In memory only: a restart before the expiry
   // learns it with the default reward.
   void Undeliver(const std::string& event_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // The same, waiting for `done` (tests, tools).
+  // The same, waiting for `done` (tests, tools). The synchronous Reward also waits until
+  // its sample is learned.
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
+
+  // Calls `done` (OK) once every sample written before the call is learned, or has been
+  // given up on (learning stopped: the status says why). At once if none waits. Never
+  // blocks; `done` runs on the learner's thread or the caller's.
+  void WhenLearned(Done done) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, waiting. Blocks.
+  absl::Status WaitLearned() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Experts (problem_experts.cc). Block: model parsing and a store write.
   absl::StatusOr<v1::Expert> RegisterExpert(const std::string& name,
@@ -248,7 +279,6 @@ class Problem {
     double reward = 0.0;  // kJoin
     bool is_default = false;
     bool decision_stored = true;  // kJoin, kDrop: false if the join writes the decision
-    std::vector<double> propensities;  // kJoin: pi_k(arm | x) of experts [0, size)
     Done done;                         // may be empty
     // Set by the writer. `writes`: the op added records to the group, so its answer is the
     // group's write status, then `result`; otherwise its answer is `result` alone.
@@ -317,35 +347,23 @@ class Problem {
   struct RewardPlan {
     enum Action {
       kAnswer,  // answer at once with `answer` (duplicate, not yet answerable, racing expiry)
-      kJoin,    // score `op`'s event with `models`, then join it
+      kJoin,    // join `op`'s event (the learner scores it)
       kExpire,  // past its deadline: expire it (`op`), then answer `answer` (late)
       kLate,    // not pending: the writer resolves it against the store
     };
     Action action = kAnswer;
     absl::Status answer;
     WriteOp op;
-    std::vector<std::shared_ptr<const Expert>> models;
   };
   RewardPlan PlanRewardLocked(const std::string& event_id, int64_t now_ms,
                               v1::RewardResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LateError(const std::string& event_id, int64_t deadline_ms) const;
-  // pi_k(arm | x) for every model. The chooser's is the propensity it logged. A model that
-  // fails (an error, or a value outside (0, 1]) gets the uniform 1/K and is added to
-  // *failures: the caller quarantines it (QuarantineFailures).
-  std::vector<double> Propensities(const std::vector<std::shared_ptr<const Expert>>& models,
-                                   const storage::v1::EventRecord& event,
-                                   std::vector<ScoringFailure>* failures) const;
 
   // --- The join writer (problem_commit.cc)
   void Submit(WriteOp op, Committer committer = Committer::kWriter) {
     writer_.Submit(std::move(op), committer == Committer::kCaller);
   }
   void CommitGroup(std::vector<WriteOp>& group) ABSL_LOCKS_EXCLUDED(mu_);
-  // Appends to op.propensities those of models [op.propensities.size(), models.size()):
-  // experts registered after the join was scored. One that fails gets 1/K and is added to
-  // *failures.
-  void CompletePropensities(WriteOp& op, const std::vector<std::shared_ptr<const Expert>>& models,
-                            std::vector<ScoringFailure>* failures) const;
   // After an expiry is written: if a late reward came after the expiry's record was built,
   // queues the write of the event's late mark.
   void MarkLateAfterExpiryLocked(const WriteOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -360,20 +378,40 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyJoinLocked(WriteOp& op, const absl::Status& written)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LearnLocked(WriteOp& op, int64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the deferred decisions not yet written as one kFlush op.
   void QueueFlushLocked(Done done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Expiry (problem_maintenance.cc)
   // Starts the expiry of a joinable decision whose wait time passed: the join with the
-  // default reward (and the models to score it with), or the drop.
-  void PrepareExpiryLocked(const std::string& event_id, PendingDecision& decision, WriteOp* op,
-                           std::vector<std::shared_ptr<const Expert>>* models)
+  // default reward, or the drop.
+  void PrepareExpiryLocked(const std::string& event_id, PendingDecision& decision, WriteOp* op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Scores the expiry's join (outside mu_) and submits it; on a scoring failure the
-  // decision is pending again and op.done (if any) gets the error.
-  void SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models,
-                    Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- The learner (problem_learn.cc)
+  // A joined sample written to the store and not yet learned.
+  struct Unlearned {
+    int64_t sequence = 0;
+    storage::v1::EventRecord event;  // arm, chooser, logged propensity, features
+    double reward = 0.0;
+    std::chrono::steady_clock::time_point written;
+  };
+  // Queues a written join for the learner, in log order (CommitGroup starts the learner).
+  void QueueLearnLocked(WriteOp& op, int64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Learns everything queued, a batch at a time. Runs on the learner (or the writer).
+  void LearnQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // Scores `batch` with `models` (outside mu_): row s, expert k of the result is
+  // pi_k(arm_s | x_s), the logged propensity for the chooser. A model that fails on the
+  // batch (an error, or a value outside (0, 1]) gets the stand-in's 1/K for all of it and is
+  // added to *failures.
+  std::vector<double> ScoreBatch(const std::vector<Unlearned>& batch,
+                                 const std::vector<std::shared_ptr<const Expert>>& models,
+                                 std::vector<ScoringFailure>* failures) const;
+  // Learns one scored sample: D-UCB, the tails of backfilling experts, log chunks.
+  // `propensities` covers every expert of the pool.
+  absl::Status LearnOneLocked(const Unlearned& sample, absl::Span<const double> propensities)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The waiters whose target is learned (or all of them, once learning stopped).
+  std::vector<Done> TakeLearnedWaitersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Experts (problem_experts.cc)
   // Quarantine (see expert_pool.h): expert `id` failed on a context. From now on it is never
@@ -422,6 +460,13 @@ class Problem {
   // Log chunks completed by joins and not yet written (WriteLogChunks), in chunk order.
   std::vector<PendingChunk> unwritten_chunks_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Joined samples written to the store: the log's size plus unlearned_.size(). The next
+  // join is written at this position.
+  int64_t written_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Unlearned> unlearned_ ABSL_GUARDED_BY(mu_);
+  bool learn_scheduled_ ABSL_GUARDED_BY(mu_) = false;  // a LearnQueued task runs or waits
+  // WhenLearned callers: called once the log reaches `first` samples.
+  std::vector<std::pair<int64_t, Done>> learn_waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
   // Set when a written sample could not be learned: the in-memory log no longer matches the

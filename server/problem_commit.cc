@@ -38,28 +38,6 @@ absl::Status Problem::FlushDecisions() {
   return s;
 }
 
-void Problem::CompletePropensities(WriteOp& op,
-                                   const std::vector<std::shared_ptr<const Expert>>& models,
-                                   std::vector<ScoringFailure>* failures) const {
-  std::vector<double> probs(record_.num_arms());
-  const absl::Span<const double> x(op.event.features().data(), op.event.features_size());
-  for (size_t k = op.propensities.size(); k < models.size(); ++k) {
-    // An expert that cannot score this context is quarantined with the stand-in's 1/K: it
-    // was not part of the decision, and the sample must be learned by the others.
-    const absl::Status s = models[k]->Predict(x, absl::MakeSpan(probs));
-    const double p = s.ok() ? probs[op.event.arm()] : 0.0;
-    if (p > 0.0 && p <= 1.0) {
-      op.propensities.push_back(p);
-      continue;
-    }
-    failures->push_back(
-        {static_cast<int>(k),
-         absl::StrCat("join: ", s.ok() ? absl::StrCat("the played arm gets probability ", p)
-                                       : std::string(s.message()))});
-    op.propensities.push_back(1.0 / record_.num_arms());
-  }
-}
-
 void Problem::MarkLateAfterExpiryLocked(const WriteOp& op) {
   const PendingDecision* d = pending_.Find(op.event_id);
   if (d == nullptr || !d->late_reward || op.event.late_reward()) return;
@@ -149,30 +127,22 @@ absl::Status Problem::AddLateMarkToBatch(WriteOp& op, storage::Store::WriteGroup
 void Problem::CommitGroup(std::vector<WriteOp>& group) {
   int64_t first;
   absl::Status stopped;
-  // Set when a join of the group was scored before an expert registered: that expert
-  // scores it below, outside mu_ (ApplyJoinLocked then rarely has to).
-  std::vector<std::shared_ptr<const Expert>> models;
   {
     absl::MutexLock lock(&mu_);
-    first = ducb_.log().size();
+    // Bounded learning lag: past kMaxUnlearnedSamples the writer waits for the learner
+    // (the rewards then wait for their acknowledgement; nothing is dropped).
+    const auto can_write = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return unlearned_.size() < kMaxUnlearnedSamples || !learning_stopped_.ok();
+    };
+    mu_.Await(absl::Condition(&can_write));
+    first = written_samples_;
     stopped = learning_stopped_;
     for (WriteOp& op : group) {
-      if (op.kind == WriteOp::kJoin &&
-          op.propensities.size() < static_cast<size_t>(experts_.size()) && models.empty()) {
-        models = experts_.Models();
-      }
       // A reward that came while the expiry was queued is written with it.
       if (!(op.kind == WriteOp::kDrop || (op.kind == WriteOp::kJoin && op.is_default))) continue;
       const PendingDecision* d = pending_.Find(op.event_id);
       if (d != nullptr && d->late_reward) op.event.set_late_reward(true);
     }
-  }
-  if (!models.empty()) {
-    std::vector<ScoringFailure> failures;
-    for (WriteOp& op : group) {
-      if (op.kind == WriteOp::kJoin) CompletePropensities(op, models, &failures);
-    }
-    QuarantineFailures(failures);
   }
   storage::Store::WriteGroup batch;
   absl::Status written = absl::OkStatus();
@@ -191,12 +161,18 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
   if (written.ok() && batch.size() > 0) {
     written = Timed([&] { return env_.store->Commit(&batch); });
   }
+  bool start_learner = false;
   {
     absl::MutexLock lock(&mu_);
     for (WriteOp& op : group) ApplyLocked(op, written);
     metrics_.pending->Set(static_cast<double>(pending_.answered()));
-    metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
+    metrics_.learning_lag->Set(static_cast<double>(unlearned_.size()));
+    if (env_.learner != nullptr && !unlearned_.empty() && !learn_scheduled_) {
+      start_learner = learn_scheduled_ = true;
+    }
   }
+  // Scheduled without mu_: a stopped executor runs the task at once, in this thread.
+  if (start_learner) env_.learner->Schedule([this] { LearnQueued(); });
   for (WriteOp& op : group) {
     const absl::Status answer = op.writes && !written.ok() ? written : op.result;
     if (op.kind == WriteOp::kDecision) {
@@ -207,6 +183,8 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
     }
     if (op.done) op.done(answer);
   }
+  // Without a learner executor, the writer learns the group it just answered.
+  if (env_.learner == nullptr) LearnQueued();
 }
 
 void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
@@ -263,55 +241,19 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
   }
 }
 
-absl::Status Problem::LearnLocked(WriteOp& op, int64_t seq) {
-  if (env_.hooks != nullptr && env_.hooks->before_learn) {
-    DECISION_RETURN_IF_ERROR(env_.hooks->before_learn(seq));
-  }
-  return ducb_.Learn(op.event.expert_id(), op.reward,
-                     absl::MakeConstSpan(op.propensities).subspan(0, ducb_.num_experts()));
-}
-
 void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
   if (!op.writes || !written.ok()) {
     pending_.AbortJoin(op.event_id, env_.clock->NowMs());
     return;
   }
   if (!learning_stopped_.ok()) {
-    // An earlier join of this group could not be learned: this one's sample is stored one
-    // position past the log's end. A restart learns both from the store.
+    // The learner failed on an earlier sample while this group was written: this one is
+    // stored past it, and a restart learns both from the store.
     op.result = learning_stopped_;
     pending_.Erase(op.event_id);
     return;
   }
-  const int64_t seq = ducb_.log().size();
-  // WART: an expert registered after the group began is scored here, under mu_ (a model
-  // evaluation under the lock). It needs a registration to race this group: rare.
-  if (op.propensities.size() < static_cast<size_t>(experts_.size())) {
-    std::vector<ScoringFailure> failures;
-    CompletePropensities(op, experts_.Models(), &failures);
-    for (const ScoringFailure& f : failures) QuarantineLocked(f.expert, f.reason);
-  }
-  if (absl::Status learned = LearnLocked(op, seq); !learned.ok()) {
-    // The sample is stored at `seq` but the log did not take it: a later group would write
-    // its own sample at the same position. Stop joining until a restart, which learns the
-    // stored sample from the store. Should not happen: propensities are checked before the
-    // write.
-    learning_stopped_ = absl::InternalError(absl::StrCat(
-        "problem ", id(), ": sample ", seq, " was stored but could not be learned (",
-        learned.message(), "); rewards are refused until decisiond restarts and reloads it"));
-    std::fprintf(stderr, "decisiond: %s\n", learning_stopped_.ToString().c_str());
-    op.result = learning_stopped_;
-    pending_.Erase(op.event_id);
-    return;
-  }
-  for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
-    experts_.at(k).tail.push_back(op.propensities[k]);
-  }
-  if (ducb_.log().size() % storage::kLogChunkSamples == 0) {
-    // Written by WriteLogChunks, outside the lock (a chunk is about 1 MB).
-    unwritten_chunks_.push_back(
-        PendingChunkLocked(ducb_.log().size() / storage::kLogChunkSamples - 1));
-  }
+  QueueLearnLocked(op, written_samples_++);
   if (op.is_default) MarkLateAfterExpiryLocked(op);
   pending_.Erase(op.event_id);
   if (op.reward_response != nullptr) op.reward_response->set_first(true);

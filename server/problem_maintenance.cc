@@ -16,7 +16,7 @@ using storage::v1::CheckpointRecord;
 // ------------------------------------------------------------------------------- Expiry
 
 void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& decision,
-                                  WriteOp* op, std::vector<std::shared_ptr<const Expert>>* models) {
+                                  WriteOp* op) {
   op->decision_stored = pending_.StartJoin(decision, /*expiry=*/true);
   op->event_id = event_id;
   op->event = decision.record;
@@ -30,27 +30,16 @@ void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& 
   op->kind = WriteOp::kJoin;
   op->reward = record_.default_reward();
   op->is_default = true;
-  *models = experts_.Models();
-}
-
-void Problem::SubmitExpiry(WriteOp op, std::vector<std::shared_ptr<const Expert>> models,
-                           Committer committer) {
-  if (op.kind == WriteOp::kJoin) {
-    std::vector<ScoringFailure> failures;
-    op.propensities = Propensities(models, op.event, &failures);
-    QuarantineFailures(failures);
-  }
-  Submit(std::move(op), committer);
 }
 
 absl::Status Problem::ExpireDue() {
-  std::vector<std::pair<WriteOp, std::vector<std::shared_ptr<const Expert>>>> expiries;
+  std::vector<WriteOp> expiries;
   {
     absl::MutexLock lock(&mu_);
     for (const std::string& event_id : pending_.Due(env_.clock->NowMs())) {
       PendingDecision* d = pending_.Find(event_id);
       expiries.emplace_back();
-      PrepareExpiryLocked(event_id, *d, &expiries.back().first, &expiries.back().second);
+      PrepareExpiryLocked(event_id, *d, &expiries.back());
     }
   }
   if (expiries.empty()) return absl::OkStatus();
@@ -58,7 +47,7 @@ absl::Status Problem::ExpireDue() {
   absl::BlockingCounter pending(static_cast<int>(expiries.size()));
   absl::Mutex error_mu;
   absl::Status first_error;
-  for (auto& [op, models] : expiries) {
+  for (WriteOp& op : expiries) {
     op.done = [&](absl::Status s) {
       if (!s.ok()) {
         absl::MutexLock lock(&error_mu);
@@ -67,7 +56,7 @@ absl::Status Problem::ExpireDue() {
       pending.DecrementCount();
     };
     // The writer commits them (in few groups); this thread waits below.
-    SubmitExpiry(std::move(op), std::move(models), Committer::kWriter);
+    Submit(std::move(op), Committer::kWriter);
   }
   pending.Wait();
   absl::MutexLock lock(&error_mu);

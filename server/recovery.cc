@@ -275,6 +275,7 @@ class Recovery {
     p_.next_refresh_at_ = checkpoint_.next_refresh_at() > 0 ? checkpoint_.next_refresh_at()
                                                             : NextRefresh(p_.record_, t);
     p_.decisions_ = std::max(checkpoint_.decisions(), t);
+    p_.written_samples_ = t;  // every stored sample is learned
     return absl::OkStatus();
   }
 

@@ -310,11 +310,13 @@ TEST(Replay, DefaultFlagsTrainAtEveryScheduledRoundAndLearn) {
   EXPECT_TRUE(absl::IsNotFound(beyond) || none.samples() > n) << beyond;
 
   // The experts learnt: a second pass over the same rows does far better than uniform
-  // guessing (0.9 for 10 classes).
+  // guessing (0.9 for 10 classes). How much better depends on how many rounds the jobs of
+  // the second pass's boundaries take to train and backfill at full speed (0.23 to 0.56 over
+  // 12 runs on an idle 2-core machine), hence a bound with a margin for loaded machines.
   const double second_loss = pass("b-");
   std::printf("digits, default flags: %zu boundaries in the first pass; progressive loss "
               "%.3f then %.3f\n", boundaries.size(), first_loss, second_loss);
-  EXPECT_LT(second_loss, 0.6);
+  EXPECT_LT(second_loss, 0.7);
 }
 
 }  // namespace

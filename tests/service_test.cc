@@ -47,6 +47,54 @@ TEST_F(ServiceTest, RewardWithinWaitIsLearnedOnceDuplicatesAreNotCounted) {
   EXPECT_THAT(unknown.message(), HasSubstr("no-such-event"));
 }
 
+// Learning trails the acknowledgement: a reward is answered once its sample is durable,
+// while the learner still holds it; reads of what is learned wait for it, without a
+// thread blocked on them, and the lag is a metric.
+TEST_F(ServiceTest, RewardsAreAcknowledgedBeforeLearningAndReadsWaitForIt) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  Choose("p", "a");
+  absl::Notification learning, release;
+  hooks_.before_score = [&](int64_t) {
+    if (!learning.HasBeenNotified()) {
+      learning.Notify();
+      release.WaitForNotification();
+    }
+  };
+  v1::RewardRequest reward;
+  reward.set_problem_id("p");
+  reward.set_event_id("a");
+  reward.set_value(1.0);
+  v1::RewardResponse reward_response;
+  absl::Notification acknowledged;
+  absl::Status ack;
+  service_->Reward(reward, &reward_response, [&](absl::Status s) {
+    ack = s;
+    acknowledged.Notify();
+  });
+  // The guard turns a reward that waited for the learner into a failure, not a hang.
+  ASSERT_TRUE(acknowledged.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(ack.ok()) << ack;
+  EXPECT_TRUE(reward_response.first());
+  learning.WaitForNotification();  // the learner holds the sample
+  EXPECT_EQ(MetricValue("decision_learning_lag_samples"), 1);
+
+  v1::GetEstimatesRequest get;
+  get.set_problem_id("p");
+  v1::Estimates estimates;
+  absl::Notification answered;
+  service_->GetEstimates(get, &estimates, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    answered.Notify();
+  });
+  EXPECT_FALSE(answered.HasBeenNotified());  // it waits for the held sample
+  release.Notify();
+  answered.WaitForNotification();
+  EXPECT_EQ(estimates.samples(), 1);
+  EXPECT_EQ(GetProblem("p").samples(), 1);
+  EXPECT_EQ(MetricValue("decision_learning_lag_samples"), 0);
+  ExpectEstimatesMatchReference("p");
+}
+
 TEST_F(ServiceTest, ChooseWithEventIdIsIdempotentBeforeAndAfterTheReward) {
   CreateProblem("p");
   const v1::ChooseResponse a = Choose("p", "e");

@@ -1,0 +1,200 @@
+// Problem: the learner. A join is acknowledged once its sample is written (problem_commit.cc);
+// the written samples then wait in unlearned_, in log order, for LearnQueued. It takes up to
+// kMaxLearnBatch of them, scores them with every expert outside mu_ (one PredictBatch per
+// expert: a tree model scores a batch several times cheaper per row than one row at a
+// time, bench/README.md), then teaches them to D-UCB under mu_, in order. Learning is the
+// only thing that trails the acknowledgement: the log, the estimates and the batch schedule
+// move when a sample is learned, and a restart learns from the store whatever was written.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/problem.h"
+
+namespace decision::server {
+
+void Problem::QueueLearnLocked(WriteOp& op, int64_t sequence) {
+  Unlearned sample;
+  sample.sequence = sequence;
+  sample.event = op.event;
+  sample.reward = op.reward;
+  sample.written = std::chrono::steady_clock::now();
+  unlearned_.push_back(std::move(sample));
+}
+
+std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
+                                        const std::vector<std::shared_ptr<const Expert>>& models,
+                                        std::vector<ScoringFailure>* failures) const {
+  const size_t n = batch.size();
+  const size_t d = record_.num_features();
+  const int arms = record_.num_arms();
+  std::vector<double> rows(n * d);
+  for (size_t s = 0; s < n; ++s) {
+    std::copy_n(batch[s].event.features().data(), d, rows.begin() + s * d);
+  }
+  // out[s * width + k]: the layout DUcb::Learn reads one sample of.
+  const size_t width = models.size();
+  std::vector<double> out(n * width);
+  std::vector<double> probs(n * arms);
+  for (size_t k = 0; k < width; ++k) {
+    absl::Status s = models[k]->PredictBatch(rows, n, absl::MakeSpan(probs));
+    for (size_t i = 0; i < n && s.ok(); ++i) {
+      const Unlearned& sample = batch[i];
+      // The chooser's is the probability the decision was drawn with: the importance
+      // ratios' denominator, never a re-score.
+      const double p = static_cast<int>(k) == sample.event.expert_id()
+                           ? sample.event.propensity()
+                           : probs[i * arms + sample.event.arm()];
+      // The same check the log makes when it learns the sample.
+      if (!(p > 0.0 && p <= 1.0)) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("the played arm gets probability ", p, " (sample ", sample.sequence,
+                         ")"));
+      }
+      out[i * width + k] = p;
+    }
+    if (s.ok()) continue;
+    // Quarantined where it failed: the stand-in's 1/K for the whole batch.
+    failures->push_back({static_cast<int>(k), absl::StrCat("join: ", s.message())});
+    for (size_t i = 0; i < n; ++i) {
+      out[i * width + k] = static_cast<int>(k) == batch[i].event.expert_id()
+                               ? batch[i].event.propensity()
+                               : 1.0 / arms;
+    }
+  }
+  return out;
+}
+
+absl::Status Problem::LearnOneLocked(const Unlearned& sample,
+                                     absl::Span<const double> propensities) {
+  const int64_t seq = ducb_.log().size();
+  if (sample.sequence != seq) {
+    return absl::InternalError(absl::StrCat("sample ", sample.sequence,
+                                            " came to the learner when the log has ", seq));
+  }
+  if (env_.hooks != nullptr && env_.hooks->before_learn) {
+    DECISION_RETURN_IF_ERROR(env_.hooks->before_learn(seq));
+  }
+  DECISION_RETURN_IF_ERROR(ducb_.Learn(sample.event.expert_id(), sample.reward,
+                                       propensities.subspan(0, ducb_.num_experts())));
+  for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
+    experts_.at(k).tail.push_back(propensities[k]);
+  }
+  if (ducb_.log().size() % storage::kLogChunkSamples == 0) {
+    // Written by WriteLogChunks, outside the lock (a chunk is about 1 MB).
+    unwritten_chunks_.push_back(
+        PendingChunkLocked(ducb_.log().size() / storage::kLogChunkSamples - 1));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Done> Problem::TakeLearnedWaitersLocked() {
+  std::vector<Done> ready;
+  const int64_t learned = ducb_.log().size();
+  const bool all = !learning_stopped_.ok() || unlearned_.empty();
+  auto keep = learn_waiters_.begin();
+  for (auto& [target, done] : learn_waiters_) {
+    if (all || target <= learned) {
+      ready.push_back(std::move(done));
+    } else {
+      *keep++ = {target, std::move(done)};
+    }
+  }
+  learn_waiters_.erase(keep, learn_waiters_.end());
+  return ready;
+}
+
+void Problem::LearnQueued() {
+  for (;;) {
+    std::vector<Unlearned> batch;
+    std::vector<std::shared_ptr<const Expert>> models;
+    std::vector<Done> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      if (unlearned_.empty() || !learning_stopped_.ok()) {
+        learn_scheduled_ = false;
+        ready = TakeLearnedWaitersLocked();
+      } else {
+        // Copied, not taken: they count as written and unlearned until they are learned.
+        const size_t n = std::min(unlearned_.size(), kMaxLearnBatch);
+        batch.assign(unlearned_.begin(), unlearned_.begin() + n);
+        models = experts_.Models();
+      }
+    }
+    if (batch.empty()) {
+      for (Done& done : ready) done(absl::OkStatus());
+      return;
+    }
+    if (env_.hooks != nullptr && env_.hooks->before_score) {
+      env_.hooks->before_score(batch.front().sequence);
+    }
+    std::vector<ScoringFailure> failures;
+    std::vector<double> scored = ScoreBatch(batch, models, &failures);
+    size_t width = models.size();
+    QuarantineFailures(failures);
+    {
+      absl::MutexLock lock(&mu_);
+      // Experts registered while the batch was scored: their columns too, without the lock.
+      while (experts_.size() > static_cast<int>(width)) {
+        std::vector<std::shared_ptr<const Expert>> added = experts_.Models();
+        added.erase(added.begin(), added.begin() + width);
+        mu_.Unlock();
+        failures.clear();
+        const std::vector<double> more = ScoreBatch(batch, added, &failures);
+        for (ScoringFailure& f : failures) f.expert += static_cast<int>(width);
+        QuarantineFailures(failures);
+        const size_t wider = width + added.size();
+        std::vector<double> merged(batch.size() * wider);
+        for (size_t s = 0; s < batch.size(); ++s) {
+          std::copy_n(&scored[s * width], width, &merged[s * wider]);
+          std::copy_n(&more[s * added.size()], added.size(), &merged[s * wider + width]);
+        }
+        scored.swap(merged);
+        width = wider;
+        mu_.Lock();
+      }
+      const auto now = std::chrono::steady_clock::now();
+      for (size_t s = 0; s < batch.size(); ++s) {
+        absl::Status learned =
+            LearnOneLocked(batch[s], absl::MakeConstSpan(&scored[s * width], width));
+        if (!learned.ok()) {
+          // The sample is stored but the log did not take it. Stop learning until a
+          // restart, which learns the stored samples from the store; the writer refuses
+          // later joins. Should not happen: propensities are checked before learning.
+          learning_stopped_ = absl::InternalError(absl::StrCat(
+              "problem ", id(), ": sample ", batch[s].sequence,
+              " was stored but could not be learned (", learned.message(),
+              "); rewards are refused until decisiond restarts and reloads it"));
+          std::fprintf(stderr, "decisiond: %s\n", learning_stopped_.ToString().c_str());
+          break;
+        }
+        unlearned_.pop_front();
+        metrics_.learning_delay->Observe(
+            std::chrono::duration<double>(now - batch[s].written).count());
+      }
+      metrics_.learning_lag->Set(static_cast<double>(unlearned_.size()));
+      metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
+      ready = TakeLearnedWaitersLocked();
+    }
+    for (Done& done : ready) done(absl::OkStatus());
+  }
+}
+
+void Problem::WhenLearned(Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ducb_.log().size() < written_samples_ && learning_stopped_.ok()) {
+      learn_waiters_.emplace_back(written_samples_, std::move(done));
+      return;
+    }
+  }
+  done(absl::OkStatus());
+}
+
+absl::Status Problem::WaitLearned() {
+  return AwaitDone([this](Done done) { WhenLearned(std::move(done)); });
+}
+
+}  // namespace decision::server
