@@ -5,6 +5,7 @@
 // Commands:
 //   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
+//                  [--scoring_budget_us=US]
 //   list-problems
 //   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
 //                  | --uniform) [--smoothing=ETA]
@@ -84,6 +85,9 @@ ABSL_FLAG(bool, auto_train, false,
           "create-problem: train experts from the log at every batch boundary");
 ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
 ABSL_FLAG(int, linear_experts, 0, "train, create-problem: linear experts per batch (0: 1)");
+ABSL_FLAG(double, scoring_budget_us, 0.0,
+          "create-problem: microseconds of CPU per decision the problem's experts may cost to "
+          "score (0: no budget)");
 ABSL_FLAG(bool, wait, false, "train: poll the job until it ends; exit 0 if it SUCCEEDED");
 ABSL_FLAG(std::string, name, "", "register-expert: expert name");
 ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
@@ -213,11 +217,16 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
   config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
   config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
+  config.set_scoring_budget_us(absl::GetFlag(FLAGS_scoring_budget_us));
   auto p = c.CreateProblem(args[0], config);
   if (!p.ok()) return Fail(p.status());
-  std::printf("created problem %s: %d arms, %d features, wait %lld ms\n",
-              p->problem_id().c_str(), p->config().num_arms(), p->config().num_features(),
+  std::printf("created problem %s: %d arms, %d features, wait %lld ms", p->problem_id().c_str(),
+              p->config().num_arms(), p->config().num_features(),
               static_cast<long long>(p->config().reward_wait_ms()));
+  if (p->config().scoring_budget_us() > 0) {
+    std::printf(", scoring budget %g us per decision", p->config().scoring_budget_us());
+  }
+  std::printf("\n");
   return 0;
 }
 
@@ -289,13 +298,13 @@ int ListExperts(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("list-experts needs PROBLEM");
   auto list = c.ListExperts(args[0]);
   if (!list.ok()) return Fail(list.status());
-  std::printf("%6s  %-20s %-15s %-12s %9s %21s\n", "expert", "name", "kind", "status",
-              "smoothing", "backfilled");
+  std::printf("%6s  %-20s %-15s %-12s %9s %21s %12s\n", "expert", "name", "kind", "status",
+              "smoothing", "backfilled", "cost_us/row");
   for (const v1::Expert& e : list->experts()) {
-    std::printf("%6d  %-20s %-15s %-12s %9.3f %10lld/%-10lld\n", e.expert_id(),
+    std::printf("%6d  %-20s %-15s %-12s %9.3f %10lld/%-10lld %12.3f\n", e.expert_id(),
                 e.name().c_str(), e.kind().c_str(), StatusName(e.status()), e.smoothing(),
                 static_cast<long long>(e.backfilled()),
-                static_cast<long long>(e.backfill_total()));
+                static_cast<long long>(e.backfill_total()), e.score_cost_us());
     if (!e.error().empty()) std::printf("        why FAILED: %s\n", e.error().c_str());
   }
   return 0;
@@ -434,6 +443,7 @@ void PrintJob(const v1::TrainingJob& job) {
               job.interruptions(), when(job.created_at_ms()).c_str(),
               when(job.updated_at_ms()).c_str(), job.error().empty() ? "" : " error: ",
               job.error().c_str());
+  for (const std::string& why : job.skip_reasons()) std::printf("    skipped %s\n", why.c_str());
 }
 
 int Train(DecisionClient& c, const std::vector<char*>& args) {

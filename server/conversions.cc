@@ -152,6 +152,7 @@ v1::ProblemConfig ConfigFromRecord(const rec::ProblemRecord& r) {
   at->set_tree_experts(r.auto_train_trees());
   at->set_linear_experts(r.auto_train_linear());
   at->set_max_active_experts(r.max_active_experts());
+  c.set_scoring_budget_us(r.scoring_budget_us());
   return c;
 }
 
@@ -247,6 +248,7 @@ v1::TrainingJob TrainingJobToWire(const rec::TrainingJobRecord& record) {
   job.set_linear_experts(record.linear_experts());
   job.mutable_expert_ids()->CopyFrom(record.expert_ids());
   job.set_skipped_experts(record.skipped_experts());
+  *job.mutable_skip_reasons() = record.skip_reasons();
   job.set_error(record.error());
   job.set_created_at_ms(record.created_at_ms());
   job.set_updated_at_ms(record.updated_at_ms());

@@ -44,6 +44,21 @@ absl::StatusOr<storage::v1::ExpertRecord> ExpertPool::RetiredRecord(
   return retired;
 }
 
+bool ExpertPool::CountsAgainstBudget(int id) const {
+  const ExpertSlot& slot = slots_[id];
+  const storage::v1::ExpertState state = slot.record.status();
+  return slot.failure.empty() && (state == storage::v1::EXPERT_STATE_ACTIVE ||
+                                  state == storage::v1::EXPERT_STATE_BACKFILLING);
+}
+
+double ExpertPool::ScoringCostUs() const {
+  double total = 0.0;
+  for (int id = 0; id < size(); ++id) {
+    if (CountsAgainstBudget(id)) total += slots_[id].record.score_cost_us();
+  }
+  return total;
+}
+
 v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estimated) const {
   const ExpertSlot& slot = slots_[id];
   v1::Expert e;
@@ -60,6 +75,7 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_backfill_total(slot.record.backfill_total());
   e.set_backfilled(estimated ? slot.record.backfill_total()
                              : static_cast<int64_t>(slot.backfill.size()));
+  e.set_score_cost_us(slot.record.score_cost_us());
   return e;
 }
 

@@ -81,6 +81,15 @@ class ExpertPool {
   absl::StatusOr<storage::v1::ExpertRecord> RetiredRecord(const std::string& problem_id, int id,
                                                           int selectable) const;
 
+  // Whether expert `id` counts against the problem's scoring budget (scoring_cost.h): it is
+  // scored by its own model at every join, being ACTIVE or BACKFILLING and not FAILED
+  // (a FAILED expert is scored by the uniform stand-in). RETIRED experts do not count: they
+  // are to be scored by the stand-in too.
+  bool CountsAgainstBudget(int id) const;
+  // Microseconds of CPU per join to score the experts that count: the sum of their
+  // records' score_cost_us.
+  double ScoringCostUs() const;
+
   // The wire form of expert `id`; `estimated` says whether D-UCB estimates it already.
   v1::Expert ToWire(const std::string& problem_id, int id, bool estimated) const;
 

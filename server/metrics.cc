@@ -12,7 +12,7 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
 
 }  // namespace
 
-// Long (80 lines) by design: one initializer per metric family, a table that splitting would
+// Long (90 lines) by design: one initializer per metric family, a table that splitting would
 // only scatter.
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
@@ -79,6 +79,12 @@ Metrics::Metrics()
                   .Help("Estimated cumulative regret against the best expert in hindsight: "
                         "t * max_k estimate_k - sum_j n_j estimate_j")
                   .Register(*registry_)),
+      scoring_cost_(prometheus::BuildGauge()
+                        .Name("decision_scoring_cost_seconds")
+                        .Help("Seconds of CPU per joined sample to score the problem's experts: "
+                              "the sum of decision_expert_score_cost_seconds over the ACTIVE "
+                              "and BACKFILLING experts, what its scoring budget bounds")
+                        .Register(*registry_)),
       expert_estimate_(prometheus::BuildGauge()
                            .Name("decision_expert_estimate")
                            .Help("Estimated mean reward of an expert")
@@ -100,6 +106,11 @@ Metrics::Metrics()
                          .Help("1 if the expert is FAILED: quarantined after it could not "
                                "score a context, or its stored model no longer loads")
                          .Register(*registry_)),
+      expert_score_cost_(prometheus::BuildGauge()
+                             .Name("decision_expert_score_cost_seconds")
+                             .Help("Seconds of CPU per row to score an expert in a batch, "
+                                   "measured at its registration (0 for a uniform expert)")
+                             .Register(*registry_)),
       expert_selected_(prometheus::BuildCounter()
                            .Name("decision_expert_selected_total")
                            .Help("Decisions that followed an expert")
@@ -180,6 +191,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);
+  m.scoring_cost = &scoring_cost_.Add(labels);
   return m;
 }
 
@@ -197,6 +209,7 @@ Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert
   m.backfill_progress = &expert_backfill_.Add(labels);
   m.selected = &expert_selected_.Add(labels);
   m.failed = &expert_failed_.Add(labels);
+  m.score_cost = &expert_score_cost_.Add(labels);
   return m;
 }
 

@@ -56,6 +56,8 @@ class Metrics {
     prometheus::Gauge* pending;
     prometheus::Gauge* samples;
     prometheus::Gauge* estimated_regret;
+    // Seconds of CPU per join to score the experts that count against the scoring budget.
+    prometheus::Gauge* scoring_cost;
   };
   ProblemMetrics ForProblem(const std::string& problem);
   // 1 for a problem that failed to load (DecisionService::Open).
@@ -68,6 +70,7 @@ class Metrics {
     prometheus::Gauge* backfill_progress;
     prometheus::Counter* selected;
     prometheus::Gauge* failed;  // 1 while the expert is FAILED
+    prometheus::Gauge* score_cost;  // seconds of CPU per row to score it (scoring_cost.h)
   };
   ExpertMetrics ForExpert(const std::string& problem, int expert);
 
@@ -95,11 +98,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& regret_;
+  prometheus::Family<prometheus::Gauge>& scoring_cost_;
   prometheus::Family<prometheus::Gauge>& expert_estimate_;
   prometheus::Family<prometheus::Gauge>& expert_ucb_;
   prometheus::Family<prometheus::Gauge>& expert_ess_;
   prometheus::Family<prometheus::Gauge>& expert_backfill_;
   prometheus::Family<prometheus::Gauge>& expert_failed_;
+  prometheus::Family<prometheus::Gauge>& expert_score_cost_;
   prometheus::Family<prometheus::Counter>& expert_selected_;
   prometheus::Family<prometheus::Gauge>& divergence_m_;
   prometheus::Family<prometheus::Gauge>& divergence_sigma_;

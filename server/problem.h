@@ -126,6 +126,13 @@ struct ProblemHooks {
   std::function<absl::Status(int64_t sequence)> before_learn;
   // In the learner, before it scores a batch of samples from `first_sequence` on.
   std::function<void(int64_t first_sequence)> before_score;
+  // The scoring cost (us per row) an expert gets, from its name and its measured cost, where
+  // it is measured: at registration, and at a load for an expert stored without one
+  // (scoring_cost.h). Tests pin costs with it instead of asserting measured times.
+  std::function<double(const std::string& expert_name, double measured_us)> score_cost_us;
+  // In a backfill step (the maintenance thread), once a chunk is scored and before it is
+  // written.
+  std::function<void(int expert_id)> after_backfill_scoring;
 };
 
 class Problem {
@@ -186,11 +193,30 @@ class Problem {
   // The same, waiting. Blocks.
   absl::Status WaitLearned() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Experts (problem_experts.cc). Block: model parsing and a store write.
+  // Experts (problem_experts.cc). Block: model parsing, scoring and store writes.
+  struct RegisterOptions {
+    // When the new expert would exceed the scoring budget: first retire the lowest-UCB
+    // selectable experts (never expert 0, never the last selectable one) until it fits, if
+    // retiring them can make it fit; else retire nothing. Training jobs of auto-training
+    // problems ask for it (trainer.h).
+    bool retire_to_fit = false;
+  };
+  // Builds the model, tries it on recent contexts, measures its scoring cost
+  // (scoring_cost.h) and adds it BACKFILLING. RESOURCE_EXHAUSTED if the problem is full, or
+  // if the experts that count against the budget (ExpertPool::CountsAgainstBudget) and the
+  // new one would cost more than record().scoring_budget_us() (> 0): ScoringBudgetError,
+  // and nothing is stored. Checked under expert_writes_mu_, so that two registrations
+  // cannot both pass with room for one.
+  absl::StatusOr<v1::Expert> RegisterExpert(const std::string& name,
+                                            storage::v1::ExpertModelRecord model,
+                                            double smoothing, const RegisterOptions& options)
+      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   absl::StatusOr<v1::Expert> RegisterExpert(const std::string& name,
                                             storage::v1::ExpertModelRecord model,
                                             double smoothing)
-      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_) {
+    return RegisterExpert(name, std::move(model), smoothing, RegisterOptions());
+  }
   absl::StatusOr<v1::Expert> RetireExpert(int expert_id)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   // Retires active experts whose UCB is below the best lower confidence bound
@@ -435,6 +461,19 @@ class Problem {
   absl::Status WriteExpertRecord(int id, const storage::v1::ExpertRecord& updated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   int SelectableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The selectable experts as (UCB, id), lowest UCB first; *best_lower (if not null) gets
+  // the best lower confidence bound (estimate - width) among them.
+  std::vector<std::pair<double, int>> SelectableByUcbLocked(double* best_lower = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The scoring cost of `model` (named `name`) over `contexts`, or what the hook makes it.
+  // Evaluates the model: never call it under mu_.
+  double ScoringCostUs(const std::string& name, const Expert& model,
+                       absl::Span<const double> contexts) const;
+  // RegisterOptions::retire_to_fit for a new expert that costs cost_us.
+  absl::Status RetireToFitBudget(double cost_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets decision_scoring_cost_seconds: call it after each change of which experts count.
+  void ExportScoringCostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Persistence (problem_maintenance.cc)
   storage::v1::CheckpointRecord CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,7 @@
 #include "core/status_macros.h"
 #include "server/conversions.h"
 #include "server/problem.h"
+#include "server/scoring_cost.h"
 #include "server/validation.h"
 
 namespace decision::server {
@@ -28,6 +29,32 @@ int Problem::SelectableLocked() const {
   return selectable;
 }
 
+std::vector<std::pair<double, int>> Problem::SelectableByUcbLocked(double* best_lower) const {
+  std::vector<std::pair<double, int>> selectable;  // (ucb, expert)
+  if (best_lower != nullptr) *best_lower = -std::numeric_limits<double>::infinity();
+  for (int k = 0; k < ducb_.num_experts(); ++k) {
+    if (!ducb_.selectable(k)) continue;
+    const ExpertEstimate e = ducb_.Estimate(k);
+    selectable.push_back({e.mean + e.width, k});
+    if (best_lower != nullptr) *best_lower = std::max(*best_lower, e.mean - e.width);
+  }
+  std::sort(selectable.begin(), selectable.end());
+  return selectable;
+}
+
+double Problem::ScoringCostUs(const std::string& name, const Expert& model,
+                              absl::Span<const double> contexts) const {
+  const double measured = MeasureScoringCostUs(model, contexts);
+  if (env_.hooks != nullptr && env_.hooks->score_cost_us) {
+    return env_.hooks->score_cost_us(name, measured);
+  }
+  return measured;
+}
+
+void Problem::ExportScoringCostLocked() {
+  metrics_.scoring_cost->Set(experts_.ScoringCostUs() * 1e-6);
+}
+
 bool Problem::QuarantineLocked(int expert_id, absl::string_view reason) {
   ExpertSlot& slot = experts_.at(expert_id);
   if (!slot.failure.empty()) return false;
@@ -36,6 +63,7 @@ bool Problem::QuarantineLocked(int expert_id, absl::string_view reason) {
   slot.model = stand_in_;
   slot.metrics.failed->Set(1.0);
   if (expert_id < ducb_.num_experts()) ducb_.SetSelectable(expert_id, false);
+  ExportScoringCostLocked();
   // Once per expert: a quarantine is not repeated, so this cannot flood the log.
   std::fprintf(stderr, "decisiond: problem %s: expert %d FAILED and is quarantined: %s\n",
                id().c_str(), expert_id, std::string(reason).c_str());
@@ -80,20 +108,49 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& updat
     ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
                                        experts_.at(expert_id).failure.empty());
   }
+  ExportScoringCostLocked();
+  return absl::OkStatus();
+}
+
+absl::Status Problem::RetireToFitBudget(double cost_us) {
+  const double budget = record_.scoring_budget_us();
+  std::vector<std::pair<int, ExpertRecord>> retire;
+  {
+    absl::MutexLock lock(&mu_);
+    double total = experts_.ScoringCostUs() + cost_us;
+    if (budget <= 0.0 || total <= budget || experts_.size() >= kMaxExpertsPerProblem) {
+      return absl::OkStatus();
+    }
+    int retirable = SelectableLocked() - 1;  // the last selectable one stays
+    for (const auto& [ucb, k] : SelectableByUcbLocked()) {
+      if (total <= budget || retirable == 0) break;
+      const ExpertRecord& record = experts_.at(k).record;
+      if (k == 0 || record.score_cost_us() <= 0.0) continue;  // retiring it frees nothing
+      total -= record.score_cost_us();
+      --retirable;
+      ExpertRecord updated = record;
+      updated.set_status(storage::v1::EXPERT_STATE_RETIRED);
+      retire.emplace_back(k, std::move(updated));
+    }
+    // Retiring cannot make room: retire nothing, and the registration is refused.
+    if (total > budget) return absl::OkStatus();
+  }
+  for (const auto& [k, updated] : retire) DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
                                                    storage::v1::ExpertModelRecord model,
-                                                   double smoothing) {
+                                                   double smoothing,
+                                                   const RegisterOptions& options) {
   DECISION_ASSIGN_OR_RETURN(
       std::unique_ptr<Expert> built,
       BuildExpert(model, record_.num_arms(), record_.num_features(), smoothing));
+  const std::vector<double> recent = RecentContexts(kRegistrationScoredContexts);
   // The common way a valid model fails on this problem's data (a table whose keys miss the
   // contexts, a linear model whose logits overflow on them): scored on a uniform sample of
   // the contexts seen, it is refused here rather than failing later in the backfill.
   if (const int d = record_.num_features(); d > 0) {
-    const std::vector<double> recent = RecentContexts(kRegistrationScoredContexts);
     const size_t n = recent.size() / d;
     std::vector<double> probs(n * record_.num_arms());
     for (size_t i = 0; i < n; ++i) {
@@ -107,7 +164,10 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
       }
     }
   }
+  // What every join will pay for it, measured before any lock is taken.
+  const double cost_us = ScoringCostUs(name, *built, recent);
   absl::MutexLock writes(&expert_writes_mu_);
+  if (options.retire_to_fit) DECISION_RETURN_IF_ERROR(RetireToFitBudget(cost_us));
   int expert_id;
   ExpertRecord record;
   {
@@ -119,6 +179,11 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
       return absl::ResourceExhaustedError(absl::StrCat(
           "problem ", id(), " has ", experts_.size(), " experts, the maximum"));
     }
+    // Under expert_writes_mu_: no other registration can pass this check meanwhile.
+    const double budget = record_.scoring_budget_us();
+    if (const double total = experts_.ScoringCostUs(); budget > 0.0 && total + cost_us > budget) {
+      return ScoringBudgetError(name, cost_us, total, budget);
+    }
     expert_id = experts_.size();
     record.set_name(name);
     *record.mutable_model() = std::move(model);
@@ -126,13 +191,16 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     record.set_status(storage::v1::EXPERT_STATE_BACKFILLING);
     record.set_backfill_total(ducb_.log().size());
     record.set_registered_at_ms(env_.clock->NowMs());
+    record.set_score_cost_us(cost_us);
     ExpertSlot slot;
     slot.record = record;
     slot.model = std::move(built);
     slot.metrics = env_.metrics->ForExpert(id(), expert_id);
     slot.metrics.backfill_progress->Set(0.0);
+    slot.metrics.score_cost->Set(cost_us * 1e-6);
     slot.durable = false;
     experts_.Add(std::move(slot));
+    ExportScoringCostLocked();
   }
   absl::Status written = Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), record);
@@ -140,6 +208,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
   absl::MutexLock lock(&mu_);
   if (!written.ok()) {
     experts_.DropLast();
+    ExportScoringCostLocked();
     return written;
   }
   experts_.at(expert_id).durable = true;
@@ -168,15 +237,8 @@ absl::Status Problem::RetireDominated(int max_active) {
   {
     absl::MutexLock lock(&mu_);
     if (ducb_.log().size() == 0) return absl::OkStatus();
-    std::vector<std::pair<double, int>> active;  // (ucb, expert)
-    double best_lower = -std::numeric_limits<double>::infinity();
-    for (int k = 0; k < ducb_.num_experts(); ++k) {
-      if (!ducb_.selectable(k)) continue;
-      const ExpertEstimate e = ducb_.Estimate(k);
-      active.push_back({e.mean + e.width, k});
-      best_lower = std::max(best_lower, e.mean - e.width);
-    }
-    std::sort(active.begin(), active.end());
+    double best_lower;
+    const std::vector<std::pair<double, int>> active = SelectableByUcbLocked(&best_lower);
     size_t keep_from = 0;
     while (keep_from + 1 < active.size() &&
            (active[keep_from].first < best_lower ||
@@ -267,6 +329,9 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
       QuarantineLocked(expert_id, absl::StrCat("backfill: ", scored.message()));
       return absl::OkStatus();
     }
+  }
+  if (env_.hooks != nullptr && env_.hooks->after_backfill_scoring) {
+    env_.hooks->after_backfill_scoring(expert_id);
   }
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutBackfillChunk(index_, expert_id, from / storage::kBackfillChunkSamples,

@@ -11,6 +11,7 @@
 //   6. BuildEstimator     D-UCB over the log (one pass)
 //   7. LoadPending        the decisions still waiting for their reward
 //   8. LoadEventIds       every stored event id, for Choose's idempotency filter
+//   9. MeasureCosts       the scoring cost of experts stored without one (not written)
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -42,6 +43,7 @@ class Recovery {
     DECISION_RETURN_IF_ERROR(BuildEstimator());
     DECISION_RETURN_IF_ERROR(LoadPending());
     DECISION_RETURN_IF_ERROR(LoadEventIds());
+    MeasureCosts();
     SetMetrics();
     return absl::OkStatus();
   }
@@ -305,6 +307,17 @@ class Recovery {
         index_, [&](absl::string_view event_id) { p_.event_ids_.Insert(event_id); });
   }
 
+  // Experts stored before costs were (score_cost_us 0) are measured over the reservoir, as
+  // a registration would. Kept in memory only: the next write of the record stores it.
+  void MeasureCosts() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (int id = 0; id < num_experts(); ++id) {
+      ExpertSlot& slot = p_.experts_.at(id);
+      if (!slot.failure.empty() || slot.record.score_cost_us() > 0.0) continue;
+      slot.record.set_score_cost_us(
+          p_.ScoringCostUs(slot.record.name(), *slot.model, p_.reservoir_.contexts()));
+    }
+  }
+
   void SetMetrics() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int id = 0; id < num_experts(); ++id) {
       const ExpertSlot& slot = p_.experts_.at(id);
@@ -313,7 +326,9 @@ class Recovery {
           id < n_est_    ? 1.0
           : total == 0   ? 0.0
                          : static_cast<double>(slot.backfill.size()) / total);
+      slot.metrics.score_cost->Set(slot.record.score_cost_us() * 1e-6);
     }
+    p_.ExportScoringCostLocked();
     p_.metrics_.pending->Set(static_cast<double>(p_.pending_.answered()));
     p_.metrics_.samples->Set(static_cast<double>(p_.ducb_.log().size()));
   }

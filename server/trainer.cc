@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "core/xgboost_trainer.h"
+#include "server/scoring_cost.h"
 
 namespace decision::server {
 
@@ -142,6 +143,15 @@ absl::Status Trainer::Run(const Job& job) {
   if (!set.ok()) return fail(absl::StrCat("no training set: ", set.status().message()));
   const int num_arms = p.record().num_arms();
   const int total = r.tree_experts() + r.linear_experts();
+  auto skip = [&](int i, absl::string_view why) {
+    r.set_skipped_experts(r.skipped_experts() + 1);
+    r.add_skip_reasons(absl::StrCat("expert ", i + 1, " of ", total, ": ", why));
+    update();
+  };
+  // Problems that train automatically also retire automatically (RetireDominated): a
+  // model over the scoring budget may retire their least useful experts to fit.
+  Problem::RegisterOptions register_options;
+  register_options.retire_to_fit = p.record().auto_train();
   // From the first expert not yet trained: a resumed job continues where it stopped.
   for (int i = r.expert_ids_size() + r.skipped_experts(); i < total; ++i) {
     // Stopping: the record stays RUNNING, and the next start resumes the job.
@@ -154,8 +164,7 @@ absl::Status Trainer::Run(const Job& job) {
     const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
     absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);
     if (absl::IsFailedPrecondition(model.status())) {  // diverged: skip this one
-      r.set_skipped_experts(r.skipped_experts() + 1);
-      update();
+      skip(i, "training diverged");
       continue;
     }
     if (!model.ok()) {
@@ -166,7 +175,12 @@ absl::Status Trainer::Run(const Job& job) {
     record.set_xgboost(*std::move(model));
     const std::string name =
         TrainedExpertName(r.job_id(), linear, r.samples() > 0 ? r.samples() : p.Summary().samples());
-    absl::StatusOr<v1::Expert> e = p.RegisterExpert(name, std::move(record), p.record().smoothing());
+    absl::StatusOr<v1::Expert> e =
+        p.RegisterExpert(name, std::move(record), p.record().smoothing(), register_options);
+    if (IsOverScoringBudget(e.status())) {  // the budget cannot hold it: skip this one
+      skip(i, e.status().message());
+      continue;
+    }
     if (!e.ok()) {
       return fail(absl::StrCat("registering expert ", i + 1, " of ", total, " (",
                                r.expert_ids_size(), " registered): ", e.status().message()));

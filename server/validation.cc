@@ -151,6 +151,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
         "config.auto_train.max_active_experts is ", at.max_active_experts(),
         "; it must be in [0, ", kMaxExpertsPerProblem, "] (0 for 32)"));
   }
+  if (!(std::isfinite(c.scoring_budget_us()) && c.scoring_budget_us() >= 0.0 &&
+        c.scoring_budget_us() <= kMaxScoringBudgetUs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.scoring_budget_us is ", c.scoring_budget_us(), "; it must be in [0, ",
+        kMaxScoringBudgetUs, "] microseconds per decision (0 for no budget)"));
+  }
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
   r.set_auto_train(at.enabled());
@@ -168,6 +174,7 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_batch_multiplier(c.has_batch_multiplier() ? c.batch_multiplier() : 7.0);
   r.set_divergence_reservoir(reservoir);
   r.set_divergence_groups(groups);
+  r.set_scoring_budget_us(c.scoring_budget_us());
   return r;
 }
 

@@ -34,6 +34,8 @@ inline constexpr int kMaxExpertsPerTrainingJob = 16;
 // reservoir (reservoir x features) and one expert's predictions over it (reservoir x arms).
 // 2^24 doubles = 128 MiB.
 inline constexpr int64_t kMaxConfigDoubles = int64_t{1} << 24;
+// The largest scoring budget: a minute of CPU per decision, far beyond any real one.
+inline constexpr double kMaxScoringBudgetUs = 60e6;
 
 // Validates a wire configuration and fills in the defaults. INVALID_ARGUMENT names the field.
 absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(

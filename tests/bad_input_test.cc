@@ -522,6 +522,12 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"CreateProblem/batch_multiplier_0",
        create(BadConfig([](auto* c) { c->set_batch_multiplier(0.0); })), kInvalid,
        {"config.batch_multiplier is 0"}},
+      {"CreateProblem/scoring_budget_negative",
+       create(BadConfig([](auto* c) { c->set_scoring_budget_us(-1.0); })), kInvalid,
+       {"config.scoring_budget_us is -1", "0 for no budget"}},
+      {"CreateProblem/scoring_budget_nan",
+       create(BadConfig([](auto* c) { c->set_scoring_budget_us(kNaN); })), kInvalid,
+       {"config.scoring_budget_us is nan"}},
 
       // ---- RegisterExpert (on p unless the problem is the point; a wrongly accepted expert
       // would show up in ListExperts).

@@ -508,6 +508,8 @@ all_in() {
 all_in "decision_expert_estimate{problem=\"$PROBLEM\"}" 0 200 2
 all_in "decision_expert_ucb{problem=\"$PROBLEM\"}" 0 +Inf 2
 all_in "decision_expert_backfill_progress{problem=\"$PROBLEM\"}" 0 1 2
+# Seconds of CPU per row to score an expert: 0 for the uniform one, microseconds for linear.
+all_in "decision_expert_score_cost_seconds{problem=\"$PROBLEM\"}" 0 1 2
 all_in "decision_expert_effective_sample_size{problem=\"$PROBLEM\"}" 0 1e12 2
 all_in "decision_expert_selected_total{problem=\"$PROBLEM\"}" 0 "$ROUNDS" 2
 [[ "$(query "decision_expert_ucb{problem=\"$PROBLEM\"} < decision_expert_estimate{problem=\"$PROBLEM\"}" |
