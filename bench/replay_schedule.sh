@@ -4,6 +4,8 @@
 # how long after the replay the batch schedule catches up (decision_batch_lag_rounds = 0).
 #
 # Usage: bench/replay_schedule.sh [DATA_CSV ORDER_FILE ARMS FEATURES]
+# REPLAY_FLAGS adds decisionctl replay flags, e.g. REPLAY_FLAGS=--keep_schedule (wait at each
+# batch boundary until its training is done: the paper's schedule, as if training kept up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
@@ -12,12 +14,12 @@ dir=$(mktemp -d)
 taskset -c 0 build/server/decisiond --data_dir="$dir" --listen=127.0.0.1:50071 \
   --metrics_listen=127.0.0.1:9471 2>"$dir.log" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir" "$dir.log"' EXIT
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50071"
 until $C health >/dev/null 2>&1; do sleep 0.2; done
 $C create-problem p --arms="$arms" --features="$features" --auto_train >/dev/null
 start=$(date +%s.%N)
-$C replay p --data="$data" --order="$order" | tail -1
+$C replay p --data="$data" --order="$order" ${REPLAY_FLAGS:-} | tail -1
 end=$(date +%s.%N)
 lag() { curl -s 127.0.0.1:9471/metrics | awk '/^decision_batch_lag_rounds/ {print $2}'; }
 echo "replay: $(echo "$end - $start" | bc) s; rounds behind the schedule at its end: $(lag)"

@@ -34,7 +34,7 @@
 //   hash-token
 //       reads a token on stdin and prints the line fragment "sha256:HEX" for decisiond's
 //       --tokens_file (the token itself is never stored)
-//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE]
+//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
 //       progressive loss as it goes.
@@ -60,6 +60,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -106,6 +107,10 @@ ABSL_FLAG(std::string, data, "", "replay: labelled CSV");
 ABSL_FLAG(std::string, order, "", "replay: row order file (default: file order)");
 ABSL_FLAG(int64_t, rounds, 0, "replay: stop after N rounds (0: all)");
 ABSL_FLAG(std::string, curve_csv, "", "replay: write the progressive loss per round");
+ABSL_FLAG(bool, keep_schedule, false,
+          "replay: at each batch boundary, wait until its divergence refresh and training jobs "
+          "are done and the new experts are backfilled before the next round (the paper's "
+          "batched schedule, as if training kept up with the traffic)");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
 ABSL_FLAG(std::string, token_file, "",
@@ -592,6 +597,41 @@ int HashToken() {
   return 0;
 }
 
+// After a reward (--keep_schedule): if it reached a batch boundary, waits until the
+// boundary's refresh and training jobs are done and no expert is backfilling. *next_job is
+// the first job id not seen finished (job ids are dense per problem).
+absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t* next_job) {
+  const auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+  absl::StatusOr<v1::Problem> p = c.GetProblem(problem);  // waits for learning
+  if (!p.ok() || p->samples() < p->next_batch_at()) return p.status();
+  while (p.ok() && p->samples() >= p->next_batch_at()) {
+    pause();
+    p = c.GetProblem(problem);
+  }
+  if (!p.ok()) return p.status();
+  for (;;) {
+    absl::StatusOr<v1::TrainingJob> job = c.GetTrainingJob(problem, *next_job);
+    if (absl::IsNotFound(job.status())) break;
+    if (!job.ok()) return job.status();
+    if (job->state() == v1::TRAINING_JOB_STATE_SUCCEEDED ||
+        job->state() == v1::TRAINING_JOB_STATE_FAILED) {
+      ++*next_job;
+    } else {
+      pause();
+    }
+  }
+  for (;;) {
+    absl::StatusOr<v1::ListExpertsResponse> experts = c.ListExperts(problem);
+    if (!experts.ok()) return experts.status();
+    bool backfilling = false;
+    for (const v1::Expert& e : experts->experts()) {
+      backfilling |= e.status() == v1::EXPERT_STATUS_BACKFILLING;
+    }
+    if (!backfilling) return absl::OkStatus();
+    pause();
+  }
+}
+
 int Replay(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("replay needs PROBLEM");
   auto rows = ReadFile(absl::GetFlag(FLAGS_data));
@@ -635,6 +675,8 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
   }
   double total = 0.0;
   const bool tty = isatty(fileno(stderr));
+  const bool keep_schedule = absl::GetFlag(FLAGS_keep_schedule);
+  int64_t next_job = 1;
   for (int64_t t = 1; t <= rounds; ++t) {
     const int row = order[t - 1];
     auto d = c.Choose(args[0], features[row]);
@@ -642,6 +684,9 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
     const double reward = d->arm() == labels[row] ? 1.0 : 0.0;
     auto first = c.Reward(args[0], d->event_id(), reward);
     if (!first.ok()) return Fail(first.status());
+    if (keep_schedule) {
+      if (absl::Status s = KeepSchedule(c, args[0], &next_job); !s.ok()) return Fail(s);
+    }
     total += reward;
     const double loss = 1.0 - total / t;
     if (curve.is_open()) curve << t << "," << loss << "\n";

@@ -27,6 +27,15 @@ std::vector<std::shared_ptr<const Expert>> ExpertPool::Models(int n) const {
   return models;
 }
 
+std::vector<std::shared_ptr<const Expert>> ExpertPool::JoinModels(
+    const std::shared_ptr<const Expert>& stand_in) const {
+  std::vector<std::shared_ptr<const Expert>> models = Models();
+  for (int k = 0; k < size(); ++k) {
+    if (Frozen(k)) models[k] = stand_in;
+  }
+  return models;
+}
+
 absl::StatusOr<storage::v1::ExpertRecord> ExpertPool::RetiredRecord(
     const std::string& problem_id, int id, int selectable) const {
   if (id < 0 || id >= size()) {

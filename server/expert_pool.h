@@ -21,7 +21,11 @@
 //   WART: if a model that failed to load at a restart loads again later, its probabilities
 //   over the stretch of the log it was down for stay 1/K.
 // A retired expert that was still backfilling finishes its backfill, so that it is
-// estimated like every other, but is never selected. Ids are dense: expert k is the k-th
+// estimated like every other, but is never selected. An expert retired once estimated is
+// frozen: its estimate at retirement is stored with its record and reported from then on,
+// and the joins score it with the uniform stand-in (free), since no other expert's estimate
+// reads its column (only their own and the chooser's logged propensity). Its model still
+// takes part in the divergence refreshes. Ids are dense: expert k is the k-th
 // registered. D-UCB estimates experts [0, n) once they finish backfilling, in id order.
 #ifndef DECISION_SERVER_EXPERT_POOL_H_
 #define DECISION_SERVER_EXPERT_POOL_H_
@@ -73,6 +77,16 @@ class ExpertPool {
   // The models of experts [0, n), shared: they may be evaluated without the owner's lock.
   std::vector<std::shared_ptr<const Expert>> Models(int n) const;
   std::vector<std::shared_ptr<const Expert>> Models() const { return Models(size()); }
+  // The models the joins score with: Models(), except that an expert retired with its
+  // estimate kept (Frozen) gets `stand_in`: nothing reads its column any more.
+  std::vector<std::shared_ptr<const Expert>> JoinModels(
+      const std::shared_ptr<const Expert>& stand_in) const;
+  // Whether expert `id` is retired with its estimate kept at retirement (record
+  // retired_mean/retired_width): that estimate is reported, not the live one.
+  bool Frozen(int id) const {
+    return slots_[id].record.status() == storage::v1::EXPERT_STATE_RETIRED &&
+           slots_[id].record.has_retired_mean();
+  }
 
   // The record of expert `id` retired, to be written. NOT_FOUND for an unknown id.
   // `selectable` is the number of experts D-UCB may select now: retiring the last one of an

@@ -469,12 +469,14 @@ v1::Estimates Problem::GetEstimates() const {
       e->set_width(std::numeric_limits<double>::infinity());
       if (k < n_est) collected += ducb_.log().count(k) * ducb_.Estimate(k).mean;
     } else if (k < n_est) {
-      const ExpertEstimate est = ducb_.Estimate(k);
+      const ExpertEstimate est = ReportedEstimateLocked(k);
       e->set_estimate(est.mean);
       e->set_width(est.width);
       e->set_ucb(est.mean + est.width);
       e->set_times_selected(ducb_.log().count(k));
-      e->set_effective_sample_size(ducb_.estimator().EffectiveSampleSize(k));
+      if (!experts_.Frozen(k)) {
+        e->set_effective_sample_size(ducb_.estimator().EffectiveSampleSize(k));
+      }
       best = std::max(best, est.mean);
       collected += ducb_.log().count(k) * est.mean;
     } else {

@@ -458,9 +458,17 @@ class Problem {
   absl::Status CompleteBackfill(int expert_id)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   // Writes expert `id`'s record and applies it. REQUIRES expert_writes_mu_.
-  absl::Status WriteExpertRecord(int id, const storage::v1::ExpertRecord& updated)
+  // A record retiring an estimated expert gets its estimate now (retired_mean/width).
+  absl::Status WriteExpertRecord(int id, const storage::v1::ExpertRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   int SelectableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Expert k's estimate as reported: kept at its retirement for a frozen expert
+  // (ExpertPool::Frozen), else D-UCB's. REQUIRES k < ducb_.num_experts().
+  ExpertEstimate ReportedEstimateLocked(int k) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!experts_.Frozen(k)) return ducb_.Estimate(k);
+    const storage::v1::ExpertRecord& r = experts_.at(k).record;
+    return {r.retired_mean(), r.retired_width()};
+  }
   // The selectable experts as (UCB, id), lowest UCB first; *best_lower (if not null) gets
   // the best lower confidence bound (estimate - width) among them.
   std::vector<std::pair<double, int>> SelectableByUcbLocked(double* best_lower = nullptr) const

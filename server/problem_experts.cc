@@ -98,7 +98,17 @@ absl::Status Problem::PersistFailures() {
   return absl::OkStatus();
 }
 
-absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& updated) {
+absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& record) {
+  ExpertRecord updated = record;
+  if (updated.status() == storage::v1::EXPERT_STATE_RETIRED && !updated.has_retired_mean()) {
+    // Retired once estimated: its estimate now is the one kept (ExpertPool::Frozen).
+    absl::MutexLock lock(&mu_);
+    if (expert_id < ducb_.num_experts() && experts_.at(expert_id).failure.empty()) {
+      const ExpertEstimate e = ducb_.Estimate(expert_id);
+      updated.set_retired_mean(e.mean);
+      updated.set_retired_width(e.width);
+    }
+  }
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));

@@ -120,7 +120,7 @@ void Problem::LearnQueued() {
         // Copied, not taken: they count as written and unlearned until they are learned.
         const size_t n = std::min(unlearned_.size(), kMaxLearnBatch);
         batch.assign(unlearned_.begin(), unlearned_.begin() + n);
-        models = experts_.Models();
+        models = experts_.JoinModels(stand_in_);
       }
     }
     if (batch.empty()) {
@@ -138,7 +138,7 @@ void Problem::LearnQueued() {
       absl::MutexLock lock(&mu_);
       // Experts registered while the batch was scored: their columns too, without the lock.
       while (experts_.size() > static_cast<int>(width)) {
-        std::vector<std::shared_ptr<const Expert>> added = experts_.Models();
+        std::vector<std::shared_ptr<const Expert>> added = experts_.JoinModels(stand_in_);
         added.erase(added.begin(), added.begin() + width);
         mu_.Unlock();
         failures.clear();

@@ -238,6 +238,10 @@ class Recovery {
           row_[k] = s.propensity();
           continue;
         }
+        if (p_.experts_.Frozen(k)) {  // as the learner scores it: the stand-in's
+          row_[k] = 1.0 / p_.record_.num_arms();
+          continue;
+        }
         absl::Status scored = p_.experts_.at(k).model->Predict(x, absl::MakeSpan(probs));
         row_[k] = scored.ok() ? probs[s.arm()] : 0.0;
         if (scored.ok() && !(row_[k] > 0.0 && row_[k] <= 1.0)) {

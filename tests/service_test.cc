@@ -210,6 +210,44 @@ TEST_F(ServiceTest, RetiredExpertIsNeverSelectedButKeepsItsHistory) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A retired expert is frozen: its estimate at retirement is kept (through a restart), the
+// joins after it score it with the uniform stand-in, and the others stay exact.
+TEST_F(ServiceTest, RetiredExpertIsFrozenAndScoredByTheStandIn) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int weak = RegisterLinear("p", 2.0);
+  const int strong = RegisterLinear("p", 8.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  const v1::ExpertEstimate before = Estimates("p").experts(weak);
+  v1::RetireExpertRequest retire;
+  retire.set_problem_id("p");
+  retire.set_expert_id(weak);
+  v1::Expert retired;
+  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  const int64_t retired_at = GetProblem("p").samples();
+  PlayRounds("p", 300);  // crosses divergence refreshes
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  auto expect_frozen = [&] {
+    const v1::Estimates e = Estimates("p");
+    EXPECT_EQ(e.experts(weak).status(), v1::EXPERT_STATUS_RETIRED);
+    EXPECT_EQ(e.experts(weak).estimate(), before.estimate());
+    EXPECT_EQ(e.experts(weak).width(), before.width());
+    EXPECT_GT(e.experts(strong).times_selected(), 0);
+  };
+  expect_frozen();
+  const std::vector<v1::LoggedSample> log = Export("p");
+  ASSERT_EQ(static_cast<int64_t>(log.size()), retired_at + 300);
+  int stand_in = 0;
+  for (int64_t s = retired_at; s < static_cast<int64_t>(log.size()); ++s) {
+    stand_in += log[s].expert_propensities(weak) == 1.0 / kArms;
+  }
+  EXPECT_EQ(stand_in, 300);
+  ExpectEstimatesMatchReference("p");
+  Reopen();
+  expect_frozen();
+  ExpectEstimatesMatchReference("p");
+}
+
 TEST_F(ServiceTest, DeferredDecisionIsAnsweredAtOnceAndWrittenWithItsReward) {
   CreateProblem("p", /*wait_ms=*/1'000'000);
   const uint64_t before = StorageWrites(metrics_);
