@@ -93,7 +93,8 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
 
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
-                                int keep, DivergenceMatrix* out) {
+                                int keep, DivergenceMatrix* out,
+                                absl::Span<const bool> kept_rows) {
   const int n = static_cast<int>(predictions.size());
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
@@ -123,6 +124,15 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
   if (keep > 0 && (previous == nullptr || previous->num_experts < keep)) {
     return absl::InvalidArgumentError("previous divergences do not cover the kept experts");
   }
+  if (!kept_rows.empty() && kept_rows.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kept_rows.size(), " kept-row flags for ", n, " experts"));
+  }
+  const int covered = previous == nullptr ? 0 : std::min(n, previous->num_experts);
+  const auto copied = [&](int i, int j) {
+    return (i < keep && j < keep) ||
+           (!kept_rows.empty() && kept_rows[i] && i < covered && j < covered);
+  };
   const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
   const size_t group_size = rows / groups;
   // log pi once per expert, context and arm (not once per pair).
@@ -141,7 +151,7 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       const size_t ij = static_cast<size_t>(i) * n + j;
-      if (i < keep && j < keep) {
+      if (copied(i, j)) {
         d.m[ij] = previous->M(i, j);
         d.sigma[ij] = previous->Sigma(i, j);
         continue;

@@ -452,9 +452,18 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     }
   }
   QuarantineFailures(failures);
+  // The rows of frozen (retired) and failed experts weigh nothing reported: kept as they are.
+  const std::unique_ptr<bool[]> kept(new bool[n]());  // (a span of vector<bool> is not)
+  {
+    absl::MutexLock lock(&mu_);
+    for (int e = 0; e < n && e < previous.num_experts; ++e) {
+      kept[e] = experts_.Frozen(e) || !experts_.at(e).failure.empty();
+    }
+  }
   DivergenceMatrix out;
   DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
-                                              &previous, keep, &out));
+                                              &previous, keep, &out,
+                                              absl::MakeConstSpan(kept.get(), n)));
   // Quarantined experts keep the divergences they had: they weigh the samples chosen while
   // the expert was healthy, and the stand-in is not the policy that chose them.
   std::vector<bool> frozen(n, false);

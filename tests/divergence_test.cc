@@ -123,6 +123,25 @@ TEST(Divergence, KeepsTheOldBlockAndComputesNewRows) {
   EXPECT_EQ(extended.M(1, 2), full.M(1, 2));
 }
 
+TEST(Divergence, KeptRowsAreCopiedAndTheRestComputed) {
+  DivergenceMatrix full, kept;
+  auto p = Flatten();
+  p.push_back(p[0]);
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, nullptr, 0, &full).ok());
+  DivergenceMatrix previous = DivergenceMatrix::Identity(2);
+  previous.m[1] = 7.0;  // (0, 1)
+  previous.m[2] = 5.0;  // (1, 0)
+  const bool rows[3] = {true, false, false};  // row 0's old entries are kept
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, rows).ok());
+  EXPECT_EQ(kept.M(0, 1), 7.0);
+  EXPECT_EQ(kept.M(0, 2), full.M(0, 2));  // a new column: computed
+  EXPECT_EQ(kept.M(1, 0), full.M(1, 0));  // not a kept row: computed
+  EXPECT_EQ(kept.M(2, 1), full.M(2, 1));
+  const bool too_few[2] = {true, false};
+  EXPECT_EQ(ComputeDivergences(p, 2, 1, &previous, 0, &kept, too_few).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Divergence, RejectsBadInput) {
   DivergenceMatrix d;
   auto p = Flatten();
