@@ -3,6 +3,7 @@
 // concurrency level, one table of both servers' figures and their ratios decisiond/null.
 //
 //   build/bench/load --concurrency=1,8,32 --duration_s=10
+//   build/bench/load --experts_from=DIR --contexts=bench/data/letter.csv   # XGBoost experts
 //
 // The client uses gRPC's callback API: each of `concurrency` slots keeps one RPC in flight
 // and issues the next from the completion of the last. A slot sends the Reward of one of its
@@ -17,6 +18,10 @@
 // default 10% of decisions unrewarded there are 1.9 RPCs per decision). While it measures,
 // load reads decisiond's /metrics once a second for its learning lag
 // (decision_learning_lag_samples and _seconds) and prints n/a where decisiond has none.
+//
+// --experts_from=DIR registers the XGBoost models of DIR (bench/make_tree_experts.sh makes 32
+// trained on letter) instead of the synthetic linear experts; --contexts=CSV draws the
+// contexts from a labelled data set's rows instead of uniformly from [0, 1).
 //
 // --calibrate_work_us=5,10,20 also drives null_server --work_us=W for each W (handlers that
 // burn W us of CPU before answering) and prints their ratios to the plain null server: what
@@ -34,6 +39,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -61,6 +67,15 @@ ABSL_FLAG(std::string, concurrency, "1,8,32", "comma-separated concurrency level
 ABSL_FLAG(double, duration_s, 10.0, "measured seconds per concurrency level and server");
 ABSL_FLAG(double, warmup_s, 2.0, "unmeasured seconds before each measurement");
 ABSL_FLAG(int, experts, 32, "experts in the problem (the uniform one plus linear ones)");
+ABSL_FLAG(std::string, experts_from, "",
+          "directory of XGBoost models (*.ubj, *.json; one file per expert, as decisionctl "
+          "register-expert --xgboost reads them): registered instead of the linear experts, "
+          "--experts ignored; their classes and features must be --arms and --features "
+          "(bench/make_tree_experts.sh makes 32 trained on letter: K = 26, d = 16)");
+ABSL_FLAG(std::string, contexts, "",
+          "labelled CSV (header line, last column the label, dropped): each Choose sends a "
+          "random row's features (default: uniform in [0, 1)); use the data the --experts_from "
+          "models were trained on, e.g. bench/data/letter.csv, so that they take realistic paths");
 ABSL_FLAG(std::string, server_cpus, "0",
           "CPUs the servers (decisiond, null_server) are pinned to, e.g. 0 or 0-1 or 0,2 "
           "(empty: not pinned)");
@@ -292,6 +307,38 @@ void ScrapeLag(const std::string& metrics_address, bool first, Result* r) {
   }
 }
 
+// The rows of a labelled CSV (header line, label last) without their label.
+absl::StatusOr<std::vector<std::vector<double>>> ReadContexts(const std::string& path,
+                                                              int features) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  for (bool header = true; std::getline(in, line); header = false) {
+    if (header || absl::StripAsciiWhitespace(line).empty()) continue;
+    std::vector<double> row;
+    for (absl::string_view cell : absl::StrSplit(line, ',')) {
+      double v;
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(cell), &v)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": `", cell, "` is not a number"));
+      }
+      row.push_back(v);
+    }
+    row.pop_back();  // the label
+    if (static_cast<int>(row.size()) != features) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " has ", row.size(),
+                                                     " features per row, --features is ",
+                                                     features));
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no row"));
+  return rows;
+}
+
+// The --contexts rows, read in main (empty: uniform features).
+std::vector<std::vector<double>> contexts;
+
 // One slot of the load: keeps one RPC in flight with the callback API, issuing the next
 // one from the completion of the last. It sends the Reward of one of its own earlier
 // decisions once that reward is due, otherwise a new Choose.
@@ -324,7 +371,13 @@ class Slot {
       stub_->async()->Reward(ctx_.get(), &reward_, &reward_response_,
                              [this](grpc::Status s) { Done(s, false); });
     } else {
-      for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, feature_(gen_));
+      if (contexts.empty()) {
+        for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, feature_(gen_));
+      } else {
+        const std::vector<double>& row =
+            contexts[std::uniform_int_distribution<size_t>(0, contexts.size() - 1)(gen_)];
+        for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, row[f]);
+      }
       choose_.set_event_id(absl::StrCat("w", index_, "-", counter_++));
       stub_->async()->Choose(ctx_.get(), &choose_, &choose_response_,
                              [this](grpc::Status s) { Done(s, true); });
@@ -467,11 +520,32 @@ void PrintLevel(int concurrency, Result& n, Result& r) {
   std::fflush(stdout);
 }
 
-// Creates the problem and registers experts-1 random linear experts; waits until active.
-bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
+// The XGBoost model files of --experts_from, in name order.
+absl::StatusOr<std::vector<std::filesystem::path>> ModelFiles(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string ext = entry.path().extension().string();
+    if (entry.is_regular_file() && (ext == ".ubj" || ext == ".json")) {
+      files.push_back(entry.path());
+    }
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("no XGBoost model (*.ubj, *.json) in ", dir));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Creates the problem and registers its experts (--experts_from's models, or experts-1
+// random linear ones); waits until every one is active.
+bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem,
+                  const std::vector<std::filesystem::path>& models) {
   const int k = absl::GetFlag(FLAGS_arms), d = absl::GetFlag(FLAGS_features);
+  // Registering an XGBoost model loads it in decisiond's sandbox first: allow a minute.
   auto deadline = [] {
-    return std::chrono::system_clock::now() + std::chrono::seconds(10);
+    return std::chrono::system_clock::now() + std::chrono::seconds(60);
   };
   {
     grpc::ClientContext ctx;
@@ -488,25 +562,42 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
       return false;
     }
   }
+  std::vector<v1::RegisterExpertRequest> experts;
+  for (const std::filesystem::path& file : models) {
+    std::ifstream in(file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in) {
+      std::fprintf(stderr, "load: cannot read %s\n", file.c_str());
+      return false;
+    }
+    v1::RegisterExpertRequest req;
+    req.set_name(file.stem().string().substr(0, 128));
+    req.mutable_model()->mutable_xgboost()->set_model(std::move(bytes));
+    experts.push_back(std::move(req));
+  }
   std::mt19937_64 gen(absl::GetFlag(FLAGS_seed));
   std::normal_distribution<double> weight(0.0, 1.0);
-  for (int e = 1; e < absl::GetFlag(FLAGS_experts); ++e) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    AddToken(&ctx);
+  for (int e = 1; models.empty() && e < absl::GetFlag(FLAGS_experts); ++e) {
     v1::RegisterExpertRequest req;
-    req.set_problem_id(problem);
     req.set_name(absl::StrCat("linear-", e));
     auto* l = req.mutable_model()->mutable_linear_softmax();
     for (int i = 0; i < k * d; ++i) l->add_weights(weight(gen));
     for (int i = 0; i < k; ++i) l->add_bias(0.0);
+    experts.push_back(std::move(req));
+  }
+  for (v1::RegisterExpertRequest& req : experts) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    AddToken(&ctx);
+    req.set_problem_id(problem);
     v1::Expert resp;
     if (grpc::Status s = stub.RegisterExpert(&ctx, req, &resp); !s.ok()) {
-      std::fprintf(stderr, "load: RegisterExpert: %s\n", s.error_message().c_str());
+      std::fprintf(stderr, "load: RegisterExpert %s: %s\n", req.name().c_str(),
+                   s.error_message().c_str());
       return false;
     }
   }
-  for (int attempt = 0; attempt < 600; ++attempt) {
+  for (int attempt = 0; attempt < 2400; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
     AddToken(&ctx);
@@ -521,6 +612,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::fprintf(stderr, "load: the experts did not all become active within 120 s\n");
   return false;
 }
 
@@ -560,7 +652,7 @@ std::vector<Result> DriveNullServer(const std::string& name, const std::vector<i
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "load [--concurrency=1,8,32] [--duration_s=10] ...\n"
+      "load [--concurrency=1,8,32] [--duration_s=10] [--experts_from=DIR --contexts=CSV] ...\n"
       "Drives Choose+Reward pairs against decisiond and, in the same run, against null_server "
       "(both pinned to --server_cpus, this client to --client_cpus) and prints, per "
       "concurrency level, pairs/s, server and client CPU per pair, Choose and Reward "
@@ -600,10 +692,34 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "load: bad --calibrate_work_us\n");
     return 2;
   }
-  std::printf("load: %d experts (%d linear + uniform), K = %d, d = %d, reward delay %lld ms, "
-              "%.0f%% unrewarded, %.0f s per level (+%.0f s warm-up)\n",
-              absl::GetFlag(FLAGS_experts), absl::GetFlag(FLAGS_experts) - 1,
-              absl::GetFlag(FLAGS_arms), absl::GetFlag(FLAGS_features),
+  std::vector<std::filesystem::path> models;
+  if (const std::string dir = absl::GetFlag(FLAGS_experts_from); !dir.empty()) {
+    auto files = ModelFiles(dir);
+    if (!files.ok()) {
+      std::fprintf(stderr, "load: %s\n", files.status().ToString().c_str());
+      return 2;
+    }
+    models = *std::move(files);
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_contexts); !file.empty()) {
+    auto rows = ReadContexts(file, absl::GetFlag(FLAGS_features));
+    if (!rows.ok()) {
+      std::fprintf(stderr, "load: %s\n", rows.status().ToString().c_str());
+      return 2;
+    }
+    contexts = *std::move(rows);
+  }
+  const std::string experts =
+      models.empty() ? absl::StrCat(absl::GetFlag(FLAGS_experts), " experts (",
+                                    absl::GetFlag(FLAGS_experts) - 1, " linear + uniform)")
+                     : absl::StrCat(models.size() + 1, " experts (", models.size(),
+                                    " XGBoost from ", absl::GetFlag(FLAGS_experts_from),
+                                    " + uniform)");
+  std::printf("load: %s, K = %d, d = %d, contexts %s, reward delay %lld ms, %.0f%% unrewarded, "
+              "%.0f s per level (+%.0f s warm-up)\n",
+              experts.c_str(), absl::GetFlag(FLAGS_arms), absl::GetFlag(FLAGS_features),
+              contexts.empty() ? "uniform in [0, 1)"
+                               : absl::StrCat("from ", absl::GetFlag(FLAGS_contexts)).c_str(),
               static_cast<long long>(absl::GetFlag(FLAGS_reward_delay_ms)),
               100 * absl::GetFlag(FLAGS_unrewarded_share), absl::GetFlag(FLAGS_duration_s),
               absl::GetFlag(FLAGS_warmup_s));
@@ -636,7 +752,7 @@ int main(int argc, char** argv) {
         words.size() > 6 && absl::StrContains(words[6], ':') ? words[6] : "";
     auto stub = v1::DecisionService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    if (!SetUpProblem(*stub, "load")) return 1;
+    if (!SetUpProblem(*stub, "load", models)) return 1;
     for (int c : levels) {
       real_results.push_back(Drive(address, "load", c, (*real)->pid(), metrics));
       Print("decisiond", c, real_results.back());
