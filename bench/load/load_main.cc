@@ -145,6 +145,12 @@ struct Result {
   int64_t errors = 0;
   double server_cpu_s = 0.0;  // CPU time of the server process while measured
   double client_cpu_s = 0.0;  // CPU time of this process while measured
+  // Busy time of the servers' CPUs while measured (/proc/stat), for what ran there besides
+  // the server: other processes, and interrupts not charged to a process. 0: unpinned.
+  double server_cpus_busy_s = 0.0;
+  int server_cpu_count = 0;
+  double client_cpus_busy_s = 0.0;  // the same for this client's CPUs
+  int client_cpu_count = 0;
   bool lag_read = false;      // whether /metrics was read (decisiond only)
   LagSeries lag[kNumLagMetrics];
   double rpcs() const { return static_cast<double>(choose_us.size() + reward_us.size()); }
@@ -177,6 +183,27 @@ double ProcessCpuSeconds(pid_t pid) {
     return 0.0;
   }
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+// Busy (not idle, not waiting for I/O) seconds of the CPUs in `set` since boot, from
+// /proc/stat: user, nice, system, irq, softirq and steal.
+double BusySeconds(const cpu_set_t& set) {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  double busy = 0;
+  while (std::getline(in, line)) {
+    int cpu;
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 9 || !absl::ConsumePrefix(&f[0], "cpu") || !absl::SimpleAtoi(f[0], &cpu) ||
+        cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) {
+      continue;
+    }
+    for (int i : {1, 2, 3, 6, 7, 8}) {  // user nice system (idle iowait) irq softirq steal
+      int64_t ticks;
+      if (absl::SimpleAtoi(f[i], &ticks)) busy += static_cast<double>(ticks);
+    }
+  }
+  return busy / sysconf(_SC_CLK_TCK);
 }
 
 std::string LoadAverage() {
@@ -221,8 +248,9 @@ class ScopedAffinity {
   cpu_set_t saved_;
 };
 
-// The server CPU set (null if the servers are not pinned), parsed in main.
+// The server and client CPU sets (null if not pinned), parsed in main.
 const cpu_set_t* server_cpus = nullptr;
+const cpu_set_t* client_cpus = nullptr;
 
 // Starts a server child process on the server CPUs.
 absl::StatusOr<std::unique_ptr<decision::testing::ChildProcess>> StartServer(
@@ -452,6 +480,8 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   for (auto& slot : slots) slot->Next();
   std::this_thread::sleep_until(measure_from);
   const double server0 = ProcessCpuSeconds(server), client0 = ProcessCpuSeconds(getpid());
+  const double busy0 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
+  const double client_busy0 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
   if (!metrics_address.empty()) {
     bool first = true;
     for (auto at = measure_from + std::chrono::milliseconds(500); at < end;
@@ -463,6 +493,8 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   }
   std::this_thread::sleep_until(end);
   const double server1 = ProcessCpuSeconds(server), client1 = ProcessCpuSeconds(getpid());
+  const double busy1 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
+  const double client_busy1 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &running));
@@ -470,6 +502,10 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   total.seconds = std::chrono::duration<double>(duration).count();
   total.server_cpu_s = server1 - server0;
   total.client_cpu_s = client1 - client0;
+  total.server_cpus_busy_s = busy1 - busy0;
+  total.server_cpu_count = server_cpus != nullptr ? CPU_COUNT(server_cpus) : 0;
+  total.client_cpus_busy_s = client_busy1 - client_busy0;
+  total.client_cpu_count = client_cpus != nullptr ? CPU_COUNT(client_cpus) : 0;
   for (Result& r : per_slot) {
     total.choose_us.insert(total.choose_us.end(), r.choose_us.begin(), r.choose_us.end());
     total.reward_us.insert(total.reward_us.end(), r.reward_us.begin(), r.reward_us.end());
@@ -509,6 +545,24 @@ void PrintLevel(int concurrency, Result& n, Result& r) {
   row("Choose p999 (us)", Percentile(n.choose_us, 0.999), Percentile(r.choose_us, 0.999), "");
   row("Reward p50 (us)", Percentile(n.reward_us, 0.5), Percentile(r.reward_us, 0.5), "");
   row("Reward p99 (us)", Percentile(n.reward_us, 0.99), Percentile(r.reward_us, 0.99), "");
+  // What else the pinned CPUs did while measured (a shared machine): other processes, and
+  // interrupts not charged to a process (part of them the run's own loopback traffic).
+  if (n.server_cpu_count > 0) {
+    auto other = [](const Result& x) {
+      return 100 * std::max(0.0, x.server_cpus_busy_s - x.server_cpu_s) /
+             (x.seconds * x.server_cpu_count);
+    };
+    std::printf("  %-48s %12.1f %12.1f\n", "server CPUs busy outside the server (%)", other(n),
+                other(r));
+  }
+  if (n.client_cpu_count > 0) {
+    auto other = [](const Result& x) {
+      return 100 * std::max(0.0, x.client_cpus_busy_s - x.client_cpu_s) /
+             (x.seconds * x.client_cpu_count);
+    };
+    std::printf("  %-48s %12.1f %12.1f\n", "client CPUs busy outside the client (%)", other(n),
+                other(r));
+  }
   std::printf("  %-48s %12lld %12lld\n", "errors", static_cast<long long>(n.errors),
               static_cast<long long>(r.errors));
   for (int m = 0; m < kNumLagMetrics; ++m) {
@@ -675,6 +729,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "load: bad --client_cpus\n");
       return 2;
     }
+    client_cpus = &client_set;
     if (sched_setaffinity(0, sizeof(client_set), &client_set) != 0) {
       std::fprintf(stderr,
                    "load: cannot pin to --client_cpus=%s (this machine has %ld CPUs; empty "
