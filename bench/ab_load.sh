@@ -1,48 +1,48 @@
 #!/usr/bin/env bash
-# Alternating A/B runs of bench/load for two decisiond builds, pinned as DEVELOPERS.md asks:
-# the servers (decisiond and its null server) on CPU 0, the load client on CPU 1.
+# Alternating A/B runs of bench/load for two decisiond builds, at concurrency 8. bench/load
+# pins the servers (decisiond and its null server) to CPU 0 and itself to CPU 1 (its
+# --server_cpus and --client_cpus).
 #
 # Usage: bench/ab_load.sh A_DECISIOND B_DECISIOND [PAIRS] [extra bench/load flags...]
 #   e.g. bench/ab_load.sh /tmp/base/build/server/decisiond build/server/decisiond 6
-# Prints one line per run (A, B, A, B, ...) with bench/load's decisiond line and its ratios
-# to the null server of the same run, then the median of each column per build.
+# Prints one line per run (A, B, A, B, ...) with bench/load's null and decisiond lines, then
+# the median of each column per build, with the ratios to the null server of the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 a=$(realpath "$1") b=$(realpath "$2") pairs=${3:-6}
 shift $(($# < 3 ? $# : 3))
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# bench/load starts the servers itself: wrappers pin them (exec keeps the pid, so bench/load
-# still reads the server's CPU time from /proc).
-pin() { printf '#!/bin/sh\nexec taskset -c 0 %s "$@"\n' "$1" > "$2"; }
-pin "$a" "$work/decisiond_a"
-pin "$b" "$work/decisiond_b"
-pin "$(realpath build/bench/null_server)" "$work/null"
-chmod +x "$work"/*
 for ((i = 1; i <= pairs; ++i)); do
   for name in a b; do
-    line=$(taskset -c 1 build/bench/load --concurrency=8 --duration_s=8 --warmup_s=2 \
-             --decisiond="$work/decisiond_$name" --null_server="$work/null" "$@" 2>&1 |
-           grep -E '^decisiond |^ +8 ' | tr -s ' \n' ' ')
+    binary=$a
+    [[ $name == b ]] && binary=$b
+    line=$(build/bench/load --concurrency=8 --duration_s=8 --warmup_s=2 --decisiond="$binary" \
+             "$@" 2>&1 | grep -E '^(null|decisiond) +c=8 ' | tr -s ' \n' ' ')
     echo "$i $name $line" | tee -a "$work/runs"
   done
 done
-python3 - "$work/runs" <<'EOF'
+python3 - "$work/runs" <<'PY'
 import re, statistics, sys
-pat = re.compile(r'(\S+) rpc/s Choose p50/p99/p999 (\S+) (\S+) (\S+) us Reward p50/p99/p999 '
-                 r'(\S+) (\S+) (\S+) us CPU/rpc server (\S+) client (\S+) us errors \d+ 8 '
-                 r'(\S+) (\S+) (\S+) (\S+)')
+run = (r'(\S+) rpc/s Choose p50/p99/p999 (\S+) (\S+) (\S+) us Reward p50/p99/p999 '
+       r'(\S+) (\S+) (\S+) us CPU/rpc server (\S+) client (\S+) us errors \d+')
+pat = re.compile(r'null c=8 ' + run + r' decisiond c=8 ' + run)
 names = ['rpc/s', 'Choose p50 us', 'Choose p99 us', 'Choose p999 us', 'Reward p50 us',
          'Reward p99 us', 'Reward p999 us', 'server CPU/rpc us', 'client CPU/rpc us',
-         'throughput / null', 'Choose p99 / null', 'Reward p99 / null', 'server CPU / null']
+         'throughput / null', 'Choose p99 / null', 'Reward p99 / null', 'server CPU / null',
+         'server CPU/pair - null us']
 runs = {'a': [], 'b': []}
 for line in open(sys.argv[1]):
     m = pat.search(line)
     if m:
-        runs[line.split()[1]].append([float(x) for x in m.groups()])
-print(f"{'median over runs':22s} {'A':>10s} {'B':>10s} {'B/A':>6s}")
+        v = [float(x) for x in m.groups()]
+        null, real = v[:9], v[9:]
+        runs[line.split()[1]].append(real + [real[0] / null[0], real[2] / null[2],
+                                             real[5] / null[5], real[7] / null[7],
+                                             2 * (real[7] - null[7])])
+print(f"{'median over runs':26s} {'A':>10s} {'B':>10s} {'B/A':>6s}")
 for i, name in enumerate(names):
     a = statistics.median(r[i] for r in runs['a'])
     b = statistics.median(r[i] for r in runs['b'])
-    print(f"{name:22s} {a:10.2f} {b:10.2f} {b / a:6.2f}")
-EOF
+    print(f"{name:26s} {a:10.2f} {b:10.2f} {b / a:6.2f}")
+PY

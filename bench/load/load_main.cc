@@ -1,21 +1,37 @@
 // load: drives a mix of Choose and Reward at fixed concurrency levels against decisiond and,
-// in the same run, against null_server (the same API with trivial handlers), and prints
-// throughput and latency percentiles per RPC and the ratios of the two.
+// in the same run, against null_server (the same API with trivial handlers), and prints, per
+// concurrency level, one table of both servers' figures and their ratios decisiond/null.
 //
 //   build/bench/load --concurrency=1,8,32 --duration_s=10
+//   build/bench/load --experts_from=DIR --contexts=bench/data/letter.csv   # XGBoost experts
 //
 // The client uses gRPC's callback API: each of `concurrency` slots keeps one RPC in flight
 // and issues the next from the completion of the last. A slot sends the Reward of one of its
 // own earlier decisions once that reward is due (--reward_delay_ms after the decision),
 // otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a reward.
-// Both servers run as child processes on loopback, on this same machine; the CPU time each
-// server and this client spend per RPC is read from /proc, as the machine is shared.
+// Both servers run as child processes on loopback, on this same machine, pinned to
+// --server_cpus while this client runs on --client_cpus (sched_setaffinity: a child inherits
+// the mask of the thread that forks it, and every thread it starts inherits it in turn). The
+// CPU time each server and this client spend is read from /proc.
+//
+// A "pair" is one Choose and one Reward: pairs/s and CPU per pair count RPCs / 2 (with the
+// default 10% of decisions unrewarded there are 1.9 RPCs per decision). While it measures,
+// load reads decisiond's /metrics once a second for its learning lag
+// (decision_learning_lag_samples and _seconds) and prints n/a where decisiond has none.
+//
+// --experts_from=DIR registers the XGBoost models of DIR (bench/make_tree_experts.sh makes 32
+// trained on letter) instead of the synthetic linear experts; --contexts=CSV draws the
+// contexts from a labelled data set's rows instead of uniformly from [0, 1).
 //
 // --calibrate_work_us=5,10,20 also drives null_server --work_us=W for each W (handlers that
 // burn W us of CPU before answering) and prints their ratios to the plain null server: what
 // a server that adds W us of work per RPC gets from gRPC on this machine, the scale against
 // which decisiond's ratio is read.
 #include <grpcpp/grpcpp.h>
+#include <netdb.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +39,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -33,9 +50,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "decision/v1/decision.grpc.pb.h"
 #include "tests/decisiond_process.h"
@@ -46,6 +67,20 @@ ABSL_FLAG(std::string, concurrency, "1,8,32", "comma-separated concurrency level
 ABSL_FLAG(double, duration_s, 10.0, "measured seconds per concurrency level and server");
 ABSL_FLAG(double, warmup_s, 2.0, "unmeasured seconds before each measurement");
 ABSL_FLAG(int, experts, 32, "experts in the problem (the uniform one plus linear ones)");
+ABSL_FLAG(std::string, experts_from, "",
+          "directory of XGBoost models (*.ubj, *.json; one file per expert, as decisionctl "
+          "register-expert --xgboost reads them): registered instead of the linear experts, "
+          "--experts ignored; their classes and features must be --arms and --features "
+          "(bench/make_tree_experts.sh makes 32 trained on letter: K = 26, d = 16)");
+ABSL_FLAG(std::string, contexts, "",
+          "labelled CSV (header line, last column the label, dropped): each Choose sends a "
+          "random row's features (default: uniform in [0, 1)); use the data the --experts_from "
+          "models were trained on, e.g. bench/data/letter.csv, so that they take realistic paths");
+ABSL_FLAG(std::string, server_cpus, "0",
+          "CPUs the servers (decisiond, null_server) are pinned to, e.g. 0 or 0-1 or 0,2 "
+          "(empty: not pinned)");
+ABSL_FLAG(std::string, client_cpus, "1",
+          "CPUs this load generator is pinned to (empty: not pinned)");
 ABSL_FLAG(int, arms, 26, "arms K");
 ABSL_FLAG(int, features, 16, "features d");
 ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward");
@@ -74,16 +109,58 @@ void AddToken(grpc::ClientContext* ctx) {
 namespace v1 = decision::v1;
 using Clock = std::chrono::steady_clock;
 
+// The learning lag metrics load reads from decisiond's /metrics while it measures, with
+// their unit. Gauges (one value per problem; the largest is taken) or histograms (the mean
+// over the measured window, from _sum and _count).
+constexpr std::pair<const char*, const char*> kLagMetrics[] = {
+    {"decision_learning_lag_samples", "samples"},
+    {"decision_learning_lag_seconds", "s"},
+};
+constexpr int kNumLagMetrics = sizeof(kLagMetrics) / sizeof(kLagMetrics[0]);
+
+// What the scrapes of one measurement saw of one lag metric.
+struct LagSeries {
+  std::vector<double> gauge;  // the largest value of each scrape that had the gauge
+  double sum0 = 0, count0 = 0, sum1 = 0, count1 = 0;  // histogram, first and last scrape
+  bool histogram = false;
+  std::string Format() const {
+    char buf[64];
+    if (!gauge.empty()) {
+      double total = 0, max = gauge[0];
+      for (double v : gauge) total += v, max = std::max(max, v);
+      std::snprintf(buf, sizeof(buf), "%.4g / %.4g", total / gauge.size(), max);
+      return buf;
+    }
+    if (histogram && count1 > count0) {
+      std::snprintf(buf, sizeof(buf), "%.4g / -", (sum1 - sum0) / (count1 - count0));
+      return buf;
+    }
+    return "n/a";
+  }
+};
+
 struct Result {
   double seconds = 0.0;
   std::vector<double> choose_us, reward_us;
   int64_t errors = 0;
   double server_cpu_s = 0.0;  // CPU time of the server process while measured
   double client_cpu_s = 0.0;  // CPU time of this process while measured
+  // Busy time of the servers' CPUs while measured (/proc/stat), for what ran there besides
+  // the server: other processes, and interrupts not charged to a process. 0: unpinned.
+  double server_cpus_busy_s = 0.0;
+  int server_cpu_count = 0;
+  double client_cpus_busy_s = 0.0;  // the same for this client's CPUs
+  int client_cpu_count = 0;
+  bool lag_read = false;      // whether /metrics was read (decisiond only)
+  LagSeries lag[kNumLagMetrics];
   double rpcs() const { return static_cast<double>(choose_us.size() + reward_us.size()); }
   double rps() const { return rpcs() / seconds; }
+  // A pair is a Choose and a Reward: two RPCs.
+  double pairs_per_s() const { return rps() / 2; }
   double server_us_per_rpc() const { return 1e6 * server_cpu_s / rpcs(); }
   double client_us_per_rpc() const { return 1e6 * client_cpu_s / rpcs(); }
+  double server_us_per_pair() const { return 2 * server_us_per_rpc(); }
+  double client_us_per_pair() const { return 2 * client_us_per_rpc(); }
 };
 
 double Percentile(std::vector<double>& v, double q) {
@@ -107,6 +184,188 @@ double ProcessCpuSeconds(pid_t pid) {
   }
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
 }
+
+// Busy (not idle, not waiting for I/O) seconds of the CPUs in `set` since boot, from
+// /proc/stat: user, nice, system, irq, softirq and steal.
+double BusySeconds(const cpu_set_t& set) {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  double busy = 0;
+  while (std::getline(in, line)) {
+    int cpu;
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 9 || !absl::ConsumePrefix(&f[0], "cpu") || !absl::SimpleAtoi(f[0], &cpu) ||
+        cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &set)) {
+      continue;
+    }
+    for (int i : {1, 2, 3, 6, 7, 8}) {  // user nice system (idle iowait) irq softirq steal
+      int64_t ticks;
+      if (absl::SimpleAtoi(f[i], &ticks)) busy += static_cast<double>(ticks);
+    }
+  }
+  return busy / sysconf(_SC_CLK_TCK);
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+// Parses a CPU list ("0", "0,2", "1-3"); false if it is not one.
+bool ParseCpus(const std::string& text, cpu_set_t* set) {
+  CPU_ZERO(set);
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const std::vector<absl::string_view> range = absl::StrSplit(item, '-');
+    int from, to;
+    if (range.size() > 2 || !absl::SimpleAtoi(range[0], &from) ||
+        !absl::SimpleAtoi(range.back(), &to) || from < 0 || to < from || to >= CPU_SETSIZE) {
+      return false;
+    }
+    for (int c = from; c <= to; ++c) CPU_SET(c, set);
+  }
+  return true;
+}
+
+// Pins the calling thread to `set` for its lifetime, then gives it its mask back: a child
+// forked meanwhile keeps `set`, and so do the threads it starts.
+class ScopedAffinity {
+ public:
+  explicit ScopedAffinity(const cpu_set_t* set) : active_(set != nullptr) {
+    if (!active_) return;
+    sched_getaffinity(0, sizeof(saved_), &saved_);
+    ok_ = sched_setaffinity(0, sizeof(*set), set) == 0;
+  }
+  ~ScopedAffinity() {
+    if (active_) sched_setaffinity(0, sizeof(saved_), &saved_);
+  }
+  bool ok() const { return !active_ || ok_; }
+
+ private:
+  const bool active_;
+  bool ok_ = false;
+  cpu_set_t saved_;
+};
+
+// The server and client CPU sets (null if not pinned), parsed in main.
+const cpu_set_t* server_cpus = nullptr;
+const cpu_set_t* client_cpus = nullptr;
+
+// Starts a server child process on the server CPUs.
+absl::StatusOr<std::unique_ptr<decision::testing::ChildProcess>> StartServer(
+    const std::vector<std::string>& args, std::string* line) {
+  ScopedAffinity pin(server_cpus);
+  if (!pin.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot pin the servers to --server_cpus=", absl::GetFlag(FLAGS_server_cpus)));
+  }
+  return decision::testing::ChildProcess::Start(args, line);
+}
+
+// GET http://HOST:PORT/metrics (HTTP/1.0: the server closes the connection after the body);
+// empty on any failure.
+std::string FetchMetrics(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return "";
+  const std::string host = host_port.substr(0, colon), port = host_port.substr(colon + 1);
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) return "";
+  const int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  std::string response;
+  if (fd >= 0) {
+    timeval timeout{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    const std::string request = absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", host_port,
+                                             "\r\n\r\n");
+    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(request.size())) {
+      char buf[16384];
+      for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The values of the series of metric `name` in a Prometheus text exposition.
+std::vector<double> MetricValues(absl::string_view text, absl::string_view name) {
+  std::vector<double> values;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&line, name) || line.empty() || (line[0] != '{' && line[0] != ' ')) {
+      continue;
+    }
+    if (line[0] == '{') {
+      const size_t close = line.rfind('}');
+      if (close == absl::string_view::npos) continue;
+      line.remove_prefix(close + 1);
+    }
+    const std::vector<absl::string_view> rest = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    double v;
+    if (!rest.empty() && absl::SimpleAtod(rest[0], &v)) values.push_back(v);
+  }
+  return values;
+}
+
+// One read of /metrics into the lag series; `first`: the histogram's start values.
+void ScrapeLag(const std::string& metrics_address, bool first, Result* r) {
+  const std::string text = FetchMetrics(metrics_address);
+  if (text.empty()) return;
+  r->lag_read = true;
+  for (int m = 0; m < kNumLagMetrics; ++m) {
+    const std::string name = kLagMetrics[m].first;
+    LagSeries& lag = r->lag[m];
+    if (const std::vector<double> g = MetricValues(text, name); !g.empty()) {
+      lag.gauge.push_back(*std::max_element(g.begin(), g.end()));
+    }
+    const std::vector<double> sums = MetricValues(text, name + "_sum");
+    const std::vector<double> counts = MetricValues(text, name + "_count");
+    if (sums.empty() || counts.empty()) continue;
+    double sum = 0, count = 0;
+    for (double v : sums) sum += v;
+    for (double v : counts) count += v;
+    lag.histogram = true;
+    if (first) lag.sum0 = sum, lag.count0 = count;
+    lag.sum1 = sum, lag.count1 = count;
+  }
+}
+
+// The rows of a labelled CSV (header line, label last) without their label.
+absl::StatusOr<std::vector<std::vector<double>>> ReadContexts(const std::string& path,
+                                                              int features) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  for (bool header = true; std::getline(in, line); header = false) {
+    if (header || absl::StripAsciiWhitespace(line).empty()) continue;
+    std::vector<double> row;
+    for (absl::string_view cell : absl::StrSplit(line, ',')) {
+      double v;
+      if (!absl::SimpleAtod(absl::StripAsciiWhitespace(cell), &v)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": `", cell, "` is not a number"));
+      }
+      row.push_back(v);
+    }
+    row.pop_back();  // the label
+    if (static_cast<int>(row.size()) != features) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " has ", row.size(),
+                                                     " features per row, --features is ",
+                                                     features));
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " has no row"));
+  return rows;
+}
+
+// The --contexts rows, read in main (empty: uniform features).
+std::vector<std::vector<double>> contexts;
 
 // One slot of the load: keeps one RPC in flight with the callback API, issuing the next
 // one from the completion of the last. It sends the Reward of one of its own earlier
@@ -140,7 +399,13 @@ class Slot {
       stub_->async()->Reward(ctx_.get(), &reward_, &reward_response_,
                              [this](grpc::Status s) { Done(s, false); });
     } else {
-      for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, feature_(gen_));
+      if (contexts.empty()) {
+        for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, feature_(gen_));
+      } else {
+        const std::vector<double>& row =
+            contexts[std::uniform_int_distribution<size_t>(0, contexts.size() - 1)(gen_)];
+        for (int f = 0; f < choose_.features_size(); ++f) choose_.set_features(f, row[f]);
+      }
       choose_.set_event_id(absl::StrCat("w", index_, "-", counter_++));
       stub_->async()->Choose(ctx_.get(), &choose_, &choose_response_,
                              [this](grpc::Status s) { Done(s, true); });
@@ -183,8 +448,11 @@ class Slot {
   v1::RewardResponse reward_response_;
 };
 
+// Drives the server at `address` at one concurrency level. With a `metrics_address`, reads
+// the learning lag from it once a second while it measures (at 0.5, 1.5, ... s: about a
+// millisecond of the server's CPU each, under 0.01 us per pair).
 Result Drive(const std::string& address, const std::string& problem, int concurrency,
-             pid_t server) {
+             pid_t server, const std::string& metrics_address = "") {
   std::vector<std::unique_ptr<v1::DecisionService::Stub>> stubs;
   for (int c = 0; c < std::max(1, absl::GetFlag(FLAGS_channels)); ++c) {
     grpc::ChannelArguments args;
@@ -208,19 +476,36 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
                                              --running;
                                            }));
   }
+  Result total;
   for (auto& slot : slots) slot->Next();
   std::this_thread::sleep_until(measure_from);
   const double server0 = ProcessCpuSeconds(server), client0 = ProcessCpuSeconds(getpid());
+  const double busy0 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
+  const double client_busy0 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
+  if (!metrics_address.empty()) {
+    bool first = true;
+    for (auto at = measure_from + std::chrono::milliseconds(500); at < end;
+         at += std::chrono::seconds(1)) {
+      std::this_thread::sleep_until(at);
+      ScrapeLag(metrics_address, first, &total);
+      first = false;
+    }
+  }
   std::this_thread::sleep_until(end);
   const double server1 = ProcessCpuSeconds(server), client1 = ProcessCpuSeconds(getpid());
+  const double busy1 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
+  const double client_busy1 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(+[](int* n) { return *n == 0; }, &running));
   }
-  Result total;
   total.seconds = std::chrono::duration<double>(duration).count();
   total.server_cpu_s = server1 - server0;
   total.client_cpu_s = client1 - client0;
+  total.server_cpus_busy_s = busy1 - busy0;
+  total.server_cpu_count = server_cpus != nullptr ? CPU_COUNT(server_cpus) : 0;
+  total.client_cpus_busy_s = client_busy1 - client_busy0;
+  total.client_cpu_count = client_cpus != nullptr ? CPU_COUNT(client_cpus) : 0;
   for (Result& r : per_slot) {
     total.choose_us.insert(total.choose_us.end(), r.choose_us.begin(), r.choose_us.end());
     total.reward_us.insert(total.reward_us.end(), r.reward_us.begin(), r.reward_us.end());
@@ -229,6 +514,7 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   return total;
 }
 
+// One line per measurement, as it ends (per RPC, as before the per-level tables).
 void Print(const char* name, int concurrency, Result& r) {
   std::printf("%-10s c=%-3d %9.0f rpc/s  Choose p50/p99/p999 %7.1f %7.1f %7.1f us  "
               "Reward p50/p99/p999 %7.1f %7.1f %7.1f us  CPU/rpc server %5.1f client %5.1f us  "
@@ -241,11 +527,79 @@ void Print(const char* name, int concurrency, Result& r) {
   std::fflush(stdout);
 }
 
-// Creates the problem and registers experts-1 random linear experts; waits until active.
-bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
+// The table of one concurrency level: null, decisiond, and decisiond/null.
+void PrintLevel(int concurrency, Result& n, Result& r) {
+  std::printf("\nconcurrency %d%38s %12s %12s %16s\n", concurrency, "", "null", "decisiond",
+              "decisiond/null");
+  auto row = [](const char* what, double null_value, double real_value, const char* extra) {
+    std::printf("  %-48s %12.1f %12.1f %16.2f%s\n", what, null_value, real_value,
+                null_value > 0 ? real_value / null_value : 0.0, extra);
+  };
+  row("Choose+Reward pairs/s", n.pairs_per_s(), r.pairs_per_s(), "");
+  char diff[48];
+  std::snprintf(diff, sizeof(diff), "  (%+.1f us)", r.server_us_per_pair() - n.server_us_per_pair());
+  row("server CPU per pair (us)", n.server_us_per_pair(), r.server_us_per_pair(), diff);
+  row("client CPU per pair (us)", n.client_us_per_pair(), r.client_us_per_pair(), "");
+  row("Choose p50 (us)", Percentile(n.choose_us, 0.5), Percentile(r.choose_us, 0.5), "");
+  row("Choose p99 (us)", Percentile(n.choose_us, 0.99), Percentile(r.choose_us, 0.99), "");
+  row("Choose p999 (us)", Percentile(n.choose_us, 0.999), Percentile(r.choose_us, 0.999), "");
+  row("Reward p50 (us)", Percentile(n.reward_us, 0.5), Percentile(r.reward_us, 0.5), "");
+  row("Reward p99 (us)", Percentile(n.reward_us, 0.99), Percentile(r.reward_us, 0.99), "");
+  // What else the pinned CPUs did while measured (a shared machine): other processes, and
+  // interrupts not charged to a process (part of them the run's own loopback traffic).
+  if (n.server_cpu_count > 0) {
+    auto other = [](const Result& x) {
+      return 100 * std::max(0.0, x.server_cpus_busy_s - x.server_cpu_s) /
+             (x.seconds * x.server_cpu_count);
+    };
+    std::printf("  %-48s %12.1f %12.1f\n", "server CPUs busy outside the server (%)", other(n),
+                other(r));
+  }
+  if (n.client_cpu_count > 0) {
+    auto other = [](const Result& x) {
+      return 100 * std::max(0.0, x.client_cpus_busy_s - x.client_cpu_s) /
+             (x.seconds * x.client_cpu_count);
+    };
+    std::printf("  %-48s %12.1f %12.1f\n", "client CPUs busy outside the client (%)", other(n),
+                other(r));
+  }
+  std::printf("  %-48s %12lld %12lld\n", "errors", static_cast<long long>(n.errors),
+              static_cast<long long>(r.errors));
+  for (int m = 0; m < kNumLagMetrics; ++m) {
+    const std::string what = absl::StrCat("learning lag, ", kLagMetrics[m].second,
+                                          " (mean / max of 1/s reads)");
+    std::printf("  %-48s %12s %12s\n", what.c_str(), "-",
+                r.lag_read ? r.lag[m].Format().c_str() : "n/a");
+  }
+  std::fflush(stdout);
+}
+
+// The XGBoost model files of --experts_from, in name order.
+absl::StatusOr<std::vector<std::filesystem::path>> ModelFiles(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string ext = entry.path().extension().string();
+    if (entry.is_regular_file() && (ext == ".ubj" || ext == ".json")) {
+      files.push_back(entry.path());
+    }
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("no XGBoost model (*.ubj, *.json) in ", dir));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Creates the problem and registers its experts (--experts_from's models, or experts-1
+// random linear ones); waits until every one is active.
+bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem,
+                  const std::vector<std::filesystem::path>& models) {
   const int k = absl::GetFlag(FLAGS_arms), d = absl::GetFlag(FLAGS_features);
+  // Registering an XGBoost model loads it in decisiond's sandbox first: allow a minute.
   auto deadline = [] {
-    return std::chrono::system_clock::now() + std::chrono::seconds(10);
+    return std::chrono::system_clock::now() + std::chrono::seconds(60);
   };
   {
     grpc::ClientContext ctx;
@@ -262,25 +616,42 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
       return false;
     }
   }
+  std::vector<v1::RegisterExpertRequest> experts;
+  for (const std::filesystem::path& file : models) {
+    std::ifstream in(file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in) {
+      std::fprintf(stderr, "load: cannot read %s\n", file.c_str());
+      return false;
+    }
+    v1::RegisterExpertRequest req;
+    req.set_name(file.stem().string().substr(0, 128));
+    req.mutable_model()->mutable_xgboost()->set_model(std::move(bytes));
+    experts.push_back(std::move(req));
+  }
   std::mt19937_64 gen(absl::GetFlag(FLAGS_seed));
   std::normal_distribution<double> weight(0.0, 1.0);
-  for (int e = 1; e < absl::GetFlag(FLAGS_experts); ++e) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    AddToken(&ctx);
+  for (int e = 1; models.empty() && e < absl::GetFlag(FLAGS_experts); ++e) {
     v1::RegisterExpertRequest req;
-    req.set_problem_id(problem);
     req.set_name(absl::StrCat("linear-", e));
     auto* l = req.mutable_model()->mutable_linear_softmax();
     for (int i = 0; i < k * d; ++i) l->add_weights(weight(gen));
     for (int i = 0; i < k; ++i) l->add_bias(0.0);
+    experts.push_back(std::move(req));
+  }
+  for (v1::RegisterExpertRequest& req : experts) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    AddToken(&ctx);
+    req.set_problem_id(problem);
     v1::Expert resp;
     if (grpc::Status s = stub.RegisterExpert(&ctx, req, &resp); !s.ok()) {
-      std::fprintf(stderr, "load: RegisterExpert: %s\n", s.error_message().c_str());
+      std::fprintf(stderr, "load: RegisterExpert %s: %s\n", req.name().c_str(),
+                   s.error_message().c_str());
       return false;
     }
   }
-  for (int attempt = 0; attempt < 600; ++attempt) {
+  for (int attempt = 0; attempt < 2400; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
     AddToken(&ctx);
@@ -295,6 +666,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::fprintf(stderr, "load: the experts did not all become active within 120 s\n");
   return false;
 }
 
@@ -316,7 +688,7 @@ std::vector<Result> DriveNullServer(const std::string& name, const std::vector<i
   std::vector<std::string> args = {absl::GetFlag(FLAGS_null_server), "--listen=127.0.0.1:0"};
   args.insert(args.end(), flags.begin(), flags.end());
   std::string line;
-  auto null = decision::testing::ChildProcess::Start(args, &line);
+  auto null = StartServer(args, &line);
   if (!null.ok()) {
     std::fprintf(stderr, "load: %s\n", null.status().ToString().c_str());
     return {};
@@ -333,7 +705,39 @@ std::vector<Result> DriveNullServer(const std::string& name, const std::vector<i
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "load [--concurrency=1,8,32] [--duration_s=10] [--experts_from=DIR --contexts=CSV] ...\n"
+      "Drives Choose+Reward pairs against decisiond and, in the same run, against null_server "
+      "(both pinned to --server_cpus, this client to --client_cpus) and prints, per "
+      "concurrency level, pairs/s, server and client CPU per pair, Choose and Reward "
+      "latencies, decisiond's learning lag, and the ratios decisiond/null. See "
+      "bench/README.md.");
   absl::ParseCommandLine(argc, argv);
+  // Pinned first: every thread of this process (gRPC's too) starts after this and inherits it.
+  cpu_set_t server_set, client_set;
+  const std::string server_cpu_list = absl::GetFlag(FLAGS_server_cpus),
+                    client_cpu_list = absl::GetFlag(FLAGS_client_cpus);
+  if (!server_cpu_list.empty()) {
+    if (!ParseCpus(server_cpu_list, &server_set)) {
+      std::fprintf(stderr, "load: bad --server_cpus\n");
+      return 2;
+    }
+    server_cpus = &server_set;
+  }
+  if (!client_cpu_list.empty()) {
+    if (!ParseCpus(client_cpu_list, &client_set)) {
+      std::fprintf(stderr, "load: bad --client_cpus\n");
+      return 2;
+    }
+    client_cpus = &client_set;
+    if (sched_setaffinity(0, sizeof(client_set), &client_set) != 0) {
+      std::fprintf(stderr,
+                   "load: cannot pin to --client_cpus=%s (this machine has %ld CPUs; empty "
+                   "--server_cpus= --client_cpus= run unpinned)\n",
+                   client_cpu_list.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+      return 2;
+    }
+  }
   std::vector<int> levels, work_us;
   if (!ParseList(absl::GetFlag(FLAGS_concurrency), 1, &levels) || levels.empty()) {
     std::fprintf(stderr, "load: bad --concurrency\n");
@@ -343,13 +747,41 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "load: bad --calibrate_work_us\n");
     return 2;
   }
-  std::printf("load: %d experts (%d linear + uniform), K = %d, d = %d, reward delay %lld ms, "
-              "%.0f%% unrewarded, %.0f s per level (+%.0f s warm-up)\n",
-              absl::GetFlag(FLAGS_experts), absl::GetFlag(FLAGS_experts) - 1,
-              absl::GetFlag(FLAGS_arms), absl::GetFlag(FLAGS_features),
+  std::vector<std::filesystem::path> models;
+  if (const std::string dir = absl::GetFlag(FLAGS_experts_from); !dir.empty()) {
+    auto files = ModelFiles(dir);
+    if (!files.ok()) {
+      std::fprintf(stderr, "load: %s\n", files.status().ToString().c_str());
+      return 2;
+    }
+    models = *std::move(files);
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_contexts); !file.empty()) {
+    auto rows = ReadContexts(file, absl::GetFlag(FLAGS_features));
+    if (!rows.ok()) {
+      std::fprintf(stderr, "load: %s\n", rows.status().ToString().c_str());
+      return 2;
+    }
+    contexts = *std::move(rows);
+  }
+  const std::string experts =
+      models.empty() ? absl::StrCat(absl::GetFlag(FLAGS_experts), " experts (",
+                                    absl::GetFlag(FLAGS_experts) - 1, " linear + uniform)")
+                     : absl::StrCat(models.size() + 1, " experts (", models.size(),
+                                    " XGBoost from ", absl::GetFlag(FLAGS_experts_from),
+                                    " + uniform)");
+  std::printf("load: %s, K = %d, d = %d, contexts %s, reward delay %lld ms, %.0f%% unrewarded, "
+              "%.0f s per level (+%.0f s warm-up)\n",
+              experts.c_str(), absl::GetFlag(FLAGS_arms), absl::GetFlag(FLAGS_features),
+              contexts.empty() ? "uniform in [0, 1)"
+                               : absl::StrCat("from ", absl::GetFlag(FLAGS_contexts)).c_str(),
               static_cast<long long>(absl::GetFlag(FLAGS_reward_delay_ms)),
               100 * absl::GetFlag(FLAGS_unrewarded_share), absl::GetFlag(FLAGS_duration_s),
               absl::GetFlag(FLAGS_warmup_s));
+  std::printf("load: servers on CPU %s, this client on CPU %s; a pair is a Choose and a Reward "
+              "(RPCs / 2); load average at start %s\n",
+              server_cpu_list.empty() ? "any" : server_cpu_list.c_str(),
+              client_cpu_list.empty() ? "any" : client_cpu_list.c_str(), LoadAverage().c_str());
   std::vector<Result> real_results;
   std::vector<Result> null_results = DriveNullServer("null", levels, {});
   if (null_results.empty()) return 1;
@@ -357,36 +789,34 @@ int main(int argc, char** argv) {
     const std::string dir = decision::testing::MakeTempDir();
     std::string line;
     std::vector<std::string> args = {absl::GetFlag(FLAGS_decisiond), "--listen=127.0.0.1:0",
-                                     "--metrics_listen=", "--data_dir=" + dir, "--seed=1"};
+                                     "--metrics_listen=127.0.0.1:0", "--data_dir=" + dir,
+                                     "--seed=1"};
     for (absl::string_view flag :
          absl::StrSplit(absl::GetFlag(FLAGS_decisiond_flags), ' ', absl::SkipEmpty())) {
       args.emplace_back(flag);
     }
-    auto real = decision::testing::ChildProcess::Start(args, &line);
+    auto real = StartServer(args, &line);
     if (!real.ok()) {
       std::fprintf(stderr, "load: %s\n", real.status().ToString().c_str());
       return 1;
     }
+    // "decisiond listening on HOST:PORT metrics on HOST:PORT" (or "metrics on disabled").
     const std::vector<std::string> words = absl::StrSplit(line, ' ');
     const std::string address = words.size() > 3 ? words[3] : "";
+    const std::string metrics =
+        words.size() > 6 && absl::StrContains(words[6], ':') ? words[6] : "";
     auto stub = v1::DecisionService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    if (!SetUpProblem(*stub, "load")) return 1;
+    if (!SetUpProblem(*stub, "load", models)) return 1;
     for (int c : levels) {
-      real_results.push_back(Drive(address, "load", c, (*real)->pid()));
+      real_results.push_back(Drive(address, "load", c, (*real)->pid(), metrics));
       Print("decisiond", c, real_results.back());
     }
   }
-  std::printf("\nconcurrency  throughput decisiond/null  Choose p99 decisiond/null  "
-              "Reward p99 decisiond/null  server CPU/rpc decisiond/null\n");
   for (size_t i = 0; i < levels.size(); ++i) {
-    Result& n = null_results[i];
-    Result& r = real_results[i];
-    std::printf("%11d  %27.2f  %25.2f  %25.2f  %30.2f\n", levels[i], r.rps() / n.rps(),
-                Percentile(r.choose_us, 0.99) / Percentile(n.choose_us, 0.99),
-                Percentile(r.reward_us, 0.99) / Percentile(n.reward_us, 0.99),
-                r.server_us_per_rpc() / n.server_us_per_rpc());
+    PrintLevel(levels[i], null_results[i], real_results[i]);
   }
+  std::printf("\nload average at the end %s\n", LoadAverage().c_str());
   if (work_us.empty()) return 0;
   std::vector<std::vector<Result>> calibration;
   for (int w : work_us) {
