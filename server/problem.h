@@ -19,8 +19,8 @@
 // REQUIRE mu_. expert_writes_mu_ serialises the writes of expert records (registration,
 // retirement, activation) so that each is read, written and applied without a lost update;
 // it is taken before mu_, never after. A group commit runs on the writer executor (one
-// thread for all problems) and takes mu_ only to read the log's size and to apply the
-// written group.
+// thread for all problems) and takes mu_ only to read the next log position (waiting there
+// while kMaxUnlearnedSamples wait for the learner) and to apply the written group.
 //
 // Learning trails the acknowledgement. A Reward is answered once its joined sample is
 // durable; the sample is then queued for the learner (problem_learn.cc), which scores the

@@ -17,7 +17,8 @@
 // A "pair" is one Choose and one Reward: pairs/s and CPU per pair count RPCs / 2 (with the
 // default 10% of decisions unrewarded there are 1.9 RPCs per decision). While it measures,
 // load reads decisiond's /metrics once a second for its learning lag
-// (decision_learning_lag_samples and _seconds) and prints n/a where decisiond has none.
+// (decision_learning_lag_samples, decision_learning_delay_seconds) and prints n/a where
+// decisiond has none.
 //
 // --experts_from=DIR registers the XGBoost models of DIR (bench/make_tree_experts.sh makes 32
 // trained on letter) instead of the synthetic linear experts; --contexts=CSV draws the
@@ -114,7 +115,7 @@ using Clock = std::chrono::steady_clock;
 // over the measured window, from _sum and _count).
 constexpr std::pair<const char*, const char*> kLagMetrics[] = {
     {"decision_learning_lag_samples", "samples"},
-    {"decision_learning_lag_seconds", "s"},
+    {"decision_learning_delay_seconds", "s"},
 };
 constexpr int kNumLagMetrics = sizeof(kLagMetrics) / sizeof(kLagMetrics[0]);
 
