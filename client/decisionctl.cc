@@ -609,9 +609,19 @@ absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t
     p = c.GetProblem(problem);
   }
   if (!p.ok()) return p.status();
+  // With auto-training the boundary's job is queued just after the refresh: wait for it
+  // to appear (bounded, in case queueing it failed), then for every job to finish.
+  const bool auto_train = p->config().auto_train().enabled();
+  const auto appear_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool seen_new = false;
   for (;;) {
     absl::StatusOr<v1::TrainingJob> job = c.GetTrainingJob(problem, *next_job);
-    if (absl::IsNotFound(job.status())) break;
+    if (absl::IsNotFound(job.status())) {
+      if (!auto_train || seen_new || std::chrono::steady_clock::now() > appear_by) break;
+      pause();
+      continue;
+    }
+    seen_new = true;
     if (!job.ok()) return job.status();
     if (job->state() == v1::TRAINING_JOB_STATE_SUCCEEDED ||
         job->state() == v1::TRAINING_JOB_STATE_FAILED) {

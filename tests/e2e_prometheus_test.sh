@@ -451,9 +451,17 @@ awk 'BEGIN { for (a = 0; a < 10; a++) { line = ""; for (f = 0; f < 65; f++)
 # (INVALID_ARGUMENT) and a reward for an unknown event (NOT_FOUND).
 if "${C[@]}" choose "$PROBLEM" --x=1,2 >/dev/null 2>&1; then fail "choose with 2 features succeeded"; fi
 if "${C[@]}" reward "$PROBLEM" no-such-event 1 >/dev/null 2>&1; then fail "reward of an unknown event succeeded"; fi
+# --keep_schedule: at each batch boundary the replay waits for its training and backfill,
+# so when it returns no job is queued or running and no expert is backfilling.
 "${C[@]}" replay "$PROBLEM" --data="$ROOT/bench/data/digits.csv" \
-  --order="$ROOT/bench/data/orders/digits.s1.perm.txt" --rounds="$ROUNDS" | tail -n 1
-ok "replay done"
+  --order="$ROOT/bench/data/orders/digits.s1.perm.txt" --rounds="$ROUNDS" --keep_schedule | tail -n 1
+jobs=$("${C[@]}" jobs "$PROBLEM")
+[[ "$(grep -c SUCCEEDED <<<"$jobs")" -ge 2 ]] || fail "fewer than 2 training jobs succeeded: $jobs"
+if grep -Eq "QUEUED|RUNNING" <<<"$jobs"; then fail "a job is not done after --keep_schedule: $jobs"; fi
+if "${C[@]}" list-experts "$PROBLEM" | grep -q BACKFILLING; then
+  fail "an expert is still backfilling after --keep_schedule"
+fi
+ok "replay done, with every batch boundary's training and backfill done"
 
 step "wait until Prometheus has scraped the final state"
 wait_until "decision_decisions_total{problem=\"$PROBLEM\"}" \
