@@ -72,13 +72,6 @@ class ScoringCostTest : public ServiceTest {
       return measured;
     };
   }
-  std::vector<v1::Expert> Experts() {
-    v1::ListExpertsRequest req;
-    req.set_problem_id("p");
-    v1::ListExpertsResponse resp;
-    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
-    return {resp.experts().begin(), resp.experts().end()};
-  }
   std::string ExpertsBytes() {
     std::string out;
     for (const v1::Expert& e : Experts()) out += e.SerializeAsString();

@@ -104,6 +104,15 @@ class ServiceTest : public ::testing::Test {
     return -1;
   }
 
+  // ListExperts of `problem`.
+  std::vector<v1::Expert> Experts(const std::string& problem = "p") {
+    v1::ListExpertsRequest req;
+    req.set_problem_id(problem);
+    v1::ListExpertsResponse resp;
+    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
+    return {resp.experts().begin(), resp.experts().end()};
+  }
+
   // A table expert over key feature 0 with two rows (keys in [0, 2): it cannot score a
   // context with a larger key), each row `probabilities` (kArms values).
   static v1::RegisterExpertRequest TableRequest(const std::string& problem,

@@ -68,13 +68,6 @@ class TrainingJobTest : public ServiceTest {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  std::vector<v1::Expert> Experts() {
-    v1::ListExpertsRequest req;
-    req.set_problem_id("p");
-    v1::ListExpertsResponse resp;
-    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
-    return {resp.experts().begin(), resp.experts().end()};
-  }
   // The ids of the experts named for `job_id`.
   std::set<int> ExpertsOfJob(int64_t job_id) {
     std::set<int> ids;
