@@ -68,7 +68,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -90,6 +89,7 @@
 #include "core/xgboost_expert.h"
 #include "core/xgboost_trainer.h"
 #include "bench/dataset.h"
+#include "tests/read_syscalls.h"
 #include "tests/reference_estimators.h"
 
 namespace decision {
@@ -655,16 +655,7 @@ const XgbBank& GetXgbBank() {
   return *bank;
 }
 
-// read(2) calls made so far by this process (/proc/self/io syscr), or -1 if unreadable.
-int64_t ReadSyscalls() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "syscr:") return value;
-  }
-  return -1;
-}
+using ::decision::testutil::ReadSyscalls;
 
 // Scores `calls` batches of `batch` rows on `expert`, starting at batch number `first`
 // (cycling over the bank's rows). Returns false after SkipWithError.

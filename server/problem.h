@@ -428,9 +428,10 @@ class Problem {
   // Scores `batch` with `models` (outside mu_): row s, expert k of the result is
   // pi_k(arm_s | x_s), the logged propensity for the chooser. A model that fails on the
   // batch (an error, or a value outside (0, 1]) gets the stand-in's 1/K for all of it and is
-  // added to *failures.
+  // added to *failures, its reason prefixed with `where` (the join, or a restart).
   std::vector<double> ScoreBatch(const std::vector<Unlearned>& batch,
                                  const std::vector<std::shared_ptr<const Expert>>& models,
+                                 absl::string_view where,
                                  std::vector<ScoringFailure>* failures) const;
   // Learns one scored sample: D-UCB, the tails of backfilling experts, log chunks.
   // `propensities` covers every expert of the pool.
@@ -438,6 +439,11 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The waiters whose target is learned (or all of them, once learning stopped).
   std::vector<Done> TakeLearnedWaitersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Joined samples written to the store, learned or waiting for the learner: the position
+  // the next join is written at.
+  int64_t WrittenSamplesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ducb_.log().size() + static_cast<int64_t>(unlearned_.size());
+  }
 
   // --- Experts (problem_experts.cc)
   // Quarantine (see expert_pool.h): expert `id` failed on a context. From now on it is never
@@ -507,12 +513,10 @@ class Problem {
   // Log chunks completed by joins and not yet written (WriteLogChunks), in chunk order.
   std::vector<PendingChunk> unwritten_chunks_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
-  // Joined samples written to the store: the log's size plus unlearned_.size(). The next
-  // join is written at this position.
-  int64_t written_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  // Joined samples written and not yet learned, in log order (the learner's queue).
   std::deque<Unlearned> unlearned_ ABSL_GUARDED_BY(mu_);
   bool learn_scheduled_ ABSL_GUARDED_BY(mu_) = false;  // a LearnQueued task runs or waits
-  // WhenLearned callers: called once the log reaches `first` samples.
+  // WhenLearned callers: (samples the log must reach, the callback).
   std::vector<std::pair<int64_t, Done>> learn_waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh

@@ -135,7 +135,7 @@ void Problem::CommitGroup(std::vector<WriteOp>& group) {
       return unlearned_.size() < kMaxUnlearnedSamples || !learning_stopped_.ok();
     };
     mu_.Await(absl::Condition(&can_write));
-    first = written_samples_;
+    first = WrittenSamplesLocked();
     stopped = learning_stopped_;
     for (WriteOp& op : group) {
       // A reward that came while the expiry was queued is written with it.
@@ -253,7 +253,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
     pending_.Erase(op.event_id);
     return;
   }
-  QueueLearnLocked(op, written_samples_++);
+  QueueLearnLocked(op, WrittenSamplesLocked());
   if (op.is_default) MarkLateAfterExpiryLocked(op);
   pending_.Erase(op.event_id);
   if (op.reward_response != nullptr) op.reward_response->set_first(true);

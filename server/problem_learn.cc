@@ -26,6 +26,7 @@ void Problem::QueueLearnLocked(WriteOp& op, int64_t sequence) {
 
 std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
                                         const std::vector<std::shared_ptr<const Expert>>& models,
+                                        absl::string_view where,
                                         std::vector<ScoringFailure>* failures) const {
   const size_t n = batch.size();
   const size_t d = record_.num_features();
@@ -57,7 +58,7 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
     }
     if (s.ok()) continue;
     // Quarantined where it failed: the stand-in's 1/K for the whole batch.
-    failures->push_back({static_cast<int>(k), absl::StrCat("join: ", s.message())});
+    failures->push_back({static_cast<int>(k), absl::StrCat(where, ": ", s.message())});
     for (size_t i = 0; i < n; ++i) {
       out[i * width + k] = static_cast<int>(k) == batch[i].event.expert_id()
                                ? batch[i].event.propensity()
@@ -131,7 +132,7 @@ void Problem::LearnQueued() {
       env_.hooks->before_score(batch.front().sequence);
     }
     std::vector<ScoringFailure> failures;
-    std::vector<double> scored = ScoreBatch(batch, models, &failures);
+    std::vector<double> scored = ScoreBatch(batch, models, "join", &failures);
     size_t width = models.size();
     QuarantineFailures(failures);
     {
@@ -142,7 +143,7 @@ void Problem::LearnQueued() {
         added.erase(added.begin(), added.begin() + width);
         mu_.Unlock();
         failures.clear();
-        const std::vector<double> more = ScoreBatch(batch, added, &failures);
+        const std::vector<double> more = ScoreBatch(batch, added, "join", &failures);
         for (ScoringFailure& f : failures) f.expert += static_cast<int>(width);
         QuarantineFailures(failures);
         const size_t wider = width + added.size();
@@ -185,8 +186,8 @@ void Problem::LearnQueued() {
 void Problem::WhenLearned(Done done) {
   {
     absl::MutexLock lock(&mu_);
-    if (ducb_.log().size() < written_samples_ && learning_stopped_.ok()) {
-      learn_waiters_.emplace_back(written_samples_, std::move(done));
+    if (!unlearned_.empty() && learning_stopped_.ok()) {
+      learn_waiters_.emplace_back(WrittenSamplesLocked(), std::move(done));
       return;
     }
   }

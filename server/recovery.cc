@@ -228,33 +228,25 @@ class Recovery {
           tail.push_back(s);
           return absl::OkStatus();
         }));
-    // As the join scored them (Problem::Propensities): the chooser's logged propensity, and
-    // an expert that fails is quarantined with the stand-in's 1/K.
-    std::vector<double> probs(p_.record_.num_arms());
-    for (const SampleRecord& s : tail) {
-      const absl::Span<const double> x(s.features().data(), s.features_size());
-      for (int k = 0; k < num_experts(); ++k) {
-        if (k == s.expert_id()) {
-          row_[k] = s.propensity();
-          continue;
-        }
-        if (p_.experts_.Frozen(k)) {  // as the learner scores it: the stand-in's
-          row_[k] = 1.0 / p_.record_.num_arms();
-          continue;
-        }
-        absl::Status scored = p_.experts_.at(k).model->Predict(x, absl::MakeSpan(probs));
-        row_[k] = scored.ok() ? probs[s.arm()] : 0.0;
-        if (scored.ok() && !(row_[k] > 0.0 && row_[k] <= 1.0)) {
-          scored = absl::InvalidArgumentError(
-              absl::StrCat("the played arm gets probability ", row_[k]));
-        }
-        if (!scored.ok()) {
-          p_.QuarantineLocked(k, absl::StrCat("restart: sample ", log_.size(), ": ",
-                                              scored.message()));
-          row_[k] = 1.0 / p_.record_.num_arms();
-        }
-      }
-      DECISION_RETURN_IF_ERROR(Append(log_.size(), s.expert_id(), s.reward()));
+    // Scored as the learner scores a batch (Problem::ScoreBatch): the chooser's logged
+    // propensity, a frozen expert's stand-in, and an expert that fails is quarantined.
+    std::vector<Problem::Unlearned> batch(tail.size());
+    for (size_t i = 0; i < tail.size(); ++i) {
+      const SampleRecord& s = tail[i];
+      batch[i].sequence = log_.size() + static_cast<int64_t>(i);
+      *batch[i].event.mutable_features() = s.features();
+      batch[i].event.set_arm(s.arm());
+      batch[i].event.set_expert_id(s.expert_id());
+      batch[i].event.set_propensity(s.propensity());
+    }
+    std::vector<ScoringFailure> failures;
+    const std::vector<double> scored =
+        p_.ScoreBatch(batch, p_.experts_.JoinModels(p_.stand_in_), "restart", &failures);
+    for (const ScoringFailure& f : failures) p_.QuarantineLocked(f.expert, f.reason);
+    const int width = num_experts();
+    for (size_t i = 0; i < tail.size(); ++i) {
+      std::copy_n(&scored[i * width], width, row_.begin());
+      DECISION_RETURN_IF_ERROR(Append(log_.size(), tail[i].expert_id(), tail[i].reward()));
     }
     return absl::OkStatus();
   }
@@ -281,7 +273,6 @@ class Recovery {
     p_.next_refresh_at_ = checkpoint_.next_refresh_at() > 0 ? checkpoint_.next_refresh_at()
                                                             : NextRefresh(p_.record_, t);
     p_.decisions_ = std::max(checkpoint_.decisions(), t);
-    p_.written_samples_ = t;  // every stored sample is learned
     return absl::OkStatus();
   }
 

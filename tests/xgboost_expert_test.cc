@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
@@ -26,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/expert.h"
+#include "tests/read_syscalls.h"
 
 namespace decision {
 namespace {
@@ -545,16 +545,7 @@ TEST_P(ConcurrencyTest, ConcurrentBatchesOfMixedSizesMatchSingleThreaded) {
 // ---------------------------------------------------------------------------------------
 // No file read on the prediction path.
 
-// read(2) calls this process has made (/proc/self/io syscr), or -1 if unreadable.
-int64_t ReadSyscalls() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "syscr:") return value;
-  }
-  return -1;
-}
+using ::decision::testutil::ReadSyscalls;
 
 // libxgboost 1.7.4 reads two cgroup files (common::GetCfsCPUCount) whenever it constructs
 // a DMatrix, and XGBoosterPredictFromDense given no DMatrix constructs one per call: a
