@@ -452,30 +452,26 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     }
   }
   QuarantineFailures(failures);
-  // The rows of frozen (retired) and failed experts weigh nothing reported: kept as they are.
+  // Rows that nothing reported reads keep their values: those of frozen (retired) and
+  // failed experts. A failed expert's column is kept too: it weighs the samples chosen while
+  // the expert was healthy, and the stand-in is not the policy that chose them.
+  const int covered = std::min(n, previous.num_experts);
   const std::unique_ptr<bool[]> kept(new bool[n]());  // (a span of vector<bool> is not)
+  std::vector<bool> failed(n, false);
   {
     absl::MutexLock lock(&mu_);
-    for (int e = 0; e < n && e < previous.num_experts; ++e) {
-      kept[e] = experts_.Frozen(e) || !experts_.at(e).failure.empty();
+    for (int e = 0; e < covered; ++e) {
+      failed[e] = !experts_.at(e).failure.empty();
+      kept[e] = failed[e] || experts_.Frozen(e);
     }
   }
   DivergenceMatrix out;
   DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
                                               &previous, keep, &out,
                                               absl::MakeConstSpan(kept.get(), n)));
-  // Quarantined experts keep the divergences they had: they weigh the samples chosen while
-  // the expert was healthy, and the stand-in is not the policy that chose them.
-  std::vector<bool> frozen(n, false);
-  {
-    absl::MutexLock lock(&mu_);
-    for (int e = 0; e < n && e < previous.num_experts; ++e) {
-      frozen[e] = !experts_.at(e).failure.empty();
-    }
-  }
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) {
-      if ((frozen[i] || frozen[j]) && i < previous.num_experts && j < previous.num_experts) {
+  for (int i = 0; i < covered; ++i) {
+    for (int j = 0; j < covered; ++j) {
+      if (failed[i] || failed[j]) {
         out.m[i * n + j] = previous.M(i, j);
         out.sigma[i * n + j] = previous.Sigma(i, j);
       }
