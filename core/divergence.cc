@@ -40,12 +40,14 @@ void ContextReservoir::Offer(absl::Span<const double> x, absl::BitGenRef gen) {
   ++seen_;
   if (size_ < static_cast<size_t>(capacity_)) {
     rows_.insert(rows_.end(), x.begin(), x.end());
+    stamps_.push_back(next_stamp_++);
     ++size_;
     return;
   }
   const int64_t slot = absl::Uniform<int64_t>(gen, 0, seen_);
   if (slot < capacity_) {
     std::copy(x.begin(), x.end(), rows_.begin() + slot * num_features_);
+    stamps_[slot] = next_stamp_++;
   }
 }
 
@@ -53,6 +55,8 @@ void ContextReservoir::Reset(std::vector<double> rows, int64_t seen) {
   rows_ = std::move(rows);
   size_ = num_features_ == 0 ? 0 : rows_.size() / num_features_;
   seen_ = seen;
+  stamps_.resize(size_);
+  for (uint64_t& stamp : stamps_) stamp = next_stamp_++;
 }
 
 namespace {

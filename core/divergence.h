@@ -61,7 +61,12 @@ class ContextReservoir {
   absl::Span<const double> contexts() const {
     return absl::MakeConstSpan(rows_.data(), size_ * num_features_);
   }
-  // Restores a reservoir from stored rows and the count of contexts seen.
+  // One stamp per row: it changes whenever the row is written (and only then), and a
+  // stamp is never reused by this reservoir. A caller that kept something computed from a
+  // row (an expert's prediction on it) knows it is still valid while the stamp is the same.
+  absl::Span<const uint64_t> stamps() const { return stamps_; }
+  // Restores a reservoir from stored rows and the count of contexts seen. Every row gets a
+  // new stamp.
   void Reset(std::vector<double> rows, int64_t seen);
 
  private:
@@ -69,7 +74,9 @@ class ContextReservoir {
   int capacity_;
   size_t size_ = 0;
   int64_t seen_ = 0;
+  uint64_t next_stamp_ = 1;
   std::vector<double> rows_;
+  std::vector<uint64_t> stamps_;
 };
 
 // Per-context quantities for the pair (i, j), given the two distributions over K arms:

@@ -31,6 +31,7 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.decision_flush_ms = options_.maintenance_interval_ms;
   env.hooks = options_.problem_hooks;
   env.learner = learner_.get();
+  env.reservoir_predictions_bytes = options_.reservoir_predictions_mb << 20;
   return env;
 }
 

@@ -72,6 +72,10 @@ struct ServiceOptions {
   int64_t min_refresh_interval_ms = 0;
   // Threads each XGBoost training job uses.
   int training_threads = 1;
+  // The most memory each problem keeps its experts' predictions on the divergence
+  // reservoir in, so that a refresh predicts only the rows that changed since the last one
+  // (server/reservoir_predictions.h). 0 turns the cache off.
+  int64_t reservoir_predictions_mb = 128;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;

@@ -58,6 +58,10 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
+ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
+          "memory per problem for the experts' predictions on the divergence reservoir, kept "
+          "so that a refresh predicts only the rows that changed (0: predict all rows at "
+          "every refresh)");
 ABSL_FLAG(int64_t, min_refresh_interval_ms, 0,
           "opt-in CPU throttle: batch boundaries (divergence refresh, auto-training) closer "
           "than this in wall time merge into one (fewer batches than the paper's schedule). "
@@ -105,6 +109,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
+  options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
   options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
   options.model_sandbox.probe_path = absl::GetFlag(FLAGS_model_probe);
   if (options.model_sandbox.probe_path.empty()) {
@@ -209,6 +214,10 @@ int Run() {
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
+    return 2;
+  }
+  if (options.reservoir_predictions_mb < 0 || options.reservoir_predictions_mb > (1 << 20)) {
+    std::fprintf(stderr, "decisiond: --reservoir_predictions_mb must be in [0, 1048576]\n");
     return 2;
   }
   if (access(options.model_sandbox.probe_path.c_str(), X_OK) != 0 ||

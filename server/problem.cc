@@ -51,6 +51,7 @@ Problem::Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& e
       writer_(env.writer, [this](std::vector<WriteOp>& group) { CommitGroup(group); }),
       ducb_(std::move(ducb)),
       reservoir_(record_.num_features(), record_.divergence_reservoir()),
+      reservoir_predictions_(env.reservoir_predictions_bytes),
       gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)),
       // The record is valid (Create's caller and Load check it), so this cannot fail.
       stand_in_(MakeUniformExpert(record_.num_arms(), record_.num_features()).value()) {}

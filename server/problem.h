@@ -78,6 +78,7 @@
 #include "server/log_limiter.h"
 #include "server/metrics.h"
 #include "server/pending_table.h"
+#include "server/reservoir_predictions.h"
 #include "storage/format.h"
 #include "storage/records.pb.h"
 #include "storage/store.h"
@@ -150,6 +151,10 @@ class Problem {
     bool defer_decisions = false;  // see "Deferred decisions" above
     int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
     const ProblemHooks* hooks = nullptr;
+    // The most memory each problem keeps its experts' predictions on the divergence
+    // reservoir in (reservoir_predictions.h); experts past it are predicted in full at
+    // every divergence computation.
+    int64_t reservoir_predictions_bytes = int64_t{128} << 20;
   };
 
   // A new problem: its record, expert 0 (uniform) and its first checkpoint, in one write.
@@ -452,12 +457,19 @@ class Problem {
   // PersistFailures. Idempotent. Returns true if it was not quarantined yet.
   bool QuarantineLocked(int id, absl::string_view reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QuarantineFailures(const std::vector<ScoringFailure>& failures) ABSL_LOCKS_EXCLUDED(mu_);
-  // Divergences of `models` over `contexts`, keeping the block of experts [0, keep) from
-  // `previous`. A model that fails on a context is quarantined and scored as its stand-in;
-  // the rows and columns of quarantined experts keep their `previous` values (they weigh
-  // the samples those experts chose while they were healthy).
+  // A copy of the divergence reservoir's rows and their stamps, for work outside mu_.
+  struct ReservoirCopy {
+    std::vector<double> contexts;
+    std::vector<uint64_t> stamps;
+  };
+  ReservoirCopy CopyReservoirLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Divergences of `models` over the reservoir's rows, keeping the block of experts
+  // [0, keep) from `previous`. The models' predictions on rows they have already predicted
+  // come from reservoir_predictions_. A model that fails on a context is quarantined and
+  // scored as its stand-in; the rows and columns of quarantined experts keep their
+  // `previous` values (they weigh the samples those experts chose while they were healthy).
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
-      std::vector<std::shared_ptr<const Expert>> models, const std::vector<double>& contexts,
+      std::vector<std::shared_ptr<const Expert>> models, const ReservoirCopy& reservoir,
       const DivergenceMatrix& previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status BackfillChunk(int expert_id, const std::shared_ptr<const Expert>& model,
                              int64_t from, int64_t total) ABSL_LOCKS_EXCLUDED(mu_);
@@ -506,6 +518,7 @@ class Problem {
   ExpertPool experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
   ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
+  ReservoirPredictions reservoir_predictions_;  // thread-safe; not under mu_
   PendingTable pending_ ABSL_GUARDED_BY(mu_);
   // Every event id decided in this problem, pending or stored: a Choose with a new caller
   // id skips the store lookup when the filter rules the id out.

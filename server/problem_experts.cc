@@ -358,16 +358,16 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
   // Divergences of the new expert against the estimated ones, then the log widened by its
   // column and the estimator rebuilt: all without mu_.
   std::vector<std::shared_ptr<const Expert>> models;
-  std::vector<double> contexts;
+  ReservoirCopy reservoir;
   DivergenceMatrix previous;
   {
     absl::MutexLock lock(&mu_);
     models = experts_.Models(expert_id + 1);
-    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    reservoir = CopyReservoirLocked();
     previous = ducb_.estimator().divergences();
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
-                            ComputeDivergencesFor(models, contexts, previous, expert_id));
+                            ComputeDivergencesFor(models, reservoir, previous, expert_id));
   SampleLog prefix;
   std::vector<double> column;
   {
@@ -416,10 +416,16 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
   return WriteExpertRecord(expert_id, active);
 }
 
+Problem::ReservoirCopy Problem::CopyReservoirLocked() const {
+  return {{reservoir_.contexts().begin(), reservoir_.contexts().end()},
+          {reservoir_.stamps().begin(), reservoir_.stamps().end()}};
+}
+
 absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
-    std::vector<std::shared_ptr<const Expert>> models, const std::vector<double>& contexts,
+    std::vector<std::shared_ptr<const Expert>> models, const ReservoirCopy& reservoir,
     const DivergenceMatrix& previous, int keep) {
   const int n = static_cast<int>(models.size());
+  const std::vector<double>& contexts = reservoir.contexts;
   const int d = record_.num_features();
   const size_t rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
   if (rows == 0) {
@@ -437,8 +443,8 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   std::vector<std::vector<double>> predictions(n);
   std::vector<ScoringFailure> failures;
   for (int e = 0; e < n; ++e) {
-    predictions[e].resize(rows * k);
-    absl::Status s = models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e]));
+    absl::Status s = reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
+                                                    &predictions[e]);
     for (size_t i = 0; s.ok() && i < predictions[e].size(); ++i) {
       if (!(predictions[e][i] >= 0.0 && predictions[e][i] <= 1.0)) {
         s = absl::InvalidArgumentError(absl::StrCat("a probability of ", predictions[e][i]));
@@ -447,6 +453,7 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     if (!s.ok()) {
       failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
       models[e] = stand_in_;
+      predictions[e].resize(rows * k);
       DECISION_RETURN_IF_ERROR(
           models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
     }
@@ -488,7 +495,7 @@ int64_t Problem::RefreshLag() const {
 absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
                                               int64_t min_interval_ms) {
   std::vector<std::shared_ptr<const Expert>> models;
-  std::vector<double> contexts;
+  ReservoirCopy reservoir;
   DivergenceMatrix previous;
   {
     absl::MutexLock lock(&mu_);
@@ -497,11 +504,11 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
       return absl::OkStatus();
     }
     models = experts_.Models(ducb_.num_experts());
-    contexts.assign(reservoir_.contexts().begin(), reservoir_.contexts().end());
+    reservoir = CopyReservoirLocked();
     previous = ducb_.estimator().divergences();
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
-                            ComputeDivergencesFor(models, contexts, previous, /*keep=*/0));
+                            ComputeDivergencesFor(models, reservoir, previous, /*keep=*/0));
   SampleLog prefix;  // a read-only view of the log, taken once the divergences are known
   {
     absl::MutexLock lock(&mu_);

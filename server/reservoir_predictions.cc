@@ -1,0 +1,108 @@
+#include "server/reservoir_predictions.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace decision::server {
+
+int64_t ReservoirPredictions::BytesOf(const Entry& e) {
+  return static_cast<int64_t>(e.stamps.capacity() * sizeof(uint64_t) +
+                              e.predictions.capacity() * sizeof(double));
+}
+
+absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<const Expert>& model,
+                                           absl::Span<const double> contexts,
+                                           absl::Span<const uint64_t> stamps,
+                                           std::vector<double>* out) {
+  const size_t rows = stamps.size();
+  const size_t k = static_cast<size_t>(model->num_arms());
+  const size_t d = static_cast<size_t>(model->num_features());
+  if (contexts.size() != rows * d) {
+    return absl::InvalidArgumentError(absl::StrCat(contexts.size(), " context values for ", rows,
+                                                   " rows of ", d, " features"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(expert);
+  if (it != entries_.end() && it->second.model != model) {
+    bytes_ -= BytesOf(it->second);
+    entries_.erase(it);
+    it = entries_.end();
+  }
+  if (it == entries_.end()) {
+    out->resize(rows * k);
+    rows_predicted_ += static_cast<int64_t>(rows);
+    if (rows > 0) {
+      DECISION_RETURN_IF_ERROR(
+          model->PredictBatch(contexts, rows, absl::MakeSpan(*out)));
+    }
+    Entry entry{model, std::vector<uint64_t>(stamps.begin(), stamps.end()), *out};
+    if (bytes_ + BytesOf(entry) <= budget_bytes_) {
+      bytes_ += BytesOf(entry);
+      entries_.emplace(expert, std::move(entry));
+    }
+    return absl::OkStatus();
+  }
+  Entry& entry = it->second;
+  bytes_ -= BytesOf(entry);
+  const size_t before = entry.stamps.size();
+  entry.stamps.resize(rows, 0);  // 0 is never a stamp: new rows count as changed
+  entry.predictions.resize(rows * k);
+  std::vector<size_t> changed;
+  std::vector<double> changed_contexts;
+  for (size_t i = 0; i < rows; ++i) {
+    if (i < before && entry.stamps[i] == stamps[i]) continue;
+    changed.push_back(i);
+    changed_contexts.insert(changed_contexts.end(), contexts.begin() + i * d,
+                            contexts.begin() + (i + 1) * d);
+  }
+  rows_predicted_ += static_cast<int64_t>(changed.size());
+  rows_reused_ += static_cast<int64_t>(rows - changed.size());
+  if (!changed.empty()) {
+    std::vector<double> fresh(changed.size() * k);
+    if (absl::Status s = model->PredictBatch(changed_contexts,
+                                             changed.size(),
+                                             absl::MakeSpan(fresh));
+        !s.ok()) {
+      entries_.erase(it);
+      return s;
+    }
+    for (size_t c = 0; c < changed.size(); ++c) {
+      std::copy(fresh.begin() + c * k, fresh.begin() + (c + 1) * k,
+                entry.predictions.begin() + changed[c] * k);
+      entry.stamps[changed[c]] = stamps[changed[c]];
+    }
+  }
+  *out = entry.predictions;
+  if (bytes_ + BytesOf(entry) <= budget_bytes_) {
+    bytes_ += BytesOf(entry);
+  } else {
+    entries_.erase(it);  // grew past the budget (the reservoir filled up)
+  }
+  return absl::OkStatus();
+}
+
+void ReservoirPredictions::Clear() {
+  absl::MutexLock lock(&mu_);
+  entries_.clear();
+  bytes_ = 0;
+}
+
+int64_t ReservoirPredictions::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+int64_t ReservoirPredictions::rows_predicted() const {
+  absl::MutexLock lock(&mu_);
+  return rows_predicted_;
+}
+
+int64_t ReservoirPredictions::rows_reused() const {
+  absl::MutexLock lock(&mu_);
+  return rows_reused_;
+}
+
+}  // namespace decision::server
