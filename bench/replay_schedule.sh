@@ -6,6 +6,8 @@
 # Usage: bench/replay_schedule.sh [DATA_CSV ORDER_FILE ARMS FEATURES]
 # REPLAY_FLAGS adds decisionctl replay flags, e.g. REPLAY_FLAGS=--keep_schedule (wait at each
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
+# CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
+# (re-estimate the divergences at every boundary). The script prints decisiond's CPU time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
@@ -17,7 +19,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50071"
 until $C health >/dev/null 2>&1; do sleep 0.2; done
-$C create-problem p --arms="$arms" --features="$features" --auto_train >/dev/null
+$C create-problem p --arms="$arms" --features="$features" --auto_train ${CREATE_FLAGS:-} >/dev/null
 start=$(date +%s.%N)
 $C replay p --data="$data" --order="$order" ${REPLAY_FLAGS:-} | tail -1
 end=$(date +%s.%N)
@@ -26,3 +28,5 @@ echo "replay: $(echo "$end - $start" | bc) s; rounds behind the schedule at its 
 while [[ "$(lag)" != "0" ]]; do sleep 1; done
 echo "schedule caught up $(echo "$(date +%s.%N) - $end" | bc) s later;" \
      "$($C jobs p | grep -c SUCCEEDED) training jobs succeeded, $($C list-experts p | tail -n +2 | wc -l) experts"
+awk -v hz="$(getconf CLK_TCK)" '{printf "decisiond CPU: %.1f s user, %.1f s system\n", $14 / hz, $15 / hz}' /proc/$pid/stat
+curl -s 127.0.0.1:9471/metrics | grep '^decision_divergence_boundaries_total' || true

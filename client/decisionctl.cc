@@ -5,7 +5,7 @@
 // Commands:
 //   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
-//                  [--scoring_budget_us=US]
+//                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
 //   list-problems
 //   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
 //                  | --uniform) [--smoothing=ETA]
@@ -89,6 +89,10 @@ ABSL_FLAG(int, linear_experts, 0, "train, create-problem: linear experts per bat
 ABSL_FLAG(double, scoring_budget_us, 0.0,
           "create-problem: microseconds of CPU per decision the problem's experts may cost to "
           "score (0: no budget)");
+ABSL_FLAG(double, divergence_refresh_turnover, -1.0,
+          "create-problem: fraction of the divergence reservoir replaced that makes a batch "
+          "boundary re-estimate the divergences of the experts already estimated (0: every "
+          "boundary; negative: the server default, 0.5)");
 ABSL_FLAG(bool, wait, false, "train: poll the job until it ends; exit 0 if it SUCCEEDED");
 ABSL_FLAG(std::string, name, "", "register-expert: expert name");
 ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
@@ -223,6 +227,9 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
   config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
   config.set_scoring_budget_us(absl::GetFlag(FLAGS_scoring_budget_us));
+  if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {
+    config.set_divergence_refresh_turnover(turnover);
+  }
   auto p = c.CreateProblem(args[0], config);
   if (!p.ok()) return Fail(p.status());
   std::printf("created problem %s: %d arms, %d features, wait %lld ms", p->problem_id().c_str(),

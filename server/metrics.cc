@@ -42,6 +42,13 @@ Metrics::Metrics()
                    .Help("Decisions whose reward never came within the wait time, by "
                          "handling: default (learned with the default reward) or dropped")
                    .Register(*registry_)),
+      divergence_boundaries_(
+          prometheus::BuildCounter()
+              .Name("decision_divergence_boundaries_total")
+              .Help("Batch boundaries passed, by what happened to the divergences of the "
+                    "experts already estimated: reestimated over the reservoir, or kept "
+                    "(less than divergence_refresh_turnover of the reservoir had changed)")
+              .Register(*registry_)),
       undelivered_(prometheus::BuildCounter()
                        .Name("decision_undelivered_total")
                        .Help("Decisions whose Choose was cancelled or passed its deadline "
@@ -183,6 +190,8 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
   m.undelivered = &undelivered_.Add(labels);
   m.batch_lag = &batch_lag_.Add(labels);
+  m.divergences_reestimated = &divergence_boundaries_.Add(with("divergences", "reestimated"));
+  m.divergences_kept = &divergence_boundaries_.Add(with("divergences", "kept"));
   m.learning_lag = &learning_lag_.Add(labels);
   m.learning_delay = &learning_delay_.Add(
       labels, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,

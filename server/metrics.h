@@ -51,6 +51,10 @@ class Metrics {
     prometheus::Counter* expired_dropped;
     prometheus::Counter* undelivered;  // answers that never reached the client
     prometheus::Gauge* batch_lag;      // rounds behind the batch schedule
+    // Batch boundaries at which the estimated experts' divergences were estimated again,
+    // and those at which they were kept (too little of the reservoir changed).
+    prometheus::Counter* divergences_reestimated;
+    prometheus::Counter* divergences_kept;
     prometheus::Gauge* learning_lag;   // samples written (acknowledged) and not yet learned
     prometheus::Histogram* learning_delay;  // acknowledgement to learning, per sample
     prometheus::Gauge* pending;
@@ -90,6 +94,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& rewards_;
   prometheus::Family<prometheus::Counter>& reward_sum_;
   prometheus::Family<prometheus::Counter>& expired_;
+  prometheus::Family<prometheus::Counter>& divergence_boundaries_;
   prometheus::Family<prometheus::Counter>& undelivered_;
   prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& batch_lag_;

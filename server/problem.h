@@ -463,6 +463,14 @@ class Problem {
     std::vector<uint64_t> stamps;
   };
   ReservoirCopy CopyReservoirLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fraction of the reservoir's rows written since the divergences of the estimated
+  // experts were last estimated (all of them before the first estimate, and after a
+  // restart).
+  double ReservoirTurnoverLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the batch schedule past the current log size, adding each boundary passed (or,
+  // with a throttle, the current size) to `boundaries`.
+  void PassBoundariesLocked(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Divergences of `models` over the reservoir's rows, keeping the block of experts
   // [0, keep) from `previous`. The models' predictions on rows they have already predicted
   // come from reservoir_predictions_. A model that fails on a context is quarantined and
@@ -519,6 +527,8 @@ class Problem {
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())
   ContextReservoir reservoir_ ABSL_GUARDED_BY(mu_);
   ReservoirPredictions reservoir_predictions_;  // thread-safe; not under mu_
+  // The reservoir's stamps when the estimated experts' divergences were last estimated.
+  std::vector<uint64_t> reestimated_stamps_ ABSL_GUARDED_BY(mu_);
   PendingTable pending_ ABSL_GUARDED_BY(mu_);
   // Every event id decided in this problem, pending or stored: a Choose with a new caller
   // id skips the store lookup when the filter rules the id out.

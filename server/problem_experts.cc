@@ -497,15 +497,28 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
   std::vector<std::shared_ptr<const Expert>> models;
   ReservoirCopy reservoir;
   DivergenceMatrix previous;
+  std::optional<storage::v1::CheckpointRecord> kept;
   {
     absl::MutexLock lock(&mu_);
     if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
     if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
       return absl::OkStatus();
     }
-    models = experts_.Models(ducb_.num_experts());
-    reservoir = CopyReservoirLocked();
-    previous = ducb_.estimator().divergences();
+    if (ReservoirTurnoverLocked() < record_.divergence_refresh_turnover()) {
+      // Too little of the reservoir changed for a re-estimate to be more than fresh noise:
+      // the estimated experts' divergences stand, and the boundaries pass (their training
+      // jobs run; a new expert's divergences are estimated when its backfill completes).
+      PassBoundariesLocked(boundaries, min_interval_ms);
+      metrics_.divergences_kept->Increment();
+      kept = CheckpointLocked();
+    } else {
+      models = experts_.Models(ducb_.num_experts());
+      reservoir = CopyReservoirLocked();
+      previous = ducb_.estimator().divergences();
+    }
+  }
+  if (kept.has_value()) {
+    return Timed([&] { return env_.store->PutCheckpoint(index_, *kept); });
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
                             ComputeDivergencesFor(models, reservoir, previous, /*keep=*/0));
@@ -525,22 +538,38 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
       if (absl::IsFailedPrecondition(s)) return absl::OkStatus();  // experts added: as above
       return s;
     }
-    const int64_t t = ducb_.log().size();
-    if (min_interval_ms > 0) {
-      // The throttle merges the boundaries passed into one, here.
-      if (boundaries != nullptr) boundaries->push_back(t);
-      next_refresh_at_ = NextRefresh(record_, t);
-    } else {
-      // Every boundary passed, each at its own round.
-      while (next_refresh_at_ <= t) {
-        if (boundaries != nullptr) boundaries->push_back(next_refresh_at_);
-        next_refresh_at_ = NextRefresh(record_, next_refresh_at_);
-      }
-    }
-    last_refresh_ms_ = env_.clock->NowMs();
+    PassBoundariesLocked(boundaries, min_interval_ms);
+    reestimated_stamps_ = std::move(reservoir.stamps);
+    metrics_.divergences_reestimated->Increment();
     checkpoint = CheckpointLocked();
   }
   return Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); });
+}
+
+void Problem::PassBoundariesLocked(std::vector<int64_t>* boundaries, int64_t min_interval_ms) {
+  const int64_t t = ducb_.log().size();
+  if (min_interval_ms > 0) {
+    // The throttle merges the boundaries passed into one, here.
+    if (boundaries != nullptr) boundaries->push_back(t);
+    next_refresh_at_ = NextRefresh(record_, t);
+  } else {
+    // Every boundary passed, each at its own round.
+    while (next_refresh_at_ <= t) {
+      if (boundaries != nullptr) boundaries->push_back(next_refresh_at_);
+      next_refresh_at_ = NextRefresh(record_, next_refresh_at_);
+    }
+  }
+  last_refresh_ms_ = env_.clock->NowMs();
+}
+
+double Problem::ReservoirTurnoverLocked() const {
+  const absl::Span<const uint64_t> stamps = reservoir_.stamps();
+  if (stamps.empty()) return 0.0;
+  size_t changed = 0;
+  for (size_t i = 0; i < stamps.size(); ++i) {
+    changed += i >= reestimated_stamps_.size() || reestimated_stamps_[i] != stamps[i];
+  }
+  return static_cast<double>(changed) / static_cast<double>(stamps.size());
 }
 
 }  // namespace decision::server

@@ -157,6 +157,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
         "config.scoring_budget_us is ", c.scoring_budget_us(), "; it must be in [0, ",
         kMaxScoringBudgetUs, "] microseconds per decision (0 for no budget)"));
   }
+  if (c.has_divergence_refresh_turnover() &&
+      !(c.divergence_refresh_turnover() >= 0.0 && c.divergence_refresh_turnover() <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("config.divergence_refresh_turnover is ",
+                                                   c.divergence_refresh_turnover(),
+                                                   "; it must be in [0, 1] (unset for 0.5)"));
+  }
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
   r.set_auto_train(at.enabled());
@@ -175,6 +181,8 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_divergence_reservoir(reservoir);
   r.set_divergence_groups(groups);
   r.set_scoring_budget_us(c.scoring_budget_us());
+  r.set_divergence_refresh_turnover(
+      c.has_divergence_refresh_turnover() ? c.divergence_refresh_turnover() : 0.5);
   return r;
 }
 

@@ -356,6 +356,92 @@ TEST_F(ServiceTest, DivergenceRefreshSwapsInTheEstimatesARestartComputes) {
   EXPECT_EQ(Estimates("p").SerializeAsString(), refreshed.SerializeAsString());
 }
 
+// divergence_refresh_turnover (default 0.5): a batch boundary estimates the estimated
+// experts' divergences again only once half the reservoir's rows are new since their last
+// estimate. The boundaries still pass at their rounds, the estimates stay exact for the
+// divergences they use, and the metric counts both outcomes.
+TEST_F(ServiceTest, DivergencesAreReestimatedOnceHalfTheReservoirIsNew) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  EXPECT_EQ(GetProblem("p").config().divergence_refresh_turnover(), 0.5);
+  RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  auto boundaries = [&](const std::string& outcome) {
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name != "decision_divergence_boundaries_total") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "divergences" && l.value == outcome) return m.counter.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  auto next_batch_at = [&] { return GetProblem("p").next_batch_at(); };
+  // The reservoir (2048 rows) is still filling: after an estimate at t1, at least half of
+  // it is new from t = 2 t1 on.
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  ASSERT_EQ(boundaries("reestimated"), 1);
+  const v1::Estimates first = Estimates("p");
+  const int64_t t1 = GetProblem("p").samples();
+  // Past the next boundary, short of 2 t1: the boundary passes, the divergences stand.
+  const int64_t boundary = next_batch_at();
+  ASSERT_LT(boundary, 2 * t1 - 20);
+  PlayRounds("p", static_cast<int>(boundary - t1 + 5));
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_GT(next_batch_at(), boundary);
+  EXPECT_EQ(boundaries("kept"), 1);
+  EXPECT_EQ(boundaries("reestimated"), 1);
+  const v1::Estimates kept = Estimates("p");
+  ASSERT_EQ(kept.m_size(), 4);
+  EXPECT_EQ(kept.m(1), first.m(1));
+  EXPECT_EQ(kept.m(2), first.m(2));
+  ExpectEstimatesMatchReference("p");
+  // Past 2 t1 (and a boundary): re-estimated over the reservoir as it is now.
+  while (GetProblem("p").samples() < 2 * t1 || next_batch_at() > GetProblem("p").samples()) {
+    PlayRounds("p", 10);
+  }
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(boundaries("reestimated"), 2);
+  const v1::Estimates again = Estimates("p");
+  EXPECT_NE(again.m(1), first.m(1));
+  ExpectEstimatesMatchReference("p");
+  // After a restart nothing is known about the reservoir's last estimate: the next boundary
+  // estimates again, and the estimates are the same as before it.
+  Reopen();
+  EXPECT_EQ(Estimates("p").SerializeAsString(), again.SerializeAsString());
+}
+
+// With divergence_refresh_turnover 0, every boundary estimates the divergences again (the
+// paper's schedule, literally); out of [0, 1] it is INVALID_ARGUMENT.
+TEST_F(ServiceTest, TurnoverZeroReestimatesAtEveryBoundary) {
+  v1::CreateProblemRequest req;
+  req.set_problem_id("every");
+  req.mutable_config()->set_num_arms(kArms);
+  req.mutable_config()->set_num_features(kFeatures);
+  req.mutable_config()->set_reward_wait_ms(1'000'000);
+  req.mutable_config()->set_divergence_refresh_turnover(0.0);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(req, &created).ok());
+  EXPECT_EQ(created.config().divergence_refresh_turnover(), 0.0);
+  RegisterLinear("every", 4.0);
+  RunMaintenanceUntilActive("every");
+  PlayRounds("every", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Estimates first = Estimates("every");
+  const int64_t t1 = GetProblem("every").samples();
+  PlayRounds("every", static_cast<int>(GetProblem("every").next_batch_at() - t1 + 5));
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_NE(Estimates("every").m(1), first.m(1));
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    req.set_problem_id("bad");
+    req.mutable_config()->set_divergence_refresh_turnover(bad);
+    absl::Status s = service_->CreateProblem(req, &created);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("config.divergence_refresh_turnover is"), std::string::npos) << s;
+  }
+}
+
 TEST_F(ServiceTest, RestartDuringBackfillResumesIt) {
   CreateProblem("p", /*wait_ms=*/1'000'000);
   PlayRounds("p", 9000);  // three backfill chunks

@@ -88,6 +88,9 @@ ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward"
 ABSL_FLAG(double, unrewarded_share, 0.1, "share of decisions that never get a reward");
 ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads share");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
+ABSL_FLAG(double, divergence_refresh_turnover, -1.0,
+          "the problem's divergence_refresh_turnover (negative: the server's default, 0.5; 0: "
+          "re-estimate the divergences at every batch boundary)");
 ABSL_FLAG(std::string, decisiond_flags, "",
           "extra decisiond flags, space-separated (e.g. \"--durable_choose\")");
 ABSL_FLAG(std::string, token, "",
@@ -611,6 +614,9 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem,
     req.mutable_config()->set_num_arms(k);
     req.mutable_config()->set_num_features(d);
     req.mutable_config()->set_reward_wait_ms(60'000);
+    if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {
+      req.mutable_config()->set_divergence_refresh_turnover(turnover);
+    }
     v1::Problem resp;
     if (grpc::Status s = stub.CreateProblem(&ctx, req, &resp); !s.ok()) {
       std::fprintf(stderr, "load: CreateProblem: %s\n", s.error_message().c_str());
