@@ -51,6 +51,9 @@
 //                                        per Predict/PredictBatch (/proc/self/io syscr).
 //                                        /threads:2: two threads scoring on one expert at
 //                                        once; items/s is the total over both (real time).
+//                                        Tree models score with the compiled forest
+//                                        (core/xgboost_forest.h); <model>-libxgboost is the
+//                                        same model through libxgboost's predictor.
 //
 // Data: a fixed-seed synthetic stream of K = 26 arm samples. Every context has a base
 // distribution over arms (Dirichlet(0.3)); expert k's distribution is the base tilted by a
@@ -649,6 +652,18 @@ const XgbBank& GetXgbBank() {
         return b;
       }
       b->experts[m.name] = *std::move(expert);
+      if (!m.linear) {
+        // The same model predicted by libxgboost itself: the baseline of the compiled forest
+        // (core/xgboost_forest.h), which the tree experts above use.
+        absl::StatusOr<std::unique_ptr<Expert>> reference =
+            MakeXgboostExpert(b->num_arms, b->num_features, *bytes, kDefaultSmoothing,
+                              XgboostPredictor::kLibxgboost);
+        if (!reference.ok()) {
+          b->error = absl::StrCat(m.name, ": ", reference.status().message());
+          return b;
+        }
+        b->experts[absl::StrCat(m.name, "-libxgboost")] = *std::move(reference);
+      }
     }
     return b;
   }();
@@ -791,16 +806,19 @@ void RegisterAll() {
         ->Unit(benchmark::kMillisecond);
   }
   for (const XgbModel& m : kXgbModels) {
-    for (size_t batch : {size_t{1}, size_t{64}, size_t{512}, size_t{4096}}) {
-      const std::string form = batch == 1 ? "row" : absl::StrCat("batch", batch);
-      for (int threads : {1, 2}) {
-        if (threads == 2 && batch > 64) continue;
-        benchmark::RegisterBenchmark(
-            absl::StrCat("BM_ScoreXgboost/", m.name, "/", form).c_str(), BM_ScoreXgboost,
-            std::string(m.name), batch)
-            ->Threads(threads)
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+    for (const std::string& name :
+         {std::string(m.name), m.linear ? std::string() : absl::StrCat(m.name, "-libxgboost")}) {
+      if (name.empty()) continue;
+      for (size_t batch : {size_t{1}, size_t{64}, size_t{512}, size_t{4096}}) {
+        const std::string form = batch == 1 ? "row" : absl::StrCat("batch", batch);
+        for (int threads : {1, 2}) {
+          if (threads == 2 && batch > 64) continue;
+          benchmark::RegisterBenchmark(absl::StrCat("BM_ScoreXgboost/", name, "/", form).c_str(),
+                                       BM_ScoreXgboost, name, batch)
+              ->Threads(threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }

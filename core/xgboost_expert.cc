@@ -84,13 +84,17 @@ struct Scratch {
   }
   DMatrixHandle proxy = nullptr;
   std::vector<float> rows;
+  std::vector<float> probs;  // the compiled forest's output
 };
 
 class XgboostExpert final : public Expert {
  public:
   XgboostExpert(int num_arms, int num_features, BoosterHandle booster, bool inplace,
-                double smoothing)
-      : Expert(num_arms, num_features, smoothing), booster_(booster), inplace_(inplace) {}
+                double smoothing, std::unique_ptr<const XgboostForest> forest)
+      : Expert(num_arms, num_features, smoothing),
+        booster_(booster),
+        inplace_(inplace),
+        forest_(std::move(forest)) {}
   ~XgboostExpert() override {
     free_scratch_.clear();  // the proxies before the booster
     XGBoosterFree(booster_);
@@ -121,7 +125,7 @@ class XgboostExpert final : public Expert {
       }
     }
     auto scratch = std::make_unique<Scratch>();
-    if (inplace_ && XGProxyDMatrixCreate(&scratch->proxy) != 0) {
+    if (inplace_ && forest_ == nullptr && XGProxyDMatrixCreate(&scratch->proxy) != 0) {
       return absl::InternalError(
           absl::StrCat("xgboost: cannot create a proxy DMatrix: ", XGBGetLastError()));
     }
@@ -138,6 +142,13 @@ class XgboostExpert final : public Expert {
     std::vector<float>& buffer = scratch.rows;
     buffer.resize(rows.size());
     std::transform(rows.begin(), rows.end(), buffer.begin(), XgboostFeature);
+    const size_t k = num_arms();
+    if (forest_ != nullptr) {
+      scratch.probs.resize(n * k);
+      PredictForest(*forest_, buffer.data(), n, scratch.probs.data());
+      Normalise(scratch.probs.data(), n, probs);
+      return absl::OkStatus();
+    }
     char array_interface[256];
     std::snprintf(array_interface, sizeof(array_interface),
                   "{\"data\": [%llu, true], \"shape\": [%zu, %d], \"typestr\": \"<f4\", "
@@ -170,6 +181,12 @@ class XgboostExpert final : public Expert {
     if (dims != 2 || shape[0] != n || shape[1] != static_cast<bst_ulong>(num_arms())) {
       return absl::InternalError("xgboost prediction has an unexpected shape");
     }
+    Normalise(result, n, probs);
+    return absl::OkStatus();
+  }
+
+  // The n x K probabilities as doubles, renormalised (non-finite or negative entries 0).
+  void Normalise(const float* result, size_t n, absl::Span<double> probs) const {
     const size_t k = num_arms();
     for (size_t i = 0; i < n; ++i) {
       double total = 0.0;
@@ -187,12 +204,13 @@ class XgboostExpert final : public Expert {
       }
       for (size_t v = 0; v < k; ++v) probs[i * k + v] /= total;
     }
-    return absl::OkStatus();
   }
 
   // Configured at load and never changed again (see above): predictions need no lock.
   const BoosterHandle booster_;
   const bool inplace_;  // tree boosters predict in place; gblinear needs a DMatrix
+  // A tree model's compiled form: when set, predictions never reach libxgboost.
+  const std::unique_ptr<const XgboostForest> forest_;
   // Scratch not in use. The lock is held only to take or return one.
   mutable absl::Mutex scratch_mu_;
   mutable std::vector<std::unique_ptr<Scratch>> free_scratch_ ABSL_GUARDED_BY(scratch_mu_);
@@ -202,7 +220,8 @@ class XgboostExpert final : public Expert {
 
 absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_features,
                                                           absl::string_view model_bytes,
-                                                          double smoothing) {
+                                                          double smoothing,
+                                                          XgboostPredictor predictor) {
   if (absl::Status s = ValidateExpertShape(num_arms, num_features, smoothing); !s.ok()) {
     return s;
   }
@@ -210,7 +229,9 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
     return absl::InvalidArgumentError("xgboost expert: the model bytes are empty");
   }
   // libxgboost trusts model files: nothing reaches it that the check has not accepted.
-  if (absl::Status s = CheckXgboostModel(model_bytes, num_arms, num_features); !s.ok()) {
+  auto forest = std::make_unique<XgboostForest>();
+  if (absl::Status s = CheckXgboostModel(model_bytes, num_arms, num_features, {}, forest.get());
+      !s.ok()) {
     return s;
   }
   BoosterHandle booster = nullptr;
@@ -259,9 +280,13 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   // One thread per prediction: a single context is far too small to share across threads.
   // The last parameter set: predictions may run concurrently only after this.
   XGBoosterSetParam(booster, "nthread", "1");
+  const bool trees = booster_kind != "gblinear";
+  if (!trees || forest->num_class == 0 || predictor == XgboostPredictor::kLibxgboost) {
+    forest.reset();
+  }
   auto expert = std::make_unique<XgboostExpert>(num_arms, num_features, booster,
-                                                /*inplace=*/booster_kind != "gblinear",
-                                                smoothing);  // owns the booster from here
+                                                /*inplace=*/trees, smoothing,
+                                                std::move(forest));  // owns the booster from here
   // The first prediction configures the booster (LearnerConfiguration::Configure) while no
   // other thread can see it, and leaves one scratch for the next call.
   const std::vector<double> zeros(num_features, 0.0);

@@ -43,9 +43,14 @@ float XgboostFeature(double x);
 // legacy binary format, an objective other than multi:softprob, a number of classes or
 // features other than num_arms / num_features), or if libxgboost then fails to load them.
 // Never crashes on malformed bytes.
-absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_features,
-                                                          absl::string_view model_bytes,
-                                                          double smoothing = kDefaultSmoothing);
+//
+// A tree model is predicted by its compiled form (core/xgboost_forest.h: the same floats as
+// libxgboost's predictor, without its per-call cost) unless `predictor` says otherwise;
+// gblinear models always by libxgboost.
+enum class XgboostPredictor { kCompiled, kLibxgboost };
+absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(
+    int num_arms, int num_features, absl::string_view model_bytes,
+    double smoothing = kDefaultSmoothing, XgboostPredictor predictor = XgboostPredictor::kCompiled);
 
 // Loads `model_bytes` in any format libxgboost 1.7.4 reads (JSON, UBJSON or the legacy
 // binary format) and returns the same model saved as UBJSON, ready for CheckXgboostModel.

@@ -740,8 +740,12 @@ struct TreeArrays {
 class ModelChecker {
  public:
   ModelChecker(const Document& doc, int num_arms, int num_features,
-               const XgboostModelLimits& limits)
-      : doc_(doc), num_arms_(num_arms), num_features_(num_features), limits_(limits) {}
+               const XgboostModelLimits& limits, XgboostForest* forest)
+      : doc_(doc),
+        num_arms_(num_arms),
+        num_features_(num_features),
+        limits_(limits),
+        forest_(forest) {}
 
   absl::Status Check() {
     const size_t root = 0;
@@ -940,6 +944,7 @@ class ModelChecker {
       return Invalid(absl::StrCat(kPath, ".base_score is \"", base_score,
                                   "\", not a finite float"));
     }
+    if (forest_ != nullptr) forest_->base_score = static_cast<float>(score);
     return absl::OkStatus();
   }
 
@@ -1077,6 +1082,15 @@ class ModelChecker {
       if (v.integer < 0 || v.integer >= num_arms_) {
         return Invalid(absl::StrCat("tree_info[", i, "] is ", v.integer,
                                     ", not a class in [0, ", num_arms_, ")"));
+      }
+    }
+    if (forest_ != nullptr) {
+      forest_->num_class = num_arms_;
+      forest_->num_features = num_features_;
+      forest_->tree_class.clear();
+      for (uint32_t i = 0; i < doc_.values[tree_info].count; ++i) {
+        forest_->tree_class.push_back(
+            static_cast<int32_t>(doc_.values[tree_info + 1 + i].integer));
       }
     }
     size_t at = trees + 1;
@@ -1262,7 +1276,32 @@ class ModelChecker {
         }
       }
     }
-    return CheckTreeStructure(t, num_nodes, num_deleted);
+    DECISION_RETURN_IF_ERROR(CheckTreeStructure(t, num_nodes, num_deleted));
+    if (forest_ != nullptr) AddToForest(num_nodes);
+    return absl::OkStatus();
+  }
+
+  // The tree just checked, appended to forest_ (core/xgboost_forest.h): children as
+  // indices into forest_->nodes (the right child is the left + 1, as checked); a leaf is
+  // its own left child with condition +inf, its value in leaf_values. Deleted nodes are
+  // copied as leaves; no walk reaches them. The depth is the walk's (walk_depth_).
+  void AddToForest(int64_t n) {
+    const TreeArrays& a = arrays_;
+    const uint32_t base = static_cast<uint32_t>(forest_->nodes.size());
+    forest_->roots.push_back(base);
+    int32_t depth = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool leaf = a.left[i] == -1;
+      const uint32_t self = base + static_cast<uint32_t>(i);
+      forest_->nodes.push_back(
+          {leaf ? self : base + static_cast<uint32_t>(a.left[i]),
+           leaf ? 0 : static_cast<int32_t>(a.split_index[i]),
+           leaf ? std::numeric_limits<float>::infinity()
+                : static_cast<float>(a.split_condition[i])});
+      forest_->leaf_values.push_back(leaf ? static_cast<float>(a.split_condition[i]) : 0.0f);
+      depth = std::max(depth, walk_depth_[i]);
+    }
+    forest_->depths.push_back(static_cast<uint16_t>(depth));
   }
 
   absl::Status CheckTreeStructure(int t, int64_t n, int64_t num_deleted) {
@@ -1394,6 +1433,7 @@ class ModelChecker {
   const int num_arms_;
   const int num_features_;
   const XgboostModelLimits& limits_;
+  XgboostForest* const forest_;  // filled for a gbtree model if not null
   int64_t total_nodes_ = 0;
   // Scratch reused from tree to tree.
   TreeArrays arrays_;
@@ -1443,7 +1483,8 @@ XgboostModelFormat DetectXgboostModelFormat(absl::string_view bytes) {
 }
 
 absl::Status CheckXgboostModel(absl::string_view bytes, int num_arms, int num_features,
-                               const XgboostModelLimits& limits) {
+                               const XgboostModelLimits& limits, XgboostForest* forest) {
+  if (forest != nullptr) *forest = XgboostForest();
   DECISION_RETURN_IF_ERROR(ValidateExpertShape(num_arms, num_features, 0.0));
   DECISION_RETURN_IF_ERROR(ValidateLimits(limits));
   // Records hold lengths and counts in 32 bits.
@@ -1473,7 +1514,9 @@ absl::Status CheckXgboostModel(absl::string_view bytes, int num_arms, int num_fe
     }
   }
   DECISION_RETURN_IF_ERROR(CheckNoDuplicateKeys(doc));
-  return ModelChecker(doc, num_arms, num_features, limits).Check();
+  absl::Status status = ModelChecker(doc, num_arms, num_features, limits, forest).Check();
+  if (!status.ok() && forest != nullptr) *forest = XgboostForest();
+  return status;
 }
 
 }  // namespace decision

@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "core/xgboost_forest.h"
 
 namespace decision {
 
@@ -115,8 +116,13 @@ struct XgboostModelLimits {
 //     tree_param.num_deleted of them; every float is finite;
 //   - attributes: an object of strings; feature_names and feature_types, if present, arrays
 //     of strings.
+//
+// If `forest` is not null and the model is an accepted gbtree model, it receives the trees
+// compiled for PredictForest (core/xgboost_forest.h); otherwise it is left empty
+// (num_class 0).
 absl::Status CheckXgboostModel(absl::string_view bytes, int num_arms, int num_features,
-                               const XgboostModelLimits& limits = {});
+                               const XgboostModelLimits& limits = {},
+                               XgboostForest* forest = nullptr);
 
 }  // namespace decision
 

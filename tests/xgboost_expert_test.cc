@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/expert.h"
+#include "core/xgboost_model_check.h"
 #include "tests/read_syscalls.h"
 
 namespace decision {
@@ -272,6 +273,71 @@ TEST_P(TreeModelTest, BatchEqualsSinglePredictions) {
     const std::vector<double> single = MustPredict(*expert, Data().Row(i));
     for (int v = 0; v < kClasses; ++v) {
       EXPECT_EQ(batch[i * kClasses + v], single[v]) << "row " << i << " arm " << v;
+    }
+  }
+}
+
+// The compiled forest (core/xgboost_forest.h) gives the same floats as libxgboost's
+// predictor: bit for bit, on deep and shallow models, in both formats, on training rows,
+// random rows, rows on the split conditions themselves and rows far outside the data.
+TEST(XgboostExpert, CompiledForestPredictsExactlyWhatLibxgboostPredicts) {
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<double> u(-0.5, 1.5);
+  std::vector<double> rows;
+  for (int i = 0; i < kRows; ++i) {
+    const std::vector<double> x = Data().Row(i);
+    rows.insert(rows.end(), x.begin(), x.end());
+  }
+  for (int i = 0; i < 500; ++i) {
+    for (int f = 0; f < kFeatures; ++f) rows.push_back(u(gen));
+  }
+  for (int i = 0; i < 50; ++i) {  // every feature at a value the training data has
+    for (int f = 0; f < kFeatures; ++f) {
+      rows.push_back(static_cast<double>(Data().features[(i * 7 % kRows) * kFeatures + f]));
+    }
+  }
+  for (double far : {-1e30, 1e30, 0.0, -0.0}) {
+    for (int f = 0; f < kFeatures; ++f) rows.push_back(far);
+  }
+  for (const auto& [depth, rounds, extra] :
+       {std::tuple<const char*, int, const char*>{"3", 10, "1"}, {"6", 20, "0.8"},
+        {"10", 40, "0.6"}}) {
+    Params params = SoftprobTreeParams();
+    params.push_back({"max_depth", depth});
+    params.push_back({"colsample_bytree", extra});
+    params.push_back({"base_score", "0.3"});
+    for (const std::string format : {"json", "ubj"}) {
+      const std::string bytes = TrainModel(params, format, rounds);
+      ASSERT_FALSE(bytes.empty());
+      // Rows whose features sit exactly on this model's split conditions.
+      XgboostForest forest;
+      ASSERT_TRUE(CheckXgboostModel(bytes, kClasses, kFeatures, {}, &forest).ok());
+      ASSERT_GT(forest.roots.size(), 0u);
+      std::vector<double> model_rows = rows;
+      for (size_t i = 0; i < forest.nodes.size(); i += 3) {
+        if (std::isinf(forest.nodes[i].condition)) continue;  // a leaf
+        for (int f = 0; f < kFeatures; ++f) model_rows.push_back(forest.nodes[i].condition);
+      }
+      const size_t n = model_rows.size() / kFeatures;
+      auto compiled = MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0);
+      auto reference =
+          MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0, XgboostPredictor::kLibxgboost);
+      ASSERT_TRUE(compiled.ok()) << compiled.status();
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      std::vector<double> got(n * kClasses), want(n * kClasses);
+      ASSERT_TRUE((*compiled)->PredictBatch(model_rows, n, absl::MakeSpan(got)).ok());
+      ASSERT_TRUE((*reference)->PredictBatch(model_rows, n, absl::MakeSpan(want)).ok());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "depth " << depth << " " << format << ", row "
+                                   << i / kClasses << " class " << i % kClasses;
+      }
+      // One row at a time too (the forest's blocks of rows change nothing).
+      for (size_t r = 0; r < n; r += 37) {
+        const std::vector<double> x(model_rows.begin() + r * kFeatures,
+                                    model_rows.begin() + (r + 1) * kFeatures);
+        const std::vector<double> one = MustPredict(**compiled, x);
+        for (int v = 0; v < kClasses; ++v) ASSERT_EQ(one[v], want[r * kClasses + v]);
+      }
     }
   }
 }
