@@ -1,5 +1,7 @@
 #include "server/decision_service.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -83,6 +85,8 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   DECISION_RETURN_IF_ERROR(service->ResumeTrainingJobs());
   if (options.start_maintenance_thread) {
     service->maintenance_ = std::thread([s = service.get()] { s->MaintenanceLoop(); });
+    // Named for profiles and per-thread CPU (/proc/PID/task/*/comm).
+    pthread_setname_np(service->maintenance_.native_handle(), "maintenance");
   }
   return service;
 }

@@ -1,5 +1,7 @@
 #include "server/trainer.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +16,10 @@ using storage::v1::TrainingJobRecord;
 Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
                  const TrainerHooks* hooks)
     : threads_per_job_(threads_per_job), book_(book), hooks_(hooks), gen_(seed) {
-  if (background) thread_ = std::thread([this] { Loop(); });
+  if (background) {
+    thread_ = std::thread([this] { Loop(); });
+    pthread_setname_np(thread_.native_handle(), "trainer");  // for profiles
+  }
 }
 
 Trainer::~Trainer() { Stop(); }
