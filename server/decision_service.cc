@@ -49,13 +49,14 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
                             storage::Store::Open(options.data_dir, store_options));
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
   service->writer_ = std::make_unique<Executor>(1, "writer");
-  service->learner_ = std::make_unique<Executor>(1, "learner");
+  service->learner_ = std::make_unique<Executor>(1, "learner", options.background_priority);
   service->blocking_ = std::make_unique<Executor>(kBlockingThreads, "blocking");
   service->training_jobs_ =
       std::make_unique<TrainingJobBook>(service->store_.get(), service->clock_);
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance, std::max(1, options.training_threads),
-      service->seed_, service->training_jobs_.get(), options.trainer_hooks);
+      service->seed_, service->training_jobs_.get(), options.trainer_hooks,
+      options.background_priority);
   const Problem::Env env = service->ProblemEnv();
   {
     absl::MutexLock lock(&service->mu_);
@@ -339,6 +340,9 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
     DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
     model.set_xgboost(std::move(canonical));
   }
+  // Its backfill covers every reward acknowledged before the registration (backfill_total),
+  // whether or not the learner has caught up with them.
+  DECISION_RETURN_IF_ERROR(p->WaitLearned());
   DECISION_ASSIGN_OR_RETURN(*response,
                             p->RegisterExpert(request.name(), std::move(model), smoothing));
   return absl::OkStatus();

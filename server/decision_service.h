@@ -76,6 +76,14 @@ struct ServiceOptions {
   // reservoir in, so that a refresh predicts only the rows that changed since the last one
   // (server/reservoir_predictions.h). 0 turns the cache off.
   int64_t reservoir_predictions_mb = 128;
+  // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
+  // CPU is saturated the threads answering requests run first: kIdle (the default) runs
+  // the learner and the trainer (with XGBoost's threads) at SCHED_IDLE and maintenance at
+  // nice 10; kLow all three at nice 10; kNormal none lowered. Maintenance is never idle: it
+  // writes deferred decisions and expires them, which must go on under overload. An idle
+  // learner that gets no CPU holds its lag at the bound, which slows Reward
+  // acknowledgements (the writer waits), not Choose.
+  ThreadPriority background_priority = ThreadPriority::kIdle;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;

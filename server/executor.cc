@@ -1,12 +1,35 @@
 #include "server/executor.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <utility>
 
 namespace decision::server {
 
-Executor::Executor(int threads, std::string name) : name_(std::move(name)) {
+void SetCurrentThreadPriority(ThreadPriority priority) {
+  int failed = 0;
+  if (priority == ThreadPriority::kLow) {
+    // PRIO_PROCESS with a thread id sets that thread's nice value alone (setpriority(2),
+    // NOTES: a Linux thread is a process for this call).
+    failed = setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);
+  } else if (priority == ThreadPriority::kIdle) {
+    const sched_param param{};  // sched_priority 0, as SCHED_IDLE requires
+    failed = sched_setscheduler(0, SCHED_IDLE, &param);  // 0: the calling thread
+  }
+  if (failed != 0) {
+    std::fprintf(stderr, "decisiond: cannot lower a background thread's priority: %s\n",
+                 std::strerror(errno));
+  }
+}
+
+Executor::Executor(int threads, std::string name, ThreadPriority priority)
+    : name_(std::move(name)), priority_(priority) {
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([this] { Loop(); });
@@ -55,6 +78,7 @@ void Executor::Stop() {
 }
 
 void Executor::Loop() {
+  SetCurrentThreadPriority(priority_);
   while (true) {
     std::function<void()> task;
     {

@@ -19,10 +19,23 @@
 
 namespace decision::server {
 
+// CPU priority of a background thread (learning, maintenance, training) against the threads
+// that answer requests, so that when the CPU is saturated a Choose does not queue behind
+// background work. RocksDB lowers its compaction threads likewise
+// (Env::LowerThreadPoolCPUPriority, CpuPriority::kLow and kIdle).
+enum class ThreadPriority {
+  kNormal,  // as the request threads
+  kLow,     // nice 10: a tenth of a request thread's share when both want the CPU
+  kIdle,    // SCHED_IDLE: runs only on CPU time no other thread wants
+};
+// Sets the calling thread's priority (Linux: a thread's nice value and policy are its own,
+// and threads it creates, such as XGBoost's, inherit them). Failures are reported on stderr.
+void SetCurrentThreadPriority(ThreadPriority priority);
+
 class Executor {
  public:
-  // `name` names the threads (at most 15 characters are kept).
-  Executor(int threads, std::string name);
+  // `name` names the threads (at most 15 characters are kept); they run at `priority`.
+  Executor(int threads, std::string name, ThreadPriority priority = ThreadPriority::kNormal);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -36,6 +49,7 @@ class Executor {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string name_;
+  const ThreadPriority priority_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

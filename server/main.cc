@@ -58,6 +58,10 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
+ABSL_FLAG(std::string, background_priority, "idle",
+          "CPU priority of the background threads, so that under CPU saturation the threads "
+          "answering requests run first: idle (learner and trainer at SCHED_IDLE, "
+          "maintenance at nice 10), low (all at nice 10) or normal");
 ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
           "memory per problem for the experts' predictions on the divergence reservoir, kept "
           "so that a refresh predicts only the rows that changed (0: predict all rows at "
@@ -110,6 +114,11 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
+  const std::string priority = absl::GetFlag(FLAGS_background_priority);
+  using decision::server::ThreadPriority;
+  options.background_priority = priority == "normal" ? ThreadPriority::kNormal
+                                : priority == "low"  ? ThreadPriority::kLow
+                                                     : ThreadPriority::kIdle;
   options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
   options.model_sandbox.probe_path = absl::GetFlag(FLAGS_model_probe);
   if (options.model_sandbox.probe_path.empty()) {
@@ -214,6 +223,12 @@ int Run() {
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
+    return 2;
+  }
+  if (const std::string p = absl::GetFlag(FLAGS_background_priority);
+      p != "idle" && p != "low" && p != "normal") {
+    std::fprintf(stderr, "decisiond: --background_priority must be idle, low or normal, not %s\n",
+                 p.c_str());
     return 2;
   }
   if (options.reservoir_predictions_mb < 0 || options.reservoir_predictions_mb > (1 << 20)) {

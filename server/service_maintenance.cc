@@ -135,6 +135,9 @@ absl::Status DecisionService::MaintainStore() {
 }
 
 void DecisionService::MaintenanceLoop() {
+  SetCurrentThreadPriority(options_.background_priority == ThreadPriority::kNormal
+                               ? ThreadPriority::kNormal
+                               : ThreadPriority::kLow);
   bool behind = false;
   while (!stop_.WaitForNotificationWithTimeout(
       behind ? absl::ZeroDuration() : absl::Milliseconds(options_.maintenance_interval_ms))) {

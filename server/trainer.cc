@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "core/xgboost_trainer.h"
+#include "server/executor.h"
 #include "server/scoring_cost.h"
 
 namespace decision::server {
@@ -14,10 +15,13 @@ namespace decision::server {
 using storage::v1::TrainingJobRecord;
 
 Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
-                 const TrainerHooks* hooks)
+                 const TrainerHooks* hooks, ThreadPriority priority)
     : threads_per_job_(threads_per_job), book_(book), hooks_(hooks), gen_(seed) {
   if (background) {
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this, priority] {
+      SetCurrentThreadPriority(priority);
+      Loop();
+    });
     pthread_setname_np(thread_.native_handle(), "trainer");  // for profiles
   }
 }

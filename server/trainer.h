@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/problem.h"
+#include "server/executor.h"
 #include "server/training_jobs.h"
 
 namespace decision::server {
@@ -47,8 +48,11 @@ class Trainer {
   // With `background` false no thread is started and jobs run in RunPending (tests, and the
   // deterministic inline-maintenance mode). `book` and `hooks` (may be null) must outlive
   // the trainer.
+  // The background thread runs at `priority` (executor.h), and so do XGBoost's threads,
+  // which it creates.
   Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
-          const TrainerHooks* hooks = nullptr);
+          const TrainerHooks* hooks = nullptr,
+          ThreadPriority priority = ThreadPriority::kNormal);
   ~Trainer();
 
   struct Enqueued {

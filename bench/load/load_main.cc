@@ -88,6 +88,10 @@ ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward"
 ABSL_FLAG(double, unrewarded_share, 0.1, "share of decisions that never get a reward");
 ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads share");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
+ABSL_FLAG(bool, auto_train, false,
+          "create the problem with auto-training: experts are trained and backfilled at every "
+          "batch boundary while the load runs (rewards are Bernoulli(0.3), so they learn noise, "
+          "at the full cost)");
 ABSL_FLAG(double, divergence_refresh_turnover, -1.0,
           "the problem's divergence_refresh_turnover (negative: the server's default, 0.5; 0: "
           "re-estimate the divergences at every batch boundary)");
@@ -614,6 +618,7 @@ bool SetUpProblem(v1::DecisionService::Stub& stub, const std::string& problem,
     req.mutable_config()->set_num_arms(k);
     req.mutable_config()->set_num_features(d);
     req.mutable_config()->set_reward_wait_ms(60'000);
+    req.mutable_config()->mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
     if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {
       req.mutable_config()->set_divergence_refresh_turnover(turnover);
     }
