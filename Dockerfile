@@ -52,5 +52,7 @@ STOPSIGNAL SIGTERM
 # On 0.0.0.0 decisiond refuses to start without TLS (--tls_cert, --tls_key) and a
 # --tokens_file, unless told --insecure_plaintext and --allow_unauthenticated: mount the
 # files and pass their flags (README, "Security").
-ENTRYPOINT ["decisiond", "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--data_dir=/data"]
+# A container is a cgroup of its own, so the learner and the trainer can run at SCHED_IDLE
+# (--background_priority=idle: they yield the CPU to the request threads).
+ENTRYPOINT ["decisiond", "--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--data_dir=/data", "--background_priority=idle"]
 CMD []

@@ -77,13 +77,17 @@ struct ServiceOptions {
   // (server/reservoir_predictions.h). 0 turns the cache off.
   int64_t reservoir_predictions_mb = 128;
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
-  // CPU is saturated the threads answering requests run first: kIdle (the default) runs
-  // the learner and the trainer (with XGBoost's threads) at SCHED_IDLE and maintenance at
-  // nice 10; kLow all three at nice 10; kNormal none lowered. Maintenance is never idle: it
-  // writes deferred decisions and expires them, which must go on under overload. An idle
-  // learner that gets no CPU holds its lag at the bound, which slows Reward
-  // acknowledgements (the writer waits), not Choose.
-  ThreadPriority background_priority = ThreadPriority::kIdle;
+  // CPU is saturated the threads answering requests run first: kLow (the default) runs the
+  // learner, maintenance and the trainer (with XGBoost's threads) at nice 10; kIdle runs
+  // the learner and the trainer at SCHED_IDLE and maintenance at nice 10; kNormal lowers
+  // none. Maintenance is never idle: it writes deferred decisions and expires them, which
+  // must go on under overload. A learner that gets no CPU holds its lag at the bound,
+  // which slows Reward acknowledgements (the writer waits), not Choose.
+  // WARNING: SCHED_IDLE threads yield to every other thread of their cgroup, other
+  // processes' included. kIdle is for a decisiond in a cgroup of its own (a container, a
+  // Kubernetes pod, a systemd service); on a shared one, any busy process stops learning
+  // and training for as long as it runs.
+  ThreadPriority background_priority = ThreadPriority::kLow;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;

@@ -58,10 +58,12 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
-ABSL_FLAG(std::string, background_priority, "idle",
+ABSL_FLAG(std::string, background_priority, "low",
           "CPU priority of the background threads, so that under CPU saturation the threads "
-          "answering requests run first: idle (learner and trainer at SCHED_IDLE, "
-          "maintenance at nice 10), low (all at nice 10) or normal");
+          "answering requests run first: low (learner, maintenance and trainer at nice 10), "
+          "idle (learner and trainer at SCHED_IDLE, maintenance at nice 10; only in a cgroup "
+          "of its own, such as a container: SCHED_IDLE yields to every busy process of the "
+          "cgroup) or normal");
 ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
           "memory per problem for the experts' predictions on the divergence reservoir, kept "
           "so that a refresh predicts only the rows that changed (0: predict all rows at "
@@ -117,8 +119,8 @@ decision::server::ServiceOptions OptionsFromFlags() {
   const std::string priority = absl::GetFlag(FLAGS_background_priority);
   using decision::server::ThreadPriority;
   options.background_priority = priority == "normal" ? ThreadPriority::kNormal
-                                : priority == "low"  ? ThreadPriority::kLow
-                                                     : ThreadPriority::kIdle;
+                                : priority == "idle" ? ThreadPriority::kIdle
+                                                     : ThreadPriority::kLow;
   options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
   options.model_sandbox.probe_path = absl::GetFlag(FLAGS_model_probe);
   if (options.model_sandbox.probe_path.empty()) {
