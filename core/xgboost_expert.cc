@@ -97,7 +97,7 @@ class XgboostExpert final : public Expert {
         forest_(std::move(forest)) {}
   ~XgboostExpert() override {
     free_scratch_.clear();  // the proxies before the booster
-    XGBoosterFree(booster_);
+    if (booster_ != nullptr) XGBoosterFree(booster_);
   }
   const char* kind() const override { return "xgboost"; }
 
@@ -207,7 +207,7 @@ class XgboostExpert final : public Expert {
   }
 
   // Configured at load and never changed again (see above): predictions need no lock.
-  const BoosterHandle booster_;
+  const BoosterHandle booster_;  // null when forest_ predicts
   const bool inplace_;  // tree boosters predict in place; gblinear needs a DMatrix
   // A tree model's compiled form: when set, predictions never reach libxgboost.
   const std::unique_ptr<const XgboostForest> forest_;
@@ -283,6 +283,11 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   const bool trees = booster_kind != "gblinear";
   if (!trees || forest->num_class == 0 || predictor == XgboostPredictor::kLibxgboost) {
     forest.reset();
+  } else {
+    // libxgboost has loaded and accepted the model; the compiled forest predicts from now
+    // on, so the booster's copy of the trees is not kept.
+    XGBoosterFree(booster);
+    booster = nullptr;
   }
   auto expert = std::make_unique<XgboostExpert>(num_arms, num_features, booster,
                                                 /*inplace=*/trees, smoothing,

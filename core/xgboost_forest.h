@@ -22,6 +22,9 @@
 // tests/xgboost_expert_test.cc checks the probabilities against libxgboost's on trained
 // models, bit for bit.
 //
+// The expert keeps only the forest: libxgboost loads the model once, at construction, as a
+// check, and its booster is freed.
+//
 // Thread safety: a forest is immutable once built; PredictForest is reentrant.
 #ifndef DECISION_CORE_XGBOOST_FOREST_H_
 #define DECISION_CORE_XGBOOST_FOREST_H_
