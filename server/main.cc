@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -105,6 +106,15 @@ std::string DefaultModelProbe() {
   return (self.parent_path() / "decision_model_probe").string();
 }
 
+// --background_priority's names; nullopt for any other.
+std::optional<decision::server::ThreadPriority> ParseThreadPriority(const std::string& name) {
+  using decision::server::ThreadPriority;
+  if (name == "low") return ThreadPriority::kLow;
+  if (name == "idle") return ThreadPriority::kIdle;
+  if (name == "normal") return ThreadPriority::kNormal;
+  return std::nullopt;
+}
+
 decision::server::ServiceOptions OptionsFromFlags() {
   decision::server::ServiceOptions options;
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -116,11 +126,10 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
-  const std::string priority = absl::GetFlag(FLAGS_background_priority);
-  using decision::server::ThreadPriority;
-  options.background_priority = priority == "normal" ? ThreadPriority::kNormal
-                                : priority == "idle" ? ThreadPriority::kIdle
-                                                     : ThreadPriority::kLow;
+  // An unknown name is refused in main, before anything starts.
+  options.background_priority =
+      ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
+          .value_or(decision::server::ThreadPriority::kLow);
   options.min_refresh_interval_ms = absl::GetFlag(FLAGS_min_refresh_interval_ms);
   options.model_sandbox.probe_path = absl::GetFlag(FLAGS_model_probe);
   if (options.model_sandbox.probe_path.empty()) {
@@ -228,7 +237,7 @@ int Run() {
     return 2;
   }
   if (const std::string p = absl::GetFlag(FLAGS_background_priority);
-      p != "idle" && p != "low" && p != "normal") {
+      !ParseThreadPriority(p).has_value()) {
     std::fprintf(stderr, "decisiond: --background_priority must be idle, low or normal, not %s\n",
                  p.c_str());
     return 2;

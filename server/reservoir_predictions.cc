@@ -84,12 +84,6 @@ absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<con
   return absl::OkStatus();
 }
 
-void ReservoirPredictions::Clear() {
-  absl::MutexLock lock(&mu_);
-  entries_.clear();
-  bytes_ = 0;
-}
-
 int64_t ReservoirPredictions::bytes() const {
   absl::MutexLock lock(&mu_);
   return bytes_;
