@@ -91,6 +91,8 @@ inline constexpr size_t kMaxUnwrittenDecisions = 4096;  // deferred ones before 
 // of the learning lag, in samples (a full learner batch, and one more filling).
 inline constexpr size_t kMaxLearnBatch = 512;  // scored in one PredictBatch per expert
 inline constexpr size_t kMaxUnlearnedSamples = 2 * kMaxLearnBatch;
+// The longest the learner holds mu_ at a time (it learns a batch in slices of about this).
+inline constexpr int64_t kMaxLearnSliceUs = 200;
 // A log chunk on disk is one chunk of the in-memory log (a PendingChunk shares it).
 static_assert(storage::kLogChunkSamples == SampleLog::kChunkSamples);
 
