@@ -86,8 +86,10 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   DECISION_RETURN_IF_ERROR(service->ResumeTrainingJobs());
   if (options.start_maintenance_thread) {
     service->maintenance_ = std::thread([s = service.get()] { s->MaintenanceLoop(); });
+    service->expert_pool_ = std::thread([s = service.get()] { s->ExpertPoolLoop(); });
     // Named for profiles and per-thread CPU (/proc/PID/task/*/comm).
     pthread_setname_np(service->maintenance_.native_handle(), "maintenance");
+    pthread_setname_np(service->expert_pool_.native_handle(), "expert-pool");
   }
   return service;
 }
@@ -104,6 +106,7 @@ absl::Status DecisionService::Shutdown() {
   if (blocking_ != nullptr) blocking_->Stop();  // the RPC work in flight finishes
   stop_.Notify();
   if (maintenance_.joinable()) maintenance_.join();
+  if (expert_pool_.joinable()) expert_pool_.join();
   if (trainer_ != nullptr) trainer_->Stop();
   if (store_ == nullptr) return absl::OkStatus();  // Open failed before the store opened
   if (!store_->Health().writable) {
@@ -444,10 +447,12 @@ void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardRespons
 absl::Status DecisionService::MaintainInline(Problem* p) {
   // Deterministic: the reward just acknowledged is learned before anything else happens.
   DECISION_RETURN_IF_ERROR(p->WaitLearned());
-  absl::MutexLock round(&maintenance_mu_);
-  absl::Status m = MaintainProblem(p, std::chrono::hours(1));
+  absl::MutexLock writes(&maintenance_mu_);
+  absl::MutexLock pool(&pool_mu_);
+  absl::Status m = MaintainWrites(p);
+  absl::Status grown = MaintainPool(p, std::chrono::hours(1));
   absl::Status trained = trainer_->RunPending();
-  return m.ok() ? trained : m;
+  return !m.ok() ? m : !grown.ok() ? grown : trained;
 }
 
 // ---------------------------------------------------------------- Queries and training

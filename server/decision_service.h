@@ -11,7 +11,9 @@
 //   - the writer executor (one thread): every problem's group commits (problem_commit.cc);
 //   - the blocking executor (two threads): the RPC work that blocks (store scans and
 //     lookups, model parsing, the inline maintenance), so that no reactor thread blocks;
-//   - the maintenance thread (service_maintenance.cc), unless start_maintenance_thread is off;
+//   - the maintenance thread (decision and log writes, expiry) and the expert-pool thread
+//     (backfill, divergences, retirement) (service_maintenance.cc), unless
+//     start_maintenance_thread is off;
 //   - the trainer's thread (trainer.h), unless inline_maintenance is on.
 // Each asynchronous method calls `done` exactly once, possibly on another thread, with no
 // lock held. The synchronous forms wait for it: they are for tests and tools, never for a
@@ -57,7 +59,8 @@ struct ServiceOptions {
   // Acknowledged rewards are durable either way.
   bool durable_choose = false;
   uint64_t seed = 0;         // 0: seeded from the OS
-  // How often the maintenance thread expires decisions, backfills and refreshes.
+  // How often the maintenance thread writes and expires decisions, and the expert-pool
+  // thread backfills and refreshes.
   int maintenance_interval_ms = 20;
   bool start_maintenance_thread = true;
   // Run a problem's maintenance (expiry, the whole backfill, divergence refresh, training)
@@ -78,10 +81,11 @@ struct ServiceOptions {
   int64_t reservoir_predictions_mb = 128;
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
-  // learner, maintenance and the trainer (with XGBoost's threads) at nice 10; kIdle runs
-  // the learner and the trainer at SCHED_IDLE and maintenance at nice 10; kNormal lowers
-  // none. Maintenance is never idle: it writes deferred decisions and expires them, which
-  // must go on under overload. A learner that gets no CPU holds its lag at the bound,
+  // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's
+  // threads) at nice 10; kIdle runs the learner, the expert pool (backfill, divergences)
+  // and the trainer at SCHED_IDLE and the maintenance thread at nice 10; kNormal lowers
+  // none. The maintenance thread is never idle: it writes deferred decisions and expires
+  // them, which must go on under overload. A learner that gets no CPU holds its lag at the bound,
   // which slows Reward acknowledgements (the writer waits), not Choose.
   // WARNING: SCHED_IDLE threads yield to every other thread of their cgroup, other
   // processes' included. kIdle is for a decisiond in a cgroup of its own (a container, a
@@ -186,12 +190,12 @@ class DecisionService {
   absl::Status GetTrainingJob(const v1::GetTrainingJobRequest& request,
                               v1::TrainingJob* response);
 
-  // One round of maintenance for every problem (service_maintenance.cc). The maintenance
-  // thread calls it; tests with start_maintenance_thread = false call it themselves.
-  // Each task of each problem runs even if an earlier one failed; returns the first error.
-  // While the store cannot write, the round only tries to resume it (at most every
-  // store_recovery_interval_ms) and returns UNAVAILABLE if it still cannot.
-  absl::Status RunMaintenance() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+  // One round of maintenance for every problem (service_maintenance.cc): the maintenance
+  // thread's round, then the expert-pool thread's. Tests with start_maintenance_thread =
+  // false call it themselves. Each task of each problem runs even if an earlier one failed;
+  // returns the first error. While the store cannot write, the round only tries to resume
+  // it (at most every store_recovery_interval_ms) and returns UNAVAILABLE if it still cannot.
+  absl::Status RunMaintenance() ABSL_LOCKS_EXCLUDED(maintenance_mu_, pool_mu_);
 
   // OK if the store can write; else UNAVAILABLE, saying what is refused: "the store cannot
   // write: ERROR (for N s); `refused` are refused until it recovers".
@@ -220,17 +224,25 @@ class DecisionService {
   // cannot go on); see PrepareResume in training_jobs.h.
   absl::Status ResumeTrainingJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Inline maintenance: the problem's maintenance (and training) after a reward.
-  absl::Status MaintainInline(Problem* p) ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+  absl::Status MaintainInline(Problem* p) ABSL_LOCKS_EXCLUDED(maintenance_mu_, pool_mu_);
 
   // service_maintenance.cc
+  std::vector<Problem*> AllProblems() ABSL_LOCKS_EXCLUDED(mu_);
+  // The maintenance thread's round: the store, then each problem's writes and expiry.
+  absl::Status RunWriteRound() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+  // The expert-pool thread's round (nothing while the store cannot write).
+  absl::Status RunPoolRound() ABSL_LOCKS_EXCLUDED(pool_mu_);
   void MaintenanceLoop() ABSL_LOCKS_EXCLUDED(maintenance_mu_);
+  void ExpertPoolLoop() ABSL_LOCKS_EXCLUDED(pool_mu_);
   // The store's part of a round: its metrics, and an attempt to resume it if it cannot
   // write. OK if it can write now.
   absl::Status MaintainStore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
-  // One problem's maintenance; `backfill_budget` bounds the time spent backfilling.
   void ExportProblemMetrics(Problem* p);
-  absl::Status MaintainProblem(Problem* p, std::chrono::milliseconds backfill_budget)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
+  // One problem's deferred decisions, log chunks and expiry.
+  absl::Status MaintainWrites(Problem* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
+  // One problem's expert pool; `backfill_budget` bounds the time spent backfilling.
+  absl::Status MaintainPool(Problem* p, std::chrono::milliseconds backfill_budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_);
 
   const ServiceOptions options_;
   const Clock* clock_;
@@ -256,11 +268,13 @@ class DecisionService {
 
   absl::Notification stop_;
   std::thread maintenance_;
-  absl::Mutex maintenance_mu_;  // one maintenance round at a time
+  std::thread expert_pool_;
+  absl::Mutex maintenance_mu_ ABSL_ACQUIRED_BEFORE(pool_mu_);  // one write round at a time
+  absl::Mutex pool_mu_;                                         // one pool round at a time
   std::chrono::steady_clock::time_point last_metrics_export_ ABSL_GUARDED_BY(maintenance_mu_);
-  // Set by a round whose backfill ran out of its time budget with work left: the
-  // maintenance thread then starts the next round at once instead of waiting an interval.
-  bool backfill_behind_ ABSL_GUARDED_BY(maintenance_mu_) = false;
+  // Set by a pool round whose backfill ran out of its time budget with work left: the
+  // expert-pool thread then starts the next round at once instead of waiting an interval.
+  bool backfill_behind_ ABSL_GUARDED_BY(pool_mu_) = false;
   // Store faults (MaintainStore): the last attempt to resume (Clock ms), and the write
   // errors already counted in the metrics.
   int64_t last_store_recovery_ms_ ABSL_GUARDED_BY(maintenance_mu_) =

@@ -38,7 +38,10 @@
 // lookup to the blocking executor), and `done` is called from there. RegisterExpert,
 // RetireExpert, ExportLog and the maintenance methods block (store I/O, model parsing):
 // call them from an executor, the maintenance thread or the trainer, never from a reactor.
-// The maintenance methods must be called from one thread at a time.
+// Each maintenance method must be called from one thread at a time. The write tasks
+// (FlushDecisions, WriteLogChunks, ExpireDue) and the expert-pool tasks (PersistFailures,
+// StepBackfill, RetireDominated, MaybeRefreshDivergences) share only what mu_ and
+// expert_writes_mu_ guard, so the two groups may run on two threads at once.
 //
 // Deferred decisions (Env::defer_decisions, the default of decisiond): Choose answers as
 // soon as its decision is in memory. A decision rewarded (or expired) before it is written
@@ -133,7 +136,7 @@ struct ProblemHooks {
   // it is measured: at registration, and at a load for an expert stored without one
   // (scoring_cost.h). Tests pin costs with it instead of asserting measured times.
   std::function<double(const std::string& expert_name, double measured_us)> score_cost_us;
-  // In a backfill step (the maintenance thread), once a chunk is scored and before it is
+  // In a backfill step (the expert-pool thread), once a chunk is scored and before it is
   // written.
   std::function<void(int expert_id)> after_backfill_scoring;
 };

@@ -1,13 +1,21 @@
-// DecisionService: the maintenance loop. Each round, for every problem, in order: write the
-// deferred decisions and the completed log chunks, expire the decisions whose wait time
-// passed, backfill within a time budget, retire dominated experts (auto-training), refresh
-// the divergences at a batch boundary (and queue training). Each task runs even when an
-// earlier one failed (a full disk that fails a log chunk must not stop the expiry); the
-// first error of a round is returned and logged (at a bounded rate: log_limiter.h).
+// DecisionService: the maintenance, in two threads, so that the heavy work never delays the
+// work requests wait for.
+//   - The maintenance thread, each round, for every problem: writes the deferred decisions
+//     and the completed log chunks, and expires the decisions whose wait time passed. Its
+//     work is proportional to the traffic, and it runs at nice 10 at most.
+//   - The expert-pool thread, each round, for every problem: writes the quarantined
+//     experts, backfills within a time budget, retires dominated experts (auto-training),
+//     and re-estimates the divergences at a batch boundary (and queues training). Its work
+//     grows with the experts and the log (a backfill, O(N^2 R K) divergences), and it runs
+//     at --background_priority, so that with `idle` it never takes the CPU from a request.
+// Each task runs even when an earlier one failed (a full disk that fails a log chunk must
+// not stop the expiry); the first error of a round is returned and logged (at a bounded
+// rate: log_limiter.h).
 //
-// A store that cannot write (a full disk) would fail every task of every round: the round
-// then only asks the store to resume, at most every store_recovery_interval_ms, and runs
-// its tasks again (writing the deferred decisions first) once it does.
+// A store that cannot write (a full disk) would fail every task of every round: the
+// maintenance round then only asks the store to resume, at most every
+// store_recovery_interval_ms, and runs its tasks again (writing the deferred decisions
+// first) once it does; the expert-pool rounds wait for that.
 #include <algorithm>
 #include <cstdio>
 
@@ -17,16 +25,24 @@
 namespace decision::server {
 
 absl::Status DecisionService::RunMaintenance() {
-  absl::MutexLock round(&maintenance_mu_);
+  const absl::Status writes = RunWriteRound();
+  const absl::Status pool = RunPoolRound();
+  return writes.ok() ? pool : writes;
+}
+
+std::vector<Problem*> DecisionService::AllProblems() {
   std::vector<Problem*> problems;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [id, p] : problems_) problems.push_back(p.get());
-  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, p] : problems_) problems.push_back(p.get());
+  return problems;
+}
+
+absl::Status DecisionService::RunWriteRound() {
+  absl::MutexLock round(&maintenance_mu_);
+  const std::vector<Problem*> problems = AllProblems();
   absl::Status status = absl::OkStatus();
   const auto now = std::chrono::steady_clock::now();
   const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
-  backfill_behind_ = false;
   if (absl::Status store = MaintainStore(); !store.ok()) {
     if (export_metrics) {
       for (Problem* p : problems) ExportProblemMetrics(p);
@@ -35,13 +51,26 @@ absl::Status DecisionService::RunMaintenance() {
     return store;
   }
   for (Problem* p : problems) {
-    absl::Status s = MaintainProblem(p, std::chrono::milliseconds(100));
+    absl::Status s = MaintainWrites(p);
     if (status.ok()) status = s;
     if (export_metrics) ExportProblemMetrics(p);
   }
   if (export_metrics) {
     last_metrics_export_ = now;
     metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
+  }
+  return status;
+}
+
+absl::Status DecisionService::RunPoolRound() {
+  absl::MutexLock round(&pool_mu_);
+  backfill_behind_ = false;
+  // The maintenance round reports the store and resumes it.
+  if (!store_->Health().writable) return absl::OkStatus();
+  absl::Status status = absl::OkStatus();
+  for (Problem* p : AllProblems()) {
+    absl::Status s = MaintainPool(p, std::chrono::milliseconds(100));
+    if (status.ok()) status = s;
   }
   return status;
 }
@@ -54,20 +83,36 @@ void DecisionService::ExportProblemMetrics(Problem* p) {
   p->ExportMetrics(std::max(p->RefreshLag(), boundary > 0 ? samples - boundary : 0));
 }
 
-absl::Status DecisionService::MaintainProblem(Problem* p,
-                                              std::chrono::milliseconds backfill_budget) {
-  absl::Status first = absl::OkStatus();
-  auto keep = [&](const char* task, absl::Status s) {
-    if (s.ok()) return;
-    if (first.ok()) {
-      first = absl::Status(s.code(), absl::StrCat("problem ", p->id(), ": ", task, ": ",
-                                                  s.message()));
-    }
-  };
-  keep("writing decisions", p->FlushDecisions());
-  keep("writing log chunks", p->WriteLogChunks());
-  keep("expiry", p->ExpireDue());
-  keep("writing quarantined experts", p->PersistFailures());
+namespace {
+// Collects the first error of a problem's round, prefixed with the problem and the task.
+class FirstError {
+ public:
+  explicit FirstError(const std::string& problem_id) : problem_id_(problem_id) {}
+  void Keep(const char* task, const absl::Status& s) {
+    if (s.ok() || !first_.ok()) return;
+    first_ = absl::Status(s.code(), absl::StrCat("problem ", problem_id_, ": ", task, ": ",
+                                                 s.message()));
+  }
+  absl::Status status() const { return first_; }
+
+ private:
+  const std::string& problem_id_;
+  absl::Status first_ = absl::OkStatus();
+};
+}  // namespace
+
+absl::Status DecisionService::MaintainWrites(Problem* p) {
+  FirstError errors(p->id());
+  errors.Keep("writing decisions", p->FlushDecisions());
+  errors.Keep("writing log chunks", p->WriteLogChunks());
+  errors.Keep("expiry", p->ExpireDue());
+  return errors.status();
+}
+
+absl::Status DecisionService::MaintainPool(Problem* p,
+                                           std::chrono::milliseconds backfill_budget) {
+  FirstError errors(p->id());
+  errors.Keep("writing quarantined experts", p->PersistFailures());
   // Backfill one chunk at a time, within the budget.
   const auto start = std::chrono::steady_clock::now();
   bool worked = true;
@@ -75,25 +120,26 @@ absl::Status DecisionService::MaintainProblem(Problem* p,
   while (worked && backfill.ok() && std::chrono::steady_clock::now() - start < backfill_budget) {
     backfill = p->StepBackfill(&worked);
   }
-  keep("backfill", backfill);
+  errors.Keep("backfill", backfill);
   if (worked && backfill.ok()) backfill_behind_ = true;
   const storage::v1::ProblemRecord& r = p->record();
-  if (r.auto_train()) keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
+  if (r.auto_train()) {
+    errors.Keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
+  }
   std::vector<int64_t> boundaries;
-  keep("divergence refresh",
-       p->MaybeRefreshDivergences(
-           &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
+  errors.Keep("divergence refresh",
+              p->MaybeRefreshDivergences(
+                  &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
   if (r.auto_train()) {
     // One job per boundary, trained on the log up to it: a late round catches up.
     for (int64_t boundary : boundaries) {
-      keep("queueing training", trainer_->Enqueue(p, p->index(), r.auto_train_trees(),
-                                                  r.auto_train_linear(),
-                                                  storage::v1::TRAINING_JOB_ORIGIN_AUTO,
-                                                  boundary)
-                                    .status());
+      errors.Keep("queueing training",
+                  trainer_->Enqueue(p, p->index(), r.auto_train_trees(), r.auto_train_linear(),
+                                    storage::v1::TRAINING_JOB_ORIGIN_AUTO, boundary)
+                      .status());
     }
   }
-  return first;
+  return errors.status();
 }
 
 absl::Status DecisionService::MaintainStore() {
@@ -138,12 +184,21 @@ void DecisionService::MaintenanceLoop() {
   SetCurrentThreadPriority(options_.background_priority == ThreadPriority::kNormal
                                ? ThreadPriority::kNormal
                                : ThreadPriority::kLow);
+  while (!stop_.WaitForNotificationWithTimeout(
+      absl::Milliseconds(options_.maintenance_interval_ms))) {
+    absl::Status s = RunWriteRound();
+    if (!s.ok()) maintenance_log_.Report(clock_->NowMs(), "maintenance: " + s.ToString());
+  }
+}
+
+void DecisionService::ExpertPoolLoop() {
+  SetCurrentThreadPriority(options_.background_priority);
   bool behind = false;
   while (!stop_.WaitForNotificationWithTimeout(
       behind ? absl::ZeroDuration() : absl::Milliseconds(options_.maintenance_interval_ms))) {
-    absl::Status s = RunMaintenance();
+    absl::Status s = RunPoolRound();
     if (!s.ok()) maintenance_log_.Report(clock_->NowMs(), "maintenance: " + s.ToString());
-    absl::MutexLock lock(&maintenance_mu_);
+    absl::MutexLock lock(&pool_mu_);
     behind = s.ok() && backfill_behind_;
   }
 }

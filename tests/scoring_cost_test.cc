@@ -320,7 +320,7 @@ TEST_F(ScoringCostTest, AutoTrainingRetiresTheLeastUsefulToMakeRoomOrSkipsAndSta
   EXPECT_GE(made_room, 1);
 }
 
-// Backfill scores the stored log on the maintenance thread without the problem's lock:
+// Backfill scores the stored log on the expert-pool thread without the problem's lock:
 // held in the middle of a backfill step, Choose and Reward still complete, and the progress
 // is a metric.
 TEST_F(ScoringCostTest, ABackfillInProgressBlocksNeitherChooseNorReward) {
@@ -343,6 +343,41 @@ TEST_F(ScoringCostTest, ABackfillInProgressBlocksNeitherChooseNorReward) {
   RunMaintenanceUntilActive("p");
   EXPECT_EQ(Gauge("decision_expert_backfill_progress", 1), 1.0);
   EXPECT_EQ(GetProblem("p").samples(), 70);
+}
+
+// The backfill runs on the expert-pool thread, apart from the maintenance thread: held in
+// the middle of a backfill step, the deferred decisions are still written and a decision
+// whose wait passed still expires.
+TEST_F(ScoringCostTest, ABackfillInProgressHoldsUpNeitherWritesNorExpiry) {
+  start_maintenance_threads_ = true;
+  Reopen();
+  CreateBudgeted(0.0);
+  PlayRounds("p", 50);
+  // Shared with the expert-pool thread, which may call the hook again until shutdown.
+  struct Gate {
+    absl::Notification scored, release;
+  };
+  auto gate = std::make_shared<Gate>();
+  hooks_.after_backfill_scoring = [gate](int) {
+    if (!gate->scored.HasBeenNotified()) gate->scored.Notify();
+    gate->release.WaitForNotification();
+  };
+  ASSERT_TRUE(Register("slow").ok());
+  ASSERT_TRUE(gate->scored.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const v1::ChooseResponse unrewarded = Choose("p");
+  clock_.AdvanceMs(1'000'001);  // past the problem's reward wait
+  // Polled (not timed): the maintenance thread expires it within a few rounds; with the
+  // backfill on the same thread it would wait for the release below, and this would fail.
+  bool expired = false;
+  for (int i = 0; i < 3000 && !expired; ++i) {
+    expired = GetProblem("p").samples() == 51;
+    if (!expired) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(expired);
+  EXPECT_EQ(Experts()[1].status(), v1::EXPERT_STATUS_BACKFILLING);
+  // Expired, so its reward now comes late.
+  EXPECT_TRUE(absl::IsFailedPrecondition(Reward("p", unrewarded.event_id(), 1.0)));
+  gate->release.Notify();
 }
 
 }  // namespace

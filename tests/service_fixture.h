@@ -39,7 +39,7 @@ class ServiceTest : public ::testing::Test {
     ServiceOptions options;
     options.data_dir = dir_;
     options.seed = 7;
-    options.start_maintenance_thread = false;
+    options.start_maintenance_thread = start_maintenance_threads_;
     options.inline_maintenance = inline_maintenance_;
     options.durable_choose = durable_choose_;
     options.store_fault_injection = [this](absl::string_view what) -> absl::Status {
@@ -253,6 +253,7 @@ class ServiceTest : public ::testing::Test {
   std::shared_ptr<rocksdb::Env> store_env_;
   bool inline_maintenance_ = false;
   bool durable_choose_ = false;
+  bool start_maintenance_threads_ = false;  // else tests call RunMaintenance themselves
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
