@@ -2,7 +2,7 @@
 // work requests wait for.
 //   - The maintenance thread, each round, for every problem: writes the deferred decisions
 //     and the completed log chunks, and expires the decisions whose wait time passed. Its
-//     work is proportional to the traffic, and it runs at nice 10 at most.
+//     work is proportional to the traffic; it runs at nice 10 (or normal), never idle.
 //   - The expert-pool thread, each round, for every problem: writes the quarantined
 //     experts, backfills within a time budget, retires dominated experts (auto-training),
 //     and re-estimates the divergences at a batch boundary (and queues training). Its work
