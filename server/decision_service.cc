@@ -34,6 +34,8 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.hooks = options_.problem_hooks;
   env.learner = learner_.get();
   env.reservoir_predictions_bytes = options_.reservoir_predictions_mb << 20;
+  env.max_pending_decisions = options_.max_pending_decisions;
+  env.max_pending_decision_bytes = options_.max_pending_decisions_mb << 20;
   return env;
 }
 
@@ -245,6 +247,13 @@ absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& r
         failed_problems_.contains(request.problem_id())) {
       return absl::AlreadyExistsError(
           absl::StrCat("problem '", request.problem_id(), "' already exists"));
+    }
+    // Problems that failed to load count: they keep their stored data.
+    if (const size_t n = problems_.size() + failed_problems_.size();
+        static_cast<int64_t>(n) >= options_.max_problems) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this server has ", n, " problems, the most --max_problems (", options_.max_problems,
+          ") allows; create the problem on another replica or raise the cap"));
     }
     index = next_index_;
   }

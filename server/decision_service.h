@@ -79,6 +79,12 @@ struct ServiceOptions {
   // reservoir in, so that a refresh predicts only the rows that changed since the last one
   // (server/reservoir_predictions.h). 0 turns the cache off.
   int64_t reservoir_predictions_mb = 128;
+  // Caps (RESOURCE_EXHAUSTED past them, naming the flag; nothing stored changes): the
+  // decisions a problem holds waiting for their reward, by count and by estimated memory
+  // (Problem::Env), and the problems of this server.
+  int64_t max_pending_decisions = 1'000'000;
+  int64_t max_pending_decisions_mb = 1024;
+  int64_t max_problems = 10'000;
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
   // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's

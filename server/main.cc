@@ -70,6 +70,14 @@ ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
           "memory per problem for the experts' predictions on the divergence reservoir, kept "
           "so that a refresh predicts only the rows that changed (0: predict all rows at "
           "every refresh)");
+ABSL_FLAG(int64_t, max_pending_decisions, 1'000'000,
+          "cap per problem on the decisions waiting for their reward; a Choose past it gets "
+          "RESOURCE_EXHAUSTED until rewards or the reward wait bring it down");
+ABSL_FLAG(int64_t, max_pending_decisions_mb, 1024,
+          "cap per problem on the estimated memory of the decisions waiting for their reward "
+          "(8 bytes per feature + 512 each); a Choose past it gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_problems, 10'000,
+          "cap on the problems of this server; CreateProblem past it gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, min_refresh_interval_ms, 0,
           "opt-in CPU throttle: batch boundaries (divergence refresh, auto-training) closer "
           "than this in wall time merge into one (fewer batches than the paper's schedule). "
@@ -127,6 +135,9 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
+  options.max_pending_decisions = absl::GetFlag(FLAGS_max_pending_decisions);
+  options.max_pending_decisions_mb = absl::GetFlag(FLAGS_max_pending_decisions_mb);
+  options.max_problems = absl::GetFlag(FLAGS_max_problems);
   // An unknown name is refused in main, before anything starts.
   options.background_priority =
       ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
@@ -245,6 +256,13 @@ int Run() {
   }
   if (options.reservoir_predictions_mb < 0 || options.reservoir_predictions_mb > (1 << 20)) {
     std::fprintf(stderr, "decisiond: --reservoir_predictions_mb must be in [0, 1048576]\n");
+    return 2;
+  }
+  if (options.max_pending_decisions < 1 || options.max_pending_decisions_mb < 1 ||
+      options.max_pending_decisions_mb > (int64_t{1} << 30) || options.max_problems < 1) {
+    std::fprintf(stderr,
+                 "decisiond: --max_pending_decisions and --max_problems must be >= 1, and "
+                 "--max_pending_decisions_mb in [1, 1073741824]\n");
     return 2;
   }
   if (access(options.model_sandbox.probe_path.c_str(), X_OK) != 0 ||

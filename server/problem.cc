@@ -120,8 +120,30 @@ void Problem::AnswerWaiters(std::vector<ChooseWaiter> waiters, const std::string
   }
 }
 
+absl::Status Problem::CheckPendingCapLocked() const {
+  const int64_t pending = pending_.answered();
+  const int64_t each = PendingDecisionBytes(record_.num_features());
+  const char* flag = nullptr;
+  int64_t cap = 0;
+  if (pending >= env_.max_pending_decisions) {
+    flag = "--max_pending_decisions";
+    cap = env_.max_pending_decisions;
+  } else if (pending * each >= env_.max_pending_decision_bytes) {
+    flag = "--max_pending_decisions_mb";
+    cap = env_.max_pending_decision_bytes >> 20;
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "problem ", id(), " holds ", pending, " decisions waiting for their reward (about ",
+      (pending * each) >> 20, " MB), the most ", flag, " (", cap,
+      ") allows; a decision leaves when it is rewarded or its reward wait (",
+      record_.reward_wait_ms(), " ms) passes"));
+}
+
 absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double> x,
                                                          bool offer) {
+  if (offer) DECISION_RETURN_IF_ERROR(CheckPendingCapLocked());
   Selection s;
   s.expert = ducb_.SelectExpert(gen_);
   if (s.expert < 0) {

@@ -160,7 +160,18 @@ class Problem {
     // reservoir in (reservoir_predictions.h); experts past it are predicted in full at
     // every divergence computation.
     int64_t reservoir_predictions_bytes = int64_t{128} << 20;
+    // Caps on the decisions waiting for their reward (answered, not yet joined or
+    // expired): a Choose that would make a new one past either gets RESOURCE_EXHAUSTED.
+    // Chooses in flight at once may pass the cap by their number. The memory of one is
+    // estimated as PendingDecisionBytes(num_features).
+    int64_t max_pending_decisions = 1'000'000;
+    int64_t max_pending_decision_bytes = int64_t{1} << 30;
   };
+  // The estimated memory of one pending decision: its features, plus its record, event id
+  // and index entries.
+  static constexpr int64_t PendingDecisionBytes(int num_features) {
+    return 8 * int64_t{num_features} + 512;
+  }
 
   // A new problem: its record, expert 0 (uniform) and its first checkpoint, in one write.
   // REQUIRES: `record` is valid (validation.h).
@@ -361,7 +372,9 @@ class Problem {
     std::shared_ptr<const Expert> model;
     double u = 0.0;
   };
-  // `offer`: offer x to the divergence reservoir (once per Choose).
+  // `offer`: a new decision (once per Choose): checks the pending-decision caps
+  // (RESOURCE_EXHAUSTED) and offers x to the divergence reservoir.
+  absl::Status CheckPendingCapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x, bool offer = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,

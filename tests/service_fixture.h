@@ -51,6 +51,9 @@ class ServiceTest : public ::testing::Test {
     options.problem_hooks = &hooks_;
     options.trainer_hooks = &trainer_hooks_;
     options.store_env = store_env_;
+    options.max_pending_decisions = max_pending_decisions_;
+    options.max_pending_decisions_mb = max_pending_decisions_mb_;
+    options.max_problems = max_problems_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -254,6 +257,9 @@ class ServiceTest : public ::testing::Test {
   bool inline_maintenance_ = false;
   bool durable_choose_ = false;
   bool start_maintenance_threads_ = false;  // else tests call RunMaintenance themselves
+  int64_t max_pending_decisions_ = ServiceOptions().max_pending_decisions;
+  int64_t max_pending_decisions_mb_ = ServiceOptions().max_pending_decisions_mb;
+  int64_t max_problems_ = ServiceOptions().max_problems;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;

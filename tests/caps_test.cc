@@ -1,0 +1,123 @@
+// The caps of issue 16 that bound what requests can make the server hold: decisions waiting
+// for their reward per problem (by count and by estimated memory), and problems per server.
+// Past a cap the call gets RESOURCE_EXHAUSTED naming the cap's flag, and nothing stored
+// changes; a restart counts what it restores.
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/service_fixture.h"
+
+namespace decision::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CapsTest : public ServiceTest {
+ protected:
+  absl::Status TryChoose(const std::string& problem, int features,
+                         v1::ChooseResponse* response, const std::string& event_id = "") {
+    v1::ChooseRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(event_id);
+    for (int f = 0; f < features; ++f) req.add_features(0.5);
+    return service_->Choose(req, response);
+  }
+  absl::Status TryCreate(const std::string& id, int features = kFeatures) {
+    v1::CreateProblemRequest req;
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(features);
+    req.mutable_config()->set_reward_wait_ms(60'000);
+    v1::Problem p;
+    return service_->CreateProblem(req, &p);
+  }
+  std::vector<std::string> ProblemIds() {
+    v1::ListProblemsRequest req;
+    v1::ListProblemsResponse resp;
+    EXPECT_TRUE(service_->ListProblems(req, &resp).ok());
+    std::vector<std::string> ids;
+    for (const v1::Problem& p : resp.problems()) ids.push_back(p.problem_id());
+    return ids;
+  }
+};
+
+TEST_F(CapsTest, AChoosePastThePendingDecisionCapIsRefusedUntilARewardMakesRoom) {
+  max_pending_decisions_ = 3;
+  Reopen();
+  ASSERT_TRUE(TryCreate("p").ok());
+  std::vector<v1::ChooseResponse> made(3);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(TryChoose("p", kFeatures, &made[i], "e" + std::to_string(i)).ok());
+  }
+  v1::ChooseResponse refused;
+  const absl::Status s = TryChoose("p", kFeatures, &refused, "e3");
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_pending_decisions (3)"));
+  EXPECT_THAT(s.message(), HasSubstr("holds 3 decisions waiting for their reward"));
+  EXPECT_TRUE(absl::IsResourceExhausted(TryChoose("p", kFeatures, &refused)));  // no event id
+  EXPECT_EQ(GetProblem("p").decisions(), 3);
+  // A retry of a decision already made is answered: it adds nothing.
+  v1::ChooseResponse retry;
+  ASSERT_TRUE(TryChoose("p", kFeatures, &retry, "e1").ok());
+  EXPECT_EQ(retry.arm(), made[1].arm());
+  EXPECT_EQ(retry.propensity(), made[1].propensity());
+  // The refused event id was not taken: once a reward makes room, it is decided.
+  ASSERT_TRUE(Reward("p", "e0", 1.0).ok());
+  ASSERT_TRUE(TryChoose("p", kFeatures, &refused, "e3").ok());
+  EXPECT_EQ(GetProblem("p").decisions(), 4);
+  EXPECT_TRUE(absl::IsResourceExhausted(TryChoose("p", kFeatures, &refused, "e4")));
+  // A restart counts the decisions it restores.
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // writes the deferred decisions
+  Reopen();
+  EXPECT_TRUE(absl::IsResourceExhausted(TryChoose("p", kFeatures, &refused, "e4")));
+  ASSERT_TRUE(Reward("p", "e3", 0.0).ok());
+  EXPECT_TRUE(TryChoose("p", kFeatures, &refused, "e4").ok());
+}
+
+TEST_F(CapsTest, TheMemoryCapCountsTheFeaturesOfEachPendingDecision) {
+  max_pending_decisions_mb_ = 1;
+  Reopen();
+  // 8192 features: 8 * 8192 + 512 bytes each, so the 16th passes the megabyte.
+  constexpr int kWide = 8192;
+  const absl::Status created = TryCreate("wide", kWide);
+  ASSERT_TRUE(created.ok()) << created;
+  ASSERT_TRUE(TryCreate("narrow").ok());
+  const int64_t each = Problem::PendingDecisionBytes(kWide);
+  const int64_t fit = ((int64_t{1} << 20) + each - 1) / each;
+  v1::ChooseResponse r;
+  for (int64_t i = 0; i < fit; ++i) ASSERT_TRUE(TryChoose("wide", kWide, &r).ok()) << i;
+  const absl::Status s = TryChoose("wide", kWide, &r);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_pending_decisions_mb (1)"));
+  EXPECT_EQ(GetProblem("wide").decisions(), fit);
+  // The cap is per problem.
+  for (int i = 0; i < 3 * fit; ++i) ASSERT_TRUE(TryChoose("narrow", kFeatures, &r).ok());
+}
+
+TEST_F(CapsTest, ACreateProblemPastTheProblemCapIsRefused) {
+  max_problems_ = 2;
+  Reopen();
+  ASSERT_TRUE(TryCreate("a").ok());
+  ASSERT_TRUE(TryCreate("b").ok());
+  const absl::Status s = TryCreate("c");
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_problems (2)"));
+  // An id that exists is still ALREADY_EXISTS: the cap does not hide it.
+  EXPECT_TRUE(absl::IsAlreadyExists(TryCreate("a")));
+  EXPECT_THAT(ProblemIds(), ::testing::UnorderedElementsAre("a", "b"));
+  v1::ChooseResponse r;
+  EXPECT_TRUE(TryChoose("a", kFeatures, &r).ok());
+  Reopen();
+  EXPECT_TRUE(absl::IsResourceExhausted(TryCreate("c")));
+  EXPECT_THAT(ProblemIds(), ::testing::UnorderedElementsAre("a", "b"));
+  // Raised, the cap lets it in.
+  max_problems_ = 3;
+  Reopen();
+  EXPECT_TRUE(TryCreate("c").ok());
+}
+
+}  // namespace
+}  // namespace decision::server
