@@ -36,6 +36,7 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.reservoir_predictions_bytes = options_.reservoir_predictions_mb << 20;
   env.max_pending_decisions = options_.max_pending_decisions;
   env.max_pending_decision_bytes = options_.max_pending_decisions_mb << 20;
+  env.metrics_pair_experts = options_.metrics_pair_experts;
   return env;
 }
 

@@ -85,6 +85,9 @@ struct ServiceOptions {
   int64_t max_pending_decisions = 1'000'000;
   int64_t max_pending_decisions_mb = 1024;
   int64_t max_problems = 10'000;
+  // The divergence pair series cover at most this many active experts per problem, those
+  // of highest UCB (Problem::Env).
+  int metrics_pair_experts = 16;
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
   // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's

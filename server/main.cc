@@ -78,6 +78,10 @@ ABSL_FLAG(int64_t, max_pending_decisions_mb, 1024,
           "(8 bytes per feature + 512 each); a Choose past it gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_problems, 10'000,
           "cap on the problems of this server; CreateProblem past it gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, metrics_pair_experts, 16,
+          "the divergence pair series (decision_divergence_m, _sigma) cover at most this many "
+          "active experts per problem, those of highest UCB: 2 n (n - 1) series; "
+          "GetEstimates has the full matrix");
 ABSL_FLAG(int64_t, min_refresh_interval_ms, 0,
           "opt-in CPU throttle: batch boundaries (divergence refresh, auto-training) closer "
           "than this in wall time merge into one (fewer batches than the paper's schedule). "
@@ -138,6 +142,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.max_pending_decisions = absl::GetFlag(FLAGS_max_pending_decisions);
   options.max_pending_decisions_mb = absl::GetFlag(FLAGS_max_pending_decisions_mb);
   options.max_problems = absl::GetFlag(FLAGS_max_problems);
+  options.metrics_pair_experts = absl::GetFlag(FLAGS_metrics_pair_experts);
   // An unknown name is refused in main, before anything starts.
   options.background_priority =
       ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
@@ -259,10 +264,12 @@ int Run() {
     return 2;
   }
   if (options.max_pending_decisions < 1 || options.max_pending_decisions_mb < 1 ||
-      options.max_pending_decisions_mb > (int64_t{1} << 30) || options.max_problems < 1) {
+      options.max_pending_decisions_mb > (int64_t{1} << 30) || options.max_problems < 1 ||
+      options.metrics_pair_experts < 0 || options.metrics_pair_experts > 256) {
     std::fprintf(stderr,
-                 "decisiond: --max_pending_decisions and --max_problems must be >= 1, and "
-                 "--max_pending_decisions_mb in [1, 1073741824]\n");
+                 "decisiond: --max_pending_decisions and --max_problems must be >= 1, "
+                 "--max_pending_decisions_mb in [1, 1073741824] and --metrics_pair_experts in "
+                 "[0, 256]\n");
     return 2;
   }
   if (access(options.model_sandbox.probe_path.c_str(), X_OK) != 0 ||

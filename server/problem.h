@@ -166,6 +166,9 @@ class Problem {
     // estimated as PendingDecisionBytes(num_features).
     int64_t max_pending_decisions = 1'000'000;
     int64_t max_pending_decision_bytes = int64_t{1} << 30;
+    // The divergence pair series (decision_divergence_m, _sigma) cover the active experts
+    // of highest UCB, at most this many: 2 n (n - 1) series per problem.
+    int metrics_pair_experts = 16;
   };
   // The estimated memory of one pending decision: its features, plus its record, event id
   // and index entries.
@@ -547,6 +550,22 @@ class Problem {
   ReservoirPredictions reservoir_predictions_;  // thread-safe; not under mu_
   // The reservoir's stamps when the estimated experts' divergences were last estimated.
   std::vector<uint64_t> reestimated_stamps_ ABSL_GUARDED_BY(mu_);
+  // What ExportMetrics last exported from (it skips an unchanged problem). The generation
+  // counts the changes of the estimates that keep the log and the pool's size: divergence
+  // swaps, expert state changes, quarantines.
+  struct ExportedState {
+    int64_t samples;
+    int estimated_experts;
+    int experts;
+    uint64_t generation;
+    int64_t batch_lag;
+    bool operator==(const ExportedState& o) const {
+      return samples == o.samples && estimated_experts == o.estimated_experts &&
+             experts == o.experts && generation == o.generation && batch_lag == o.batch_lag;
+    }
+  };
+  uint64_t estimates_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<ExportedState> exported_ ABSL_GUARDED_BY(mu_);
   PendingTable pending_ ABSL_GUARDED_BY(mu_);
   // Every event id decided in this problem, pending or stored: a Choose with a new caller
   // id skips the store lookup when the filter rules the id out.

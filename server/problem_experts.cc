@@ -61,6 +61,7 @@ bool Problem::QuarantineLocked(int expert_id, absl::string_view reason) {
   slot.failure = absl::StrCat("quarantined: ", reason);
   slot.failure_unwritten = true;
   slot.model = stand_in_;
+  ++estimates_generation_;
   slot.metrics.failed->Set(1.0);
   if (expert_id < ducb_.num_experts()) ducb_.SetSelectable(expert_id, false);
   ExportScoringCostLocked();
@@ -114,6 +115,7 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
   }));
   absl::MutexLock lock(&mu_);
   experts_.at(expert_id).record = updated;
+  ++estimates_generation_;
   if (expert_id < ducb_.num_experts()) {
     ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
                                        experts_.at(expert_id).failure.empty());
@@ -539,6 +541,7 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
       return s;
     }
     PassBoundariesLocked(boundaries, min_interval_ms);
+    ++estimates_generation_;
     reestimated_stamps_ = std::move(reservoir.stamps);
     metrics_.divergences_reestimated->Increment();
     checkpoint = CheckpointLocked();

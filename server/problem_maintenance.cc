@@ -185,10 +185,18 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 }
 
 void Problem::ExportMetrics(int64_t batch_lag) {
+  {
+    // What the exported values depend on; an idle problem exports nothing again.
+    absl::MutexLock lock(&mu_);
+    const ExportedState state{ducb_.log().size(), ducb_.num_experts(), experts_.size(),
+                              estimates_generation_, batch_lag};
+    if (exported_.has_value() && *exported_ == state) return;
+    exported_ = state;
+  }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
   const v1::Estimates estimates = GetEstimates();
   std::vector<Metrics::Pair> pairs;
-  std::vector<int> active;
+  std::vector<std::pair<double, int>> active;  // (ucb, expert)
   {
     absl::MutexLock lock(&mu_);
     for (const v1::ExpertEstimate& e : estimates.experts()) {
@@ -197,13 +205,26 @@ void Problem::ExportMetrics(int64_t batch_lag) {
       slot.metrics.estimate->Set(e.estimate());
       slot.metrics.ucb->Set(e.ucb());
       slot.metrics.effective_sample_size->Set(e.effective_sample_size());
-      if (slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE) active.push_back(e.expert_id());
+      if (slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE) {
+        active.push_back({e.ucb(), e.expert_id()});
+      }
     }
   }
   metrics_.estimated_regret->Set(estimates.estimated_regret());
+  // The pair series only among the env_.metrics_pair_experts active experts of highest UCB
+  // (ties: the lower id), in id order: the full matrix is in GetEstimates.
+  std::sort(active.begin(), active.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  if (active.size() > static_cast<size_t>(std::max(0, env_.metrics_pair_experts))) {
+    active.resize(std::max(0, env_.metrics_pair_experts));
+  }
+  std::vector<int> top;
+  for (const auto& [ucb, k] : active) top.push_back(k);
+  std::sort(top.begin(), top.end());
   const int n = estimates.n();
-  for (int i : active) {
-    for (int j : active) {
+  for (int i : top) {
+    for (int j : top) {
       if (i == j) continue;
       pairs.push_back({i, j, estimates.m(i * n + j), estimates.sigma(i * n + j)});
     }

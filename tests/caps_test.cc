@@ -2,7 +2,10 @@
 // for their reward per problem (by count and by estimated memory), and problems per server.
 // Past a cap the call gets RESOURCE_EXHAUSTED naming the cap's flag, and nothing stored
 // changes; a restart counts what it restores.
+#include <algorithm>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -117,6 +120,70 @@ TEST_F(CapsTest, ACreateProblemPastTheProblemCapIsRefused) {
   max_problems_ = 3;
   Reopen();
   EXPECT_TRUE(TryCreate("c").ok());
+}
+
+// The divergence pair series cover only the --metrics_pair_experts active experts of highest
+// UCB, and follow the pool when it changes without a new sample (a retirement): the export
+// that skips an unchanged problem does not skip that.
+TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
+  metrics_pair_experts_ = 2;
+  Reopen();
+  CreateProblem("p");
+  for (double strength : {4.0, 2.0, 1.0}) RegisterLinear("p", strength);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 60);
+  // Exported at most every 500 ms of steady time: wait that long (a wait, not a timing).
+  auto export_now = [&] {
+    absl::SleepFor(absl::Milliseconds(600));
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+  };
+  auto pair_experts = [&] {
+    std::set<int> experts;
+    int series = 0;
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name != "decision_divergence_mij") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "expert_i" || l.name == "expert_j") experts.insert(std::stoi(l.value));
+        }
+        ++series;
+      }
+    }
+    EXPECT_EQ(series, static_cast<int>(experts.size() * (experts.size() - 1)));
+    return experts;
+  };
+  // The top two by UCB, from the estimates.
+  auto top_two = [&] {
+    std::vector<std::pair<double, int>> by_ucb;
+    const v1::Estimates estimates = Estimates("p");
+    const std::vector<v1::Expert> experts = Experts();
+    for (const v1::ExpertEstimate& e : estimates.experts()) {
+      if (experts[e.expert_id()].status() == v1::EXPERT_STATUS_ACTIVE) {
+        by_ucb.push_back({-e.ucb(), e.expert_id()});
+      }
+    }
+    std::sort(by_ucb.begin(), by_ucb.end());
+    EXPECT_GE(by_ucb.size(), 2u);
+    if (by_ucb.size() < 2) return std::set<int>{};
+    return std::set<int>{by_ucb[0].second, by_ucb[1].second};
+  };
+  // Everything learned and any due refresh done, so that the retirement below is the only
+  // change between the two exports.
+  GetProblem("p");
+  export_now();
+  export_now();
+  const std::set<int> first = top_two();
+  EXPECT_EQ(pair_experts(), first);
+  // Retire one of them: no sample is learned, yet the series move to the next expert.
+  v1::RetireExpertRequest retire;
+  retire.set_problem_id("p");
+  retire.set_expert_id(*first.rbegin());
+  v1::Expert retired;
+  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  export_now();
+  const std::set<int> second = top_two();
+  EXPECT_EQ(second.count(*first.rbegin()), 0u);
+  EXPECT_EQ(pair_experts(), second);
 }
 
 }  // namespace

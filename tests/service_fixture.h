@@ -54,6 +54,7 @@ class ServiceTest : public ::testing::Test {
     options.max_pending_decisions = max_pending_decisions_;
     options.max_pending_decisions_mb = max_pending_decisions_mb_;
     options.max_problems = max_problems_;
+    options.metrics_pair_experts = metrics_pair_experts_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -260,6 +261,7 @@ class ServiceTest : public ::testing::Test {
   int64_t max_pending_decisions_ = ServiceOptions().max_pending_decisions;
   int64_t max_pending_decisions_mb_ = ServiceOptions().max_pending_decisions_mb;
   int64_t max_problems_ = ServiceOptions().max_problems;
+  int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
