@@ -6,6 +6,8 @@ namespace decision::server {
 
 void PendingTable::SetState(PendingDecision& d, DecisionState s) {
   answered_ += static_cast<int>(Answered(s)) - static_cast<int>(Answered(d.state));
+  flushing_ += static_cast<int>(s == DecisionState::kFlushing) -
+               static_cast<int>(d.state == DecisionState::kFlushing);
   d.state = s;
 }
 

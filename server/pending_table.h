@@ -103,6 +103,8 @@ class PendingTable {
   // oldest has waited `flush_ms`.
   bool FlushDue(int64_t now_ms, size_t max_unwritten, int64_t flush_ms) const;
   size_t unwritten() const { return unwritten_.size(); }
+  // Decisions in a flush that is not written yet (kFlushing).
+  int64_t flushing() const { return flushing_; }
 
   // Starts the join of a joinable decision (kUnwritten, kFlushing or kStored). Returns
   // whether the decision was stored already (a join of a kUnwritten decision writes it).
@@ -128,6 +130,7 @@ class PendingTable {
   std::list<std::string> unwritten_;                     // kUnwritten, oldest first
   int64_t unwritten_since_ms_ = 0;  // when unwritten_ last became non-empty
   int64_t answered_ = 0;
+  int64_t flushing_ = 0;
 };
 
 }  // namespace decision::server

@@ -59,6 +59,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <atomic>
 #include <optional>
 #include <random>
 #include <string>
@@ -288,6 +289,13 @@ class Problem {
   // swap the result in.
   absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the expert-pool tasks may have work: set by what can give them some (a learned
+  // sample, a registration, a quarantine) and taken by the round that visits the problem,
+  // which gives it back while work remains (PoolWorkRemains). An idle problem is skipped.
+  bool TakePoolWork() { return pool_work_.exchange(false); }
+  void MarkPoolWork() { pool_work_.store(true); }
+  // A backfill, a quarantine to write, or a batch boundary that is due.
+  bool PoolWorkRemains() const ABSL_LOCKS_EXCLUDED(mu_);
   // Rounds (joined samples) the log is past the oldest batch boundary whose divergence
   // refresh has not happened yet; 0 if none is due.
   int64_t RefreshLag() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -303,6 +311,10 @@ class Problem {
   // written, unless an earlier flush failed while this one was queued (its decisions are
   // unwritten again): a second call then writes them.
   absl::Status FlushDecisions() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a deferred decision waits to be written: not yet in a flush (or back from one
+  // that failed), or in a flush not written yet. If not, FlushDecisions would do nothing
+  // but wait for the writer.
+  bool HasUnwrittenDecisions() const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.
   absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_);
@@ -565,6 +577,7 @@ class Problem {
     }
   };
   uint64_t estimates_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> pool_work_{true};  // a loaded problem is visited once
   std::optional<ExportedState> exported_ ABSL_GUARDED_BY(mu_);
   PendingTable pending_ ABSL_GUARDED_BY(mu_);
   // Every event id decided in this problem, pending or stored: a Choose with a new caller

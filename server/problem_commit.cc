@@ -38,6 +38,11 @@ absl::Status Problem::FlushDecisions() {
   return s;
 }
 
+bool Problem::HasUnwrittenDecisions() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.unwritten() > 0 || pending_.flushing() > 0;
+}
+
 void Problem::MarkLateAfterExpiryLocked(const WriteOp& op) {
   const PendingDecision* d = pending_.Find(op.event_id);
   if (d == nullptr || !d->late_reward || op.event.late_reward()) return;

@@ -62,6 +62,7 @@ bool Problem::QuarantineLocked(int expert_id, absl::string_view reason) {
   slot.failure_unwritten = true;
   slot.model = stand_in_;
   ++estimates_generation_;
+  MarkPoolWork();  // its FAILED record
   slot.metrics.failed->Set(1.0);
   if (expert_id < ducb_.num_experts()) ducb_.SetSelectable(expert_id, false);
   ExportScoringCostLocked();
@@ -224,6 +225,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     return written;
   }
   experts_.at(expert_id).durable = true;
+  MarkPoolWork();  // its backfill
   return experts_.ToWire(id(), expert_id, /*estimated=*/false);
 }
 
@@ -489,6 +491,16 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   return out;
 }
 
+bool Problem::PoolWorkRemains() const {
+  absl::MutexLock lock(&mu_);
+  if (experts_.durable_size() > ducb_.num_experts()) return true;  // backfill
+  if (ducb_.log().size() >= next_refresh_at_ && reservoir_.size() > 0) return true;
+  for (int k = 0; k < experts_.durable_size(); ++k) {
+    if (experts_.at(k).failure_unwritten) return true;
+  }
+  return false;
+}
+
 int64_t Problem::RefreshLag() const {
   absl::MutexLock lock(&mu_);
   return std::max<int64_t>(0, ducb_.log().size() - next_refresh_at_);
@@ -542,6 +554,7 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
     }
     PassBoundariesLocked(boundaries, min_interval_ms);
     ++estimates_generation_;
+    MarkPoolWork();  // retirement under the new estimates
     reestimated_stamps_ = std::move(reservoir.stamps);
     metrics_.divergences_reestimated->Increment();
     checkpoint = CheckpointLocked();

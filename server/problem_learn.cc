@@ -80,6 +80,7 @@ absl::Status Problem::LearnOneLocked(const Unlearned& sample,
   }
   DECISION_RETURN_IF_ERROR(ducb_.Learn(sample.event.expert_id(), sample.reward,
                                        propensities.subspan(0, ducb_.num_experts())));
+  MarkPoolWork();  // retirement and the batch schedule move with the log
   for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
     experts_.at(k).tail.push_back(propensities[k]);
   }

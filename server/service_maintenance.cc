@@ -103,7 +103,9 @@ class FirstError {
 
 absl::Status DecisionService::MaintainWrites(Problem* p) {
   FirstError errors(p->id());
-  errors.Keep("writing decisions", p->FlushDecisions());
+  // An idle problem costs no round trip to the writer (for every problem, every round, that
+  // was most of an idle server's CPU).
+  if (p->HasUnwrittenDecisions()) errors.Keep("writing decisions", p->FlushDecisions());
   errors.Keep("writing log chunks", p->WriteLogChunks());
   errors.Keep("expiry", p->ExpireDue());
   return errors.status();
@@ -111,6 +113,9 @@ absl::Status DecisionService::MaintainWrites(Problem* p) {
 
 absl::Status DecisionService::MaintainPool(Problem* p,
                                            std::chrono::milliseconds backfill_budget) {
+  // An idle problem is skipped: nothing was learned, registered or quarantined since a
+  // visit that left no work.
+  if (!p->TakePoolWork()) return absl::OkStatus();
   FirstError errors(p->id());
   errors.Keep("writing quarantined experts", p->PersistFailures());
   // Backfill one chunk at a time, within the budget.
@@ -139,6 +144,9 @@ absl::Status DecisionService::MaintainPool(Problem* p,
                       .status());
     }
   }
+  // Work left (a backfill beyond the budget, a boundary the throttle delays, a failed
+  // task retried): the next round visits again.
+  if (!errors.status().ok() || p->PoolWorkRemains()) p->MarkPoolWork();
   return errors.status();
 }
 

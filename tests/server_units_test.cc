@@ -138,6 +138,27 @@ TEST(PendingTableTest, ADecisionWhoseFlushAndJoinBothFailIsFlushedAgain) {
   EXPECT_EQ(t.unwritten(), 1u);
 }
 
+// flushing() is what lets a maintenance round skip an idle problem's flush: it counts the
+// decisions of flushes not written yet through every way out of kFlushing.
+TEST(PendingTableTest, FlushingCountsTheDecisionsOfFlushesNotWrittenYet) {
+  PendingTable t;
+  for (const char* id : {"a", "b", "c"}) t.Decide(id, Event(100), DecisionState::kUnwritten, 0);
+  EXPECT_EQ(t.flushing(), 0);
+  t.TakeUnwritten();
+  EXPECT_EQ(t.flushing(), 3);
+  t.MarkStored("a");  // written
+  EXPECT_EQ(t.flushing(), 2);
+  t.ReturnUnwritten("b", 1);  // its flush failed: unwritten again
+  EXPECT_EQ(t.flushing(), 1);
+  EXPECT_EQ(t.unwritten(), 1u);
+  EXPECT_TRUE(t.StartJoin(*t.Find("c"), /*expiry=*/false));  // joined while flushing
+  EXPECT_EQ(t.flushing(), 0);
+  t.TakeUnwritten();
+  EXPECT_EQ(t.flushing(), 1);
+  t.Erase("b");
+  EXPECT_EQ(t.flushing(), 0);
+}
+
 TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
   PendingTable t;
   t.Claim("a");
