@@ -1,9 +1,11 @@
 // DecisionService: the maintenance, in two threads, so that the heavy work never delays the
 // work requests wait for.
 //   - The maintenance thread, each round, for every problem: writes the deferred decisions
-//     and the completed log chunks, and expires the decisions whose wait time passed. Its
-//     work is proportional to the traffic; it runs at nice 10 (or normal), never idle.
-//   - The expert-pool thread, each round, for every problem: writes the quarantined
+//     (if it has any) and the completed log chunks, and expires the decisions whose wait
+//     time passed. Its work is proportional to the traffic; it runs at nice 10 (or
+//     normal), never idle.
+//   - The expert-pool thread, each round, for every problem that may have work
+//     (Problem::TakePoolWork; an idle problem costs nothing): writes the quarantined
 //     experts, backfills within a time budget, retires dominated experts (auto-training),
 //     and re-estimates the divergences at a batch boundary (and queues training). Its work
 //     grows with the experts and the log (a backfill, O(N^2 R K) divergences), and it runs
