@@ -79,7 +79,7 @@ ABSL_FLAG(int64_t, max_pending_decisions_mb, 1024,
 ABSL_FLAG(int64_t, max_problems, 10'000,
           "cap on the problems of this server; CreateProblem past it gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_pair_experts, 16,
-          "the divergence pair series (decision_divergence_m, _sigma) cover at most this many "
+          "the divergence pair series (decision_divergence_mij, _sigmaij) cover at most this many "
           "active experts per problem, those of highest UCB: 2 n (n - 1) series; "
           "GetEstimates has the full matrix");
 ABSL_FLAG(int64_t, min_refresh_interval_ms, 0,

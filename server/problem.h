@@ -167,7 +167,7 @@ class Problem {
     // estimated as PendingDecisionBytes(num_features).
     int64_t max_pending_decisions = 1'000'000;
     int64_t max_pending_decision_bytes = int64_t{1} << 30;
-    // The divergence pair series (decision_divergence_m, _sigma) cover the active experts
+    // The divergence pair series (decision_divergence_mij, _sigmaij) cover the active experts
     // of highest UCB, at most this many: 2 n (n - 1) series per problem.
     int metrics_pair_experts = 16;
   };
@@ -290,7 +290,7 @@ class Problem {
   absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the expert-pool tasks may have work: set by what can give them some (a learned
-  // sample, a registration, a quarantine) and taken by the round that visits the problem,
+  // sample, a registration, a quarantine, a divergence swap) and taken by the round that visits the problem,
   // which gives it back while work remains (PoolWorkRemains). An idle problem is skipped.
   bool TakePoolWork() { return pool_work_.exchange(false); }
   void MarkPoolWork() { pool_work_.store(true); }

@@ -2,9 +2,10 @@
 // the written samples then wait in unlearned_, in log order, for LearnQueued. It takes up to
 // kMaxLearnBatch of them, scores them with every expert outside mu_ (one PredictBatch per
 // expert: a tree model scores a batch several times cheaper per row than one row at a
-// time, bench/README.md), then teaches them to D-UCB in order, under mu_ in short slices. Learning is the
-// only thing that trails the acknowledgement: the log, the estimates and the batch schedule
-// move when a sample is learned, and a restart learns from the store whatever was written.
+// time, bench/README.md), then teaches them to D-UCB in order, under mu_ in short slices.
+// Learning is the only thing that trails the acknowledgement: the log, the estimates and the
+// batch schedule move when a sample is learned, and a restart learns from the store whatever
+// was written.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
