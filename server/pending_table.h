@@ -116,6 +116,11 @@ class PendingTable {
 
   // Event ids whose deadline is before `now_ms` and that are joinable, in deadline order.
   std::vector<std::string> Due(int64_t now_ms) const;
+  // Whether some answered decision's deadline is before `now_ms` (Due may still be empty:
+  // that decision may be joining).
+  bool AnyDeadlineBefore(int64_t now_ms) const {
+    return !deadlines_.empty() && deadlines_.begin()->first < now_ms;
+  }
   // Decisions answered and not joined yet (every state but kDeciding and kWriting).
   int64_t answered() const { return answered_; }
 

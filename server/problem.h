@@ -315,6 +315,9 @@ class Problem {
   // that failed), or in a flush not written yet. If not, FlushDecisions would do nothing
   // but wait for the writer.
   bool HasUnwrittenDecisions() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the write tasks may have work at `now_ms`: a deferred decision to write, a log
+  // chunk to write, or a deadline passed. If not, a maintenance round skips the problem.
+  bool WriteWorkDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.
   absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_);

@@ -43,6 +43,12 @@ bool Problem::HasUnwrittenDecisions() const {
   return pending_.unwritten() > 0 || pending_.flushing() > 0;
 }
 
+bool Problem::WriteWorkDue(int64_t now_ms) const {
+  absl::MutexLock lock(&mu_);
+  return pending_.unwritten() > 0 || pending_.flushing() > 0 || !unwritten_chunks_.empty() ||
+         pending_.AnyDeadlineBefore(now_ms);
+}
+
 void Problem::MarkLateAfterExpiryLocked(const WriteOp& op) {
   const PendingDecision* d = pending_.Find(op.event_id);
   if (d == nullptr || !d->late_reward || op.event.late_reward()) return;

@@ -104,6 +104,8 @@ class FirstError {
 }  // namespace
 
 absl::Status DecisionService::MaintainWrites(Problem* p) {
+  // An idle problem costs one look under its lock.
+  if (!p->WriteWorkDue(clock_->NowMs())) return absl::OkStatus();
   FirstError errors(p->id());
   // An idle problem costs no round trip to the writer (for every problem, every round, that
   // was most of an idle server's CPU).
