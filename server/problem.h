@@ -54,15 +54,16 @@
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <atomic>
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -290,34 +291,37 @@ class Problem {
   absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the expert-pool tasks may have work: set by what can give them some (a learned
-  // sample, a registration, a quarantine, a divergence swap) and taken by the round that visits the problem,
-  // which gives it back while work remains (PoolWorkRemains). An idle problem is skipped.
+  // sample, a registration, a quarantine, a divergence swap) and taken by the round that
+  // visits the problem, which gives it back while work remains (PoolWorkRemains). An idle
+  // problem is skipped.
   bool TakePoolWork() { return pool_work_.exchange(false); }
   void MarkPoolWork() { pool_work_.store(true); }
   // A backfill, a quarantine to write, or a batch boundary that is due.
   bool PoolWorkRemains() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Rounds (joined samples) the log is past the oldest batch boundary whose divergence
-  // refresh has not happened yet; 0 if none is due.
-  int64_t RefreshLag() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the FAILED records of experts quarantined since the last call (a restart then
   // keeps them quarantined without loading their models). On a failure the rest wait.
   absl::Status PersistFailures() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
-  // `batch_lag`: rounds the log is past the oldest batch boundary whose work (refresh or
-  // training) is not done (the owner knows the training jobs).
-  void ExportMetrics(int64_t batch_lag = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // `oldest_unfinished_training`: the oldest batch boundary whose training job is not done
+  // (0: none; the owner knows the training jobs). The batch lag exported is how many rounds
+  // the log is past it or past a boundary whose refresh is not done, whichever is older.
+  // An unchanged problem is not exported again.
+  void ExportMetrics(int64_t oldest_unfinished_training) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the deferred decisions not yet written and waits for that write (retried once if
   // it fails). Blocks. When it returns OK, every decision answered before the call is
   // written, unless an earlier flush failed while this one was queued (its decisions are
   // unwritten again): a second call then writes them.
   absl::Status FlushDecisions() ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether a deferred decision waits to be written: not yet in a flush (or back from one
-  // that failed), or in a flush not written yet. If not, FlushDecisions would do nothing
-  // but wait for the writer.
-  bool HasUnwrittenDecisions() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the write tasks may have work at `now_ms`: a deferred decision to write, a log
-  // chunk to write, or a deadline passed. If not, a maintenance round skips the problem.
-  bool WriteWorkDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Which write tasks may have work at `now_ms`, in one look: `decisions`, a deferred
+  // decision not yet in a flush (or back from one that failed) or in a flush not written
+  // yet (else FlushDecisions would only wait for the writer); `chunks`, a log chunk to
+  // write; `expiry`, a deadline passed.
+  struct WriteWork {
+    bool decisions = false;
+    bool chunks = false;
+    bool expiry = false;
+  };
+  WriteWork WriteWorkDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.
   absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_);
@@ -575,8 +579,8 @@ class Problem {
     uint64_t generation;
     int64_t batch_lag;
     bool operator==(const ExportedState& o) const {
-      return samples == o.samples && estimated_experts == o.estimated_experts &&
-             experts == o.experts && generation == o.generation && batch_lag == o.batch_lag;
+      return std::tie(samples, estimated_experts, experts, generation, batch_lag) ==
+             std::tie(o.samples, o.estimated_experts, o.experts, o.generation, o.batch_lag);
     }
   };
   uint64_t estimates_generation_ ABSL_GUARDED_BY(mu_) = 0;

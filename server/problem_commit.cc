@@ -38,15 +38,13 @@ absl::Status Problem::FlushDecisions() {
   return s;
 }
 
-bool Problem::HasUnwrittenDecisions() const {
+Problem::WriteWork Problem::WriteWorkDue(int64_t now_ms) const {
   absl::MutexLock lock(&mu_);
-  return pending_.unwritten() > 0 || pending_.flushing() > 0;
-}
-
-bool Problem::WriteWorkDue(int64_t now_ms) const {
-  absl::MutexLock lock(&mu_);
-  return pending_.unwritten() > 0 || pending_.flushing() > 0 || !unwritten_chunks_.empty() ||
-         pending_.AnyDeadlineBefore(now_ms);
+  WriteWork work;
+  work.decisions = pending_.unwritten() > 0 || pending_.flushing() > 0;
+  work.chunks = !unwritten_chunks_.empty();
+  work.expiry = pending_.AnyDeadlineBefore(now_ms);
+  return work;
 }
 
 void Problem::MarkLateAfterExpiryLocked(const WriteOp& op) {

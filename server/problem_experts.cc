@@ -501,11 +501,6 @@ bool Problem::PoolWorkRemains() const {
   return false;
 }
 
-int64_t Problem::RefreshLag() const {
-  absl::MutexLock lock(&mu_);
-  return std::max<int64_t>(0, ducb_.log().size() - next_refresh_at_);
-}
-
 absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
                                               int64_t min_interval_ms) {
   std::vector<std::shared_ptr<const Expert>> models;

@@ -81,7 +81,6 @@ absl::Status Problem::LearnOneLocked(const Unlearned& sample,
   }
   DECISION_RETURN_IF_ERROR(ducb_.Learn(sample.event.expert_id(), sample.reward,
                                        propensities.subspan(0, ducb_.num_experts())));
-  MarkPoolWork();  // retirement and the batch schedule move with the log
   for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
     experts_.at(k).tail.push_back(propensities[k]);
   }
@@ -187,6 +186,7 @@ void Problem::LearnQueued() {
             std::chrono::duration<double>(now - batch[next].written).count());
         ++next;
       } while (next < batch.size() && std::chrono::steady_clock::now() < slice_end);
+      MarkPoolWork();  // retirement and the batch schedule move with the log
       metrics_.learning_lag->Set(static_cast<double>(unlearned_.size()));
       metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
       std::vector<Done> learned = TakeLearnedWaitersLocked();

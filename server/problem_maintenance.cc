@@ -184,12 +184,17 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   return set;
 }
 
-void Problem::ExportMetrics(int64_t batch_lag) {
+void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
+  int64_t batch_lag;
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
-    const ExportedState state{ducb_.log().size(), ducb_.num_experts(), experts_.size(),
-                              estimates_generation_, batch_lag};
+    const int64_t t = ducb_.log().size();
+    batch_lag = std::max<int64_t>({0, t - next_refresh_at_,
+                                   oldest_unfinished_training > 0 ? t - oldest_unfinished_training
+                                                                  : 0});
+    const ExportedState state{t, ducb_.num_experts(), experts_.size(), estimates_generation_,
+                              batch_lag};
     if (exported_.has_value() && *exported_ == state) return;
     exported_ = state;
   }

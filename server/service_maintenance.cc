@@ -78,11 +78,7 @@ absl::Status DecisionService::RunPoolRound() {
 }
 
 void DecisionService::ExportProblemMetrics(Problem* p) {
-  // The schedule's lag: the oldest boundary whose refresh, or whose training job, is not
-  // done yet.
-  const int64_t boundary = training_jobs_->OldestUnfinishedBoundary(p->index());
-  const int64_t samples = p->Summary().samples();
-  p->ExportMetrics(std::max(p->RefreshLag(), boundary > 0 ? samples - boundary : 0));
+  p->ExportMetrics(training_jobs_->OldestUnfinishedBoundary(p->index()));
 }
 
 namespace {
@@ -104,14 +100,14 @@ class FirstError {
 }  // namespace
 
 absl::Status DecisionService::MaintainWrites(Problem* p) {
-  // An idle problem costs one look under its lock.
-  if (!p->WriteWorkDue(clock_->NowMs())) return absl::OkStatus();
+  // One look under the problem's lock; an idle problem costs nothing more (a flush with
+  // nothing to write was a round trip to the writer, for every problem, every round: most
+  // of an idle server's CPU).
+  const Problem::WriteWork work = p->WriteWorkDue(clock_->NowMs());
   FirstError errors(p->id());
-  // An idle problem costs no round trip to the writer (for every problem, every round, that
-  // was most of an idle server's CPU).
-  if (p->HasUnwrittenDecisions()) errors.Keep("writing decisions", p->FlushDecisions());
-  errors.Keep("writing log chunks", p->WriteLogChunks());
-  errors.Keep("expiry", p->ExpireDue());
+  if (work.decisions) errors.Keep("writing decisions", p->FlushDecisions());
+  if (work.chunks) errors.Keep("writing log chunks", p->WriteLogChunks());
+  if (work.expiry) errors.Keep("expiry", p->ExpireDue());
   return errors.status();
 }
 
