@@ -1,17 +1,22 @@
-// Incremental clipped importance-sampling estimator (eq. est1); see estimator.h.
+// Incremental clipped importance-sampling estimator (eq. est1) in bounded state; see
+// estimator.h.
 //
-// State per expert k: Z_k and A_k = sum over included samples of (1/M_kj) Y r_kj, so the
-// estimate is A_k / Z_k. A sample whose clip test exceeds the threshold L(t) M_kj waits in
-// one min-heap shared by all pairs, keyed by test / M_kj; since L(t) only grows (for t >= 3
-// under the paper's rule, always under 2/t) each waiting entry is released at most once,
-// when L(t) passes its key. If L(t) ever decreases, or the divergences change, the state is
-// rebuilt from the log. Samples with Y = 0 add nothing to any numerator and never enter
-// the heap.
+// A_k = sum_j (1/M_kj) sum Y r_kj over the samples chosen by j whose clip test is within
+// L(t) M_kj, Z_k = sum_j n_j / M_kj. Since M >= 1 and L(t) never decreases from t = 3 on
+// (ClipLevel), a (sample, expert) entry with test <= L(t) is included now and for ever,
+// whatever the divergences become: it is folded into the divergence-free sum
+// folded[j][k] and forgotten. Only entries with Y > 0 and a larger test are kept, in two
+// min-heaps: waiting (clipped now, keyed by test / M_kj, moved when L(t) M_kj reaches the
+// test) and included (counted in A_k, keyed by test, folded when L(t) passes it). A change
+// of M recomputes Z and A from the folded sums and the kept entries, O(N^2 + kept), and the
+// dip of the paper's L at t = 3 does the same. Samples with Y = 0 add nothing to any
+// numerator and are only counted. The kept entries are capped (max_kept_clipped).
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <queue>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/estimator.h"
 
 namespace decision::internal {
@@ -20,25 +25,30 @@ namespace {
 class ClippedEstimator final : public Estimator {
  public:
   ClippedEstimator(const EstimatorOptions& options, int num_experts)
-      : options_(options),
-        d_(DivergenceMatrix::Identity(num_experts)),
-        z_(num_experts, 0.0),
-        a_(num_experts, 0.0) {
+      : options_(options), d_(DivergenceMatrix::Identity(0)) {
+    Widen(num_experts);
+    d_ = DivergenceMatrix::Identity(num_experts);
     Transpose();
   }
 
   absl::Status Update(const SampleLog& log) override {
-    if (absl::Status s = CheckLogMatches(log, d_.num_experts, t_); !s.ok()) return s;
+    if (absl::Status s = CheckLogMatches(log, n_, t_); !s.ok()) return s;
     for (int64_t s = t_; s < log.size(); ++s) {
-      const double level = ClipLevel(options_, s + 1);
-      if (level < level_) {
-        Rebuild(log, s + 1);
-        continue;
-      }
-      level_ = level;
-      Release();
-      Insert(log, s, 0);
       t_ = s + 1;
+      const double level = ClipLevel(options_, t_);
+      const bool dipped = level < level_;
+      level_ = level;
+      // L(t) never decreases from t = 3 on (estimator.h), so an entry whose test is below
+      // it is included under every later level and every M >= 1. The margin absorbs the
+      // rounding of L's evaluation.
+      fold_level_ = t_ >= 3 ? level_ * (1.0 - 1e-9) : -std::numeric_limits<double>::infinity();
+      if (dipped) {
+        Reclassify();
+      } else {
+        Release();
+      }
+      Insert(log, s, 0, /*classify=*/true);
+      EnforceCap();
     }
     return absl::OkStatus();
   }
@@ -46,17 +56,17 @@ class ClippedEstimator final : public Estimator {
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
     if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
     if (log.size() < t_) return CheckLogMatches(log, log.num_experts(), t_);
-    const int old_n = d_.num_experts;
-    const bool extend = SameBlock(d_, d);
+    if (d.num_experts < n_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
+    }
+    const int old_n = n_;
+    Widen(d.num_experts);
     d_ = d;
     Transpose();
-    z_.resize(d.num_experts, 0.0);
-    a_.resize(d.num_experts, 0.0);
-    if (extend) {
-      for (int64_t s = 0; s < t_; ++s) Insert(log, s, old_n);
-    } else {
-      Rebuild(log, t_);
-    }
+    for (int64_t s = 0; s < t_ && n_ > old_n; ++s) Insert(log, s, old_n, /*classify=*/false);
+    Reclassify();
+    EnforceCap();
     return absl::OkStatus();
   }
 
@@ -100,85 +110,202 @@ class ClippedEstimator final : public Estimator {
     return best;
   }
   double EffectiveSampleSize(int k) const override { return z_[k]; }
+  EstimatorStats Stats() const override {
+    EstimatorStats stats;
+    stats.state_bytes = static_cast<int64_t>(
+        8 * (folded_.size() + counts_.size() + z_.size() + a_.size() + m_by_chooser_.size() +
+             inv_m_by_chooser_.size() + d_.m.size() + d_.sigma.size()) +
+        sizeof(Entry) * (waiting_.capacity() + included_.capacity()));
+    stats.clipped_kept = static_cast<int64_t>(waiting_.size() + included_.size());
+    stats.clipped_dropped = dropped_;
+    stats.clipped_folded_early = folded_early_;
+    return stats;
+  }
   int64_t num_samples() const override { return t_; }
-  int num_experts() const override { return d_.num_experts; }
+  int num_experts() const override { return n_; }
   const DivergenceMatrix& divergences() const override { return d_; }
 
  private:
-  struct Waiting {
-    double key;    // test / M_kj: released once L(t) >= key
+  // A (sample, expert k) pair with Y > 0 that some M_kj >= 1 could still clip: its test
+  // exceeds the fold level. In waiting_ (test > L(t) M_kj: clipped now) keyed by test / M_kj,
+  // or in included_ (counted in A_k) keyed by test, until L(t) passes the test.
+  struct Entry {
+    double key;
     double test;   // the clip test value, compared exactly against L(t) * M_kj
-    double value;  // (1/M_kj) Y r_kj, added to A_k on release
+    double value;  // Y r_kj, counted in A_k as value / M_kj
     int32_t k;
     int32_t j;
-    bool operator>(const Waiting& o) const { return key > o.key; }
   };
+  static bool Later(const Entry& a, const Entry& b) { return a.key > b.key; }  // min-heap
 
-  // Recomputes everything from samples [0, t) at clip level L(t).
-  void Rebuild(const SampleLog& log, int64_t t) {
-    std::fill(z_.begin(), z_.end(), 0.0);
-    std::fill(a_.begin(), a_.end(), 0.0);
-    heap_ = {};
-    t_ = t;
-    level_ = t > 0 ? ClipLevel(options_, t) : -std::numeric_limits<double>::infinity();
-    for (int64_t s = 0; s < t; ++s) Insert(log, s, 0);
+  size_t Cell(int j, int k) const { return static_cast<size_t>(j) * n_ + k; }
+
+  // Re-lays the per-pair state out for n >= n_ experts; new entries are zero.
+  void Widen(int n) {
+    if (n == n_) return;
+    std::vector<double> folded(static_cast<size_t>(n) * n, 0.0);
+    for (int j = 0; j < n_; ++j) {
+      std::copy_n(&folded_[Cell(j, 0)], n_, &folded[static_cast<size_t>(j) * n]);
+    }
+    folded_.swap(folded);
+    counts_.resize(n, 0.0);
+    z_.resize(n, 0.0);
+    a_.resize(n, 0.0);
+    n_ = n;
   }
 
-  // Adds sample s to the rows of experts [first_k, N) at the current clip level.
-  void Insert(const SampleLog& log, int64_t s, int first_k) {
+  // Adds sample s to the rows of experts [first_k, N). With `classify`, at the current
+  // levels and M (a new sample: counts it and keeps Z and A); otherwise the caller
+  // reclassifies (only the folded sums are final).
+  void Insert(const SampleLog& log, int64_t s, int first_k, bool classify) {
     const int j = log.chooser(s);
     const double y = log.reward(s);
-    const double pj = log.propensity(j, s);
-    const int n = d_.num_experts;
-    const double* m_row = &m_by_chooser_[static_cast<size_t>(j) * n];
-    const double* inv_m_row = &inv_m_by_chooser_[static_cast<size_t>(j) * n];
-    for (int k = first_k; k < n; ++k) z_[k] += inv_m_row[k];
+    if (classify) {
+      counts_[j] += 1.0;
+      const double* inv_m_row = &inv_m_by_chooser_[Cell(j, 0)];
+      for (int k = first_k; k < n_; ++k) z_[k] += inv_m_row[k];
+    }
     if (y == 0.0) return;
     const double* p = log.propensities(s);
-    for (int k = first_k; k < n; ++k) {
-      const double m = m_row[k];
+    const double pj = p[j];
+    const double* m_row = &m_by_chooser_[Cell(j, 0)];
+    const double* inv_m_row = &inv_m_by_chooser_[Cell(j, 0)];
+    double* folded_row = &folded_[Cell(j, 0)];
+    for (int k = first_k; k < n_; ++k) {
       const double r = p[k] / pj;
-      const double value = y * r / m;
-      const double test = options_.clip_test == ClipTest::kRatio ? r : y * r;
-      if (test <= level_ * m) {
-        a_[k] += value;
+      const double value = y * r;
+      const double test = options_.clip_test == ClipTest::kRatio ? r : value;
+      if (test <= fold_level_) {
+        folded_row[k] += value;
+        if (classify) a_[k] += value * inv_m_row[k];
+      } else if (!classify) {
+        waiting_.push_back({0.0, test, value, k, j});  // Reclassify sorts it
+      } else if (test <= level_ * m_row[k]) {
+        a_[k] += value * inv_m_row[k];
+        Push(&included_, {test, test, value, k, j});
       } else {
-        heap_.push({test / m, test, value, k, j});
+        Push(&waiting_, {test / m_row[k], test, value, k, j});
       }
     }
   }
 
+  static void Push(std::vector<Entry>* heap, const Entry& e) {
+    heap->push_back(e);
+    std::push_heap(heap->begin(), heap->end(), Later);
+  }
+  static Entry Pop(std::vector<Entry>* heap) {
+    std::pop_heap(heap->begin(), heap->end(), Later);
+    const Entry e = heap->back();
+    heap->pop_back();
+    return e;
+  }
+
+  // After L(t) grew: entries it now includes move to included_, and included entries below
+  // the fold level into the folded sums.
   void Release() {
-    while (!heap_.empty()) {
-      const Waiting& w = heap_.top();
-      if (!(w.test <= level_ * d_.M(w.k, w.j))) break;
-      a_[w.k] += w.value;
-      heap_.pop();
+    while (!waiting_.empty()) {
+      const Entry& w = waiting_.front();
+      if (!(w.test <= level_ * m_by_chooser_[Cell(w.j, w.k)])) break;
+      Entry e = Pop(&waiting_);
+      a_[e.k] += e.value * inv_m_by_chooser_[Cell(e.j, e.k)];
+      e.key = e.test;
+      Push(&included_, e);
+    }
+    while (!included_.empty() && included_.front().test <= fold_level_) {
+      const Entry e = Pop(&included_);
+      folded_[Cell(e.j, e.k)] += e.value;
+    }
+  }
+
+  // Z, A and both heaps from the folded sums, the counts and the kept entries, under the
+  // current M and levels.
+  void Reclassify() {
+    std::vector<Entry> kept;
+    kept.reserve(waiting_.size() + included_.size());
+    kept.insert(kept.end(), waiting_.begin(), waiting_.end());
+    kept.insert(kept.end(), included_.begin(), included_.end());
+    waiting_.clear();
+    included_.clear();
+    std::fill(z_.begin(), z_.end(), 0.0);
+    std::fill(a_.begin(), a_.end(), 0.0);
+    for (int j = 0; j < n_; ++j) {
+      const double* inv_m_row = &inv_m_by_chooser_[Cell(j, 0)];
+      const double* folded_row = &folded_[Cell(j, 0)];
+      for (int k = 0; k < n_; ++k) {
+        z_[k] += counts_[j] * inv_m_row[k];
+        a_[k] += folded_row[k] * inv_m_row[k];
+      }
+    }
+    for (Entry& e : kept) {
+      const double m = m_by_chooser_[Cell(e.j, e.k)];
+      if (e.test <= fold_level_) {
+        folded_[Cell(e.j, e.k)] += e.value;
+        a_[e.k] += e.value / m;
+      } else if (e.test <= level_ * m) {
+        a_[e.k] += e.value / m;
+        e.key = e.test;
+        included_.push_back(e);
+      } else {
+        e.key = e.test / m;
+        waiting_.push_back(e);
+      }
+    }
+    std::make_heap(waiting_.begin(), waiting_.end(), Later);
+    std::make_heap(included_.begin(), included_.end(), Later);
+  }
+
+  // Keeps at most max_kept_clipped entries: beyond it, down to three quarters of it, first
+  // the waiting entries that would be released last are dropped (clipped for good), then
+  // the included entries nearest to the fold level are folded (counted for good).
+  void EnforceCap() {
+    const int64_t cap = options_.max_kept_clipped;
+    const auto kept = [&] { return static_cast<int64_t>(waiting_.size() + included_.size()); };
+    if (cap == 0 || kept() <= cap) return;
+    int64_t excess = kept() - cap * 3 / 4;
+    if (excess > 0 && !waiting_.empty()) {
+      const int64_t drop = std::min<int64_t>(excess, static_cast<int64_t>(waiting_.size()));
+      std::nth_element(waiting_.begin(), waiting_.begin() + drop, waiting_.end(),
+                       [](const Entry& a, const Entry& b) { return a.key > b.key; });
+      waiting_.erase(waiting_.begin(), waiting_.begin() + drop);
+      std::make_heap(waiting_.begin(), waiting_.end(), Later);
+      dropped_ += drop;
+      excess -= drop;
+    }
+    for (; excess > 0 && !included_.empty(); --excess) {
+      const Entry e = Pop(&included_);
+      folded_[Cell(e.j, e.k)] += e.value;
+      ++folded_early_;
     }
   }
 
   // M and 1/M indexed [chooser j][expert k], so one sample reads one contiguous row.
   void Transpose() {
-    const int n = d_.num_experts;
-    m_by_chooser_.resize(static_cast<size_t>(n) * n);
-    inv_m_by_chooser_.resize(static_cast<size_t>(n) * n);
-    for (int j = 0; j < n; ++j) {
-      for (int k = 0; k < n; ++k) {
-        m_by_chooser_[static_cast<size_t>(j) * n + k] = d_.M(k, j);
-        inv_m_by_chooser_[static_cast<size_t>(j) * n + k] = 1.0 / d_.M(k, j);
+    m_by_chooser_.resize(static_cast<size_t>(n_) * n_);
+    inv_m_by_chooser_.resize(static_cast<size_t>(n_) * n_);
+    for (int j = 0; j < n_; ++j) {
+      for (int k = 0; k < n_; ++k) {
+        m_by_chooser_[Cell(j, k)] = d_.M(k, j);
+        inv_m_by_chooser_[Cell(j, k)] = 1.0 / d_.M(k, j);
       }
     }
   }
 
   const EstimatorOptions options_;
   DivergenceMatrix d_;
+  int n_ = 0;
   std::vector<double> m_by_chooser_;
   std::vector<double> inv_m_by_chooser_;
   int64_t t_ = 0;
-  double level_ = -std::numeric_limits<double>::infinity();  // L(t_)
-  std::vector<double> z_;
-  std::vector<double> a_;
-  std::priority_queue<Waiting, std::vector<Waiting>, std::greater<Waiting>> heap_;
+  double level_ = -std::numeric_limits<double>::infinity();       // L(t_)
+  double fold_level_ = -std::numeric_limits<double>::infinity();  // see Update
+  std::vector<double> counts_;  // n_j
+  std::vector<double> folded_;  // [j][k]: sum of Y r_kj over folded entries
+  std::vector<double> z_;       // Z_k
+  std::vector<double> a_;       // A_k
+  std::vector<Entry> waiting_;  // heaps, see Entry
+  std::vector<Entry> included_;
+  int64_t dropped_ = 0;
+  int64_t folded_early_ = 0;
 };
 
 }  // namespace

@@ -20,6 +20,16 @@ absl::Status ValidateEstimatorOptions(const EstimatorOptions& o) {
           absl::StrCat("estimator constant ", name, " must be finite and > 0, got ", value));
     }
   }
+  if (c.c2 > kMaxC2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "estimator constant c2 must be <= ", kMaxC2,
+        " (it sets how many median-of-means fine groups are kept: 240 for c2 <= 4, 480 for "
+        "c2 <= 8, 960 for c2 <= 16), got ", c.c2));
+  }
+  if (o.max_kept_clipped < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_kept_clipped must be >= 0, got ", o.max_kept_clipped));
+  }
   if (o.kind != EstimatorKind::kClipped && o.kind != EstimatorKind::kMedianOfMeans) {
     return absl::InvalidArgumentError("unknown estimator kind");
   }
@@ -65,12 +75,42 @@ double ClippedWidth(const EstimatorOptions& o, int64_t t, double z) {
   return 1.5 * o.constants.C * InverseLogRatio(std::sqrt(o.constants.c1 * tt * std::log(tt)) / z);
 }
 
-int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
+namespace {
+
+// The paper's l(t) = floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t].
+int64_t PaperGroups(const EstimatorConstants& c, int64_t t) {
   const double log_inv_delta = 2.0 * std::log(static_cast<double>(t));
-  const double l = std::floor(o.constants.c2 * log_inv_delta);
+  const double l = std::floor(c.c2 * log_inv_delta);
   if (!(l >= 1.0)) return 1;
   if (l >= static_cast<double>(t)) return t;
   return static_cast<int64_t>(l);
+}
+
+// The t up to which MedianOfMeansFineGroups keeps l(t) unrounded-capped (see estimator.h).
+constexpr int64_t kFineGroupHorizon = 10'000'000'000'000;
+
+}  // namespace
+
+int64_t MedianOfMeansFineGroups(const EstimatorOptions& o) {
+  const int64_t needed = PaperGroups(o.constants, kFineGroupHorizon);
+  int64_t fine = 240;
+  while (fine < needed) fine *= 2;
+  return fine;
+}
+
+int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
+  const int64_t paper = PaperGroups(o.constants, t);
+  if (o.grouping == MedianOfMeansGrouping::kContiguous) return paper;
+  const int64_t fine = MedianOfMeansFineGroups(o);
+  if (paper >= fine) return fine;  // paper <= t, so fine <= t
+  // The smallest divisor of `fine` that is >= paper; if it exceeds t, the largest <= t.
+  int64_t below = 1;
+  for (int64_t l = 1; l <= fine; ++l) {
+    if (fine % l != 0) continue;
+    if (l >= paper) return l <= t ? l : below;
+    below = l;
+  }
+  return fine;
 }
 
 int Estimator::ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const {

@@ -16,23 +16,39 @@
 //   If eps(t) >= 2 the threshold is <= 0 and every sample is clipped (mu_c = 0).
 //
 // Median-of-means estimator (eq. est2):
-//   l(t) = floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t] (the paper's l(t)
-//   exceeds t, or is 0, for very small t); m = floor(t / l); group r (0-based) holds samples
-//   r*m .. r*m + m - 1 in arrival order, or with round-robin grouping the samples
-//   s < l*m with s mod l = r (either way the t - l*m newest samples are not used);
+//   l(t): the paper's floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t] (the
+//   paper's l(t) exceeds t, or is 0, for very small t), then, for round-robin grouping,
+//   rounded up to a divisor of L = MedianOfMeansFineGroups() (the largest divisor <= t if
+//   that exceeds t; L if the paper's l(t) > L, which needs t > 10^13);
+//   u(t) = max(u(t - 1), l(t) floor(t / l(t))), u(0) = 0: the used prefix, which never
+//   shrinks; the at most l(t) - 1 newest samples [u, t) are not used yet;
+//   group r (0-based) holds, round-robin, the samples s < u with s mod l = r (sizes
+//   floor(u/l) or one more), or, contiguous (the paper's), samples r*m .. r*m + m - 1 with
+//   m = floor(t / l) and u = l m;
 //   W_k(r) = sum_{s in r} 1/sigma_kj(s);
 //   mu_r[k] = 1/W_k(r) * sum_{s in r} (1/sigma_kj) Y_s r_kj(s);  mu_m[k] = median_r mu_r[k]
 //   (the mean of the two middle values for an even l);
-//   width = 1/W_k * sqrt(c3 log(1/delta(t)) / t),  W_k = min_r W_k(r) / m.
+//   width = 1/W_k * sqrt(c3 log(1/delta(t)) / t),  W_k = min_r W_k(r) / |r|.
+//   docs/ENGINE.md shows that the rounded l stays within 1.5x of the paper's (2x above 120)
+//   and the groups within one sample of each other, which the analysis needs.
 //
 // With no samples (t = 0) every estimate is {mean 0, width +inf}.
 //
-// Incremental form: Update() is O(N) amortised per new sample plus O(log) per clipped
-// sample; Estimate() is O(1) and ArgmaxUcb() O(N). Changing the divergences rebuilds the
-// state from the log in O(N t); the clipped estimator adds experts while keeping the old
-// divergences in O(t) per new expert (the median-of-means estimator rebuilds, O(N t)).
-// The literal from-scratch forms of both equations live in tests/reference_estimators.h
-// and the two agree to 1e-9 relative (tests/estimator_test.cc).
+// Incremental form, with state that does not grow with t (docs/ENGINE.md):
+//   - Round-robin median of means keeps, per fine group f = s mod L, per chooser j and
+//     expert k, the divergence-free sums S = sum Y r_kj and counts n_j: 8 L N (N + 3) bytes.
+//     Update() is O(N) amortised per sample and reads each sample once; SetDivergences()
+//     recomputes from S in O(L N^2), adding each new expert's row from the log in O(t).
+//   - Clipped keeps sums per (chooser, expert) of the samples no divergence can clip any
+//     more (ratio test <= L(t): M >= 1 and L only grows), and only the other (sample,
+//     expert) entries with Y > 0, at most max_kept_clipped of them. Update() is O(N) plus
+//     O(log) per kept entry; SetDivergences() is O(N^2 + kept), plus O(t) per new expert.
+//   - Contiguous median of means (the paper's grouping) is kept for experiments: it stores
+//     prefix sums (2N doubles per 8 samples) and rebuilds from the log, O(N t), when the
+//     divergences change.
+// Estimate() is O(1) and ArgmaxUcb() O(N). The literal from-scratch forms of both equations
+// live in tests/reference_estimators.h and the two agree to 1e-9 relative
+// (tests/estimator_test.cc).
 //
 // Thread safety: const methods may run concurrently with each other; Update and
 // SetDivergences need exclusive access (the owner serialises them).
@@ -89,7 +105,14 @@ struct EstimatorOptions {
   // batched algorithm) the paper's contiguous blocks lose badly (letter, order s1:
   // progressive loss 0.96 vs 0.88 at 5000 rounds, 0.62 final; docs/ENGINE.md).
   MedianOfMeansGrouping grouping = MedianOfMeansGrouping::kRoundRobin;
+  // Clipped estimator: the most (sample, expert) entries kept because some divergence could
+  // still clip them (32 bytes each). Beyond it the entries that would be released last
+  // (largest test / M) are dropped, i.e. clipped for good, and included ones that wait to
+  // be folded are folded (counted for good); EstimatorStats counts both. 0: no limit.
+  int64_t max_kept_clipped = int64_t{1} << 18;
 };
+// c2 sets how many fine groups round-robin median of means keeps; above this it is refused.
+inline constexpr double kMaxC2 = 16.0;
 absl::Status ValidateEstimatorOptions(const EstimatorOptions& options);
 std::string DescribeEstimatorOptions(const EstimatorOptions& options);
 
@@ -103,8 +126,19 @@ struct ExpertEstimate {
 double ClipLevel(const EstimatorOptions& options, int64_t t);
 // The clipped estimator's width for a given t and Z_k. REQUIRES: t >= 1, z > 0.
 double ClippedWidth(const EstimatorOptions& options, int64_t t, double z);
-// The median-of-means group count l(t), clamped to [1, t]. REQUIRES: t >= 1.
+// The median-of-means group count l(t) (see above). REQUIRES: t >= 1.
 int64_t MedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
+// L, the number of fine groups of round-robin median of means: the smallest 240 * 2^a that
+// is >= the paper's l(10^13) (240 for c2 <= 4). Every l(t) divides it.
+int64_t MedianOfMeansFineGroups(const EstimatorOptions& options);
+
+// What an estimator holds, for tests, metrics and capacity planning.
+struct EstimatorStats {
+  int64_t state_bytes = 0;      // the estimator's own state (not the log's)
+  int64_t clipped_kept = 0;     // clipped: (sample, expert) entries kept in memory
+  int64_t clipped_dropped = 0;  // clipped: entries given up to max_kept_clipped
+  int64_t clipped_folded_early = 0;  // clipped: entries folded early to max_kept_clipped
+};
 
 class Estimator {
  public:
@@ -117,10 +151,11 @@ class Estimator {
   virtual absl::Status Update(const SampleLog& log) = 0;
 
   // Replaces the divergences. `d` may cover more experts than before (experts appended to
-  // the log): if the block of the old experts is unchanged only the new experts' rows are
-  // computed (O(t) each), otherwise the whole state is rebuilt from the log (O(N t)).
+  // the log): their rows are computed from the log's new columns (O(t) each). Round-robin
+  // and clipped need the log for nothing else; contiguous rebuilds from it (O(N t)).
   // Returns INVALID_ARGUMENT (state unchanged) if d.num_experts != log.num_experts() or
-  // d has entries that are not finite and >= 1.
+  // d has entries that are not finite and >= 1, FAILED_PRECONDITION if d covers fewer
+  // experts than the estimator.
   virtual absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) = 0;
 
   virtual ExpertEstimate Estimate(int k) const = 0;
@@ -135,6 +170,7 @@ class Estimator {
   // estimator, sum_s 1/sigma_k,j(s) for median of means. 0 with no samples.
   virtual double EffectiveSampleSize(int k) const = 0;
 
+  virtual EstimatorStats Stats() const = 0;
   virtual int64_t num_samples() const = 0;
   virtual int num_experts() const = 0;
   virtual const DivergenceMatrix& divergences() const = 0;
@@ -161,6 +197,8 @@ std::unique_ptr<Estimator> MakeClippedEstimator(const EstimatorOptions& options,
                                                 int num_experts);
 std::unique_ptr<Estimator> MakeMedianOfMeansEstimator(const EstimatorOptions& options,
                                                       int num_experts);
+std::unique_ptr<Estimator> MakeRoundRobinMedianOfMeansEstimator(const EstimatorOptions& options,
+                                                                int num_experts);
 }  // namespace internal
 
 }  // namespace decision

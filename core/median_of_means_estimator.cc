@@ -1,23 +1,18 @@
-// Incremental median-of-means importance-sampling estimator (eq. est2); see estimator.h.
+// Median of means (eq. est2) with the paper's contiguous groups; see estimator.h. Kept as
+// the paper's literal grouping, for experiments: unlike round-robin it reads the log, and
+// its state grows with t (2N doubles per 8 samples).
 //
 // Group sums are differences of per-expert prefix sums over the log:
 //   num_k(s) = sum_{s' < s} (1/sigma_kj) Y r_kj,   den_k(s) = sum_{s' < s} 1/sigma_kj.
-// The prefix sums are kept every kBlock samples (one row of 2N values per block, 2N bytes per
-// sample); the prefix at any other position is the block's row plus at most kBlock - 1
-// samples read from the log, added in the same order as the running sum, so the result is
-// bit-identical to a prefix kept at every sample.
-//
-// Round-robin grouping (group r = samples s < l m with s mod l = r) keeps per-residue sums
-// instead, extended as l m grows. l = floor(c2 2 log t) steps to l + 1 at geometrically
-// spaced t (every factor e^(1 / 2 c2)); the sums for l + 1 groups are built ahead, a few old
-// samples per update (kCatchUp), so that the step does not rebuild them from the whole log
-// at once (that was O(N t) in one update: 4 ms at t = 87k with N = 32, under the service's
-// lock). Samples are added to each residue in log order either way, so the sums are
-// bit-identical to a rebuild.
+// The prefix sums are kept every kBlock samples (one row of 2N values per block); the prefix
+// at any other position is the block's row plus at most kBlock - 1 samples read from the
+// log, added in the same order as the running sum, so the result is bit-identical to a
+// prefix kept at every sample.
 //
 // The groups depend only on (l(t), m(t)); a new sample that leaves them unchanged lands in
 // the unused tail and changes no estimate. The medians are recomputed, in O(N l), only when
-// (l, m) changes: every ~l samples, so O(N) amortised per sample.
+// (l, m) changes: every ~l samples, so O(N) amortised per sample. Changing divergences
+// rebuilds from the log, O(N t).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -31,14 +26,10 @@ namespace decision::internal {
 namespace {
 
 constexpr int64_t kBlock = 8;
-// Old samples added to the next grouping's sums per new sample. With c2 = 4 the next step
-// of l comes after t grows by 13%, i.e. 0.13 t new samples, so 16 per sample finishes the
-// t old ones in time (the step still rebuilds whatever is missing, for small c2).
-constexpr int64_t kCatchUp = 16;
 
-class MedianOfMeansEstimator final : public Estimator {
+class ContiguousMedianOfMeans final : public Estimator {
  public:
-  MedianOfMeansEstimator(const EstimatorOptions& options, int num_experts)
+  ContiguousMedianOfMeans(const EstimatorOptions& options, int num_experts)
       : options_(options), d_(DivergenceMatrix::Identity(num_experts)) {
     Reset();
   }
@@ -46,9 +37,7 @@ class MedianOfMeansEstimator final : public Estimator {
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, d_.num_experts, t_); !s.ok()) return s;
     if (log.size() == t_) return absl::OkStatus();
-    const int64_t added = log.size() - t_;
     for (int64_t s = t_; s < log.size(); ++s) Append(log, s);
-    BuildNextResidues(log, (1 + kCatchUp) * added);
     RefreshGroups(log, /*force=*/false);
     return absl::OkStatus();
   }
@@ -81,6 +70,13 @@ class MedianOfMeansEstimator final : public Estimator {
   }
 
   double EffectiveSampleSize(int k) const override { return running_[n() + k]; }
+  EstimatorStats Stats() const override {
+    EstimatorStats stats;
+    stats.state_bytes = static_cast<int64_t>(8 * (blocks_.rows() * blocks_.width() +
+                                                  running_.size() + group_sums_.size() +
+                                                  boundaries_.size() + group_means_.size()));
+    return stats;
+  }
   int64_t num_samples() const override { return t_; }
   int num_experts() const override { return d_.num_experts; }
   const DivergenceMatrix& divergences() const override { return d_; }
@@ -109,26 +105,6 @@ class MedianOfMeansEstimator final : public Estimator {
     std::fill_n(blocks_.AppendRow(), 2 * num, 0.0);  // the prefix at position 0
     mean_.assign(num, 0.0);
     inv_min_weight_.assign(num, 0.0);
-    next_groups_ = 0;
-  }
-
-  // Round-robin: extends the residue sums for groups_ + 1 groups by up to `budget` samples,
-  // never past the last whole round of groups_ + 1 in the log (the sums the step to
-  // groups_ + 1 needs cover exactly (groups_ + 1) m samples, m = t / (groups_ + 1)).
-  void BuildNextResidues(const SampleLog& log, int64_t budget) {
-    if (options_.grouping != MedianOfMeansGrouping::kRoundRobin || groups_ == 0) return;
-    const int64_t l = groups_ + 1;
-    const size_t width = 2 * static_cast<size_t>(n());
-    if (next_groups_ != l) {
-      next_groups_ = l;
-      next_residues_.assign(l * width, 0.0);
-      next_used_ = 0;
-    }
-    const int64_t end = std::min(l * (t_ / l), next_used_ + budget);
-    for (int64_t s = next_used_; s < end; ++s) {
-      AddSample(log, s, &next_residues_[(s % l) * width]);
-    }
-    next_used_ = std::max(next_used_, end);
   }
 
   // Adds sample s's terms to the 2N prefix values in `sums` (numerators, then denominators).
@@ -148,7 +124,7 @@ class MedianOfMeansEstimator final : public Estimator {
   void Append(const SampleLog& log, int64_t s) {
     AddSample(log, s, running_.data());
     t_ = s + 1;
-    if (t_ % kBlock == 0 && options_.grouping == MedianOfMeansGrouping::kContiguous) {
+    if (t_ % kBlock == 0) {
       std::copy(running_.begin(), running_.end(), blocks_.AppendRow());
     }
   }
@@ -168,29 +144,11 @@ class MedianOfMeansEstimator final : public Estimator {
     const int num = n();
     const size_t width = 2 * static_cast<size_t>(num);
     group_sums_.resize(l * width);
-    if (options_.grouping == MedianOfMeansGrouping::kContiguous) {
-      // Group r is [r m, (r + 1) m): a difference of prefix rows.
-      boundaries_.resize((l + 1) * width);
-      for (int64_t r = 0; r <= l; ++r) PrefixAt(log, r * m, &boundaries_[r * width]);
-      for (size_t i = 0; i < l * width; ++i) {
-        group_sums_[i] = boundaries_[i + width] - boundaries_[i];
-      }
-    } else {
-      // Group r is {s < l m : s mod l = r}: per-residue sums, extended as l m grows and
-      // rebuilt when l changes.
-      if (!force && l != groups_ && l == next_groups_) {
-        residues_.swap(next_residues_);  // built ahead by BuildNextResidues
-        residues_used_ = next_used_;
-        next_groups_ = 0;
-      } else if (force || l != groups_) {
-        residues_.assign(l * width, 0.0);
-        residues_used_ = 0;
-      }
-      for (int64_t s = residues_used_; s < l * m; ++s) {
-        AddSample(log, s, &residues_[(s % l) * width]);
-      }
-      residues_used_ = l * m;
-      std::copy(residues_.begin(), residues_.end(), group_sums_.begin());
+    // Group r is [r m, (r + 1) m): a difference of prefix rows.
+    boundaries_.resize((l + 1) * width);
+    for (int64_t r = 0; r <= l; ++r) PrefixAt(log, r * m, &boundaries_[r * width]);
+    for (size_t i = 0; i < l * width; ++i) {
+      group_sums_[i] = boundaries_[i + width] - boundaries_[i];
     }
     groups_ = l;
     group_size_ = m;
@@ -223,13 +181,6 @@ class MedianOfMeansEstimator final : public Estimator {
   std::vector<double> mean_;
   std::vector<double> inv_min_weight_;  // 1 / W_k(t)
   std::vector<double> boundaries_;      // scratch: prefix rows at r * m (contiguous)
-  std::vector<double> residues_;        // per-residue sums over [0, residues_used_)
-  int64_t residues_used_ = 0;
-  // Round-robin: per-residue sums for next_groups_ groups over [0, next_used_), built ahead
-  // of the step of l (0: none).
-  std::vector<double> next_residues_;
-  int64_t next_groups_ = 0;
-  int64_t next_used_ = 0;
   std::vector<double> group_sums_;      // scratch: [r][2N]
   std::vector<double> group_means_;     // scratch: [k][r]
 };
@@ -238,7 +189,10 @@ class MedianOfMeansEstimator final : public Estimator {
 
 std::unique_ptr<Estimator> MakeMedianOfMeansEstimator(const EstimatorOptions& options,
                                                       int num_experts) {
-  return std::make_unique<MedianOfMeansEstimator>(options, num_experts);
+  if (options.grouping == MedianOfMeansGrouping::kRoundRobin) {
+    return MakeRoundRobinMedianOfMeansEstimator(options, num_experts);
+  }
+  return std::make_unique<ContiguousMedianOfMeans>(options, num_experts);
 }
 
 }  // namespace decision::internal

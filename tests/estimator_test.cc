@@ -237,6 +237,128 @@ TEST_P(EstimatorEquivalence, IncrementalEqualsLiteralReference) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, EstimatorEquivalence, ::testing::ValuesIn(AllVariants()),
                          [](const auto& info) { return info.param.name; });
 
+// Longer streams than the parameterised test: round-robin regroups many times (l(t) steps
+// 40 -> 48 -> 60 -> 80 while t passes L = 240 many times), and the clipped estimator folds
+// entries once L(t) passes them, then must reclassify what it kept when M changes.
+TEST(Estimator, LongStreamsMatchTheReferenceAcrossRegroupingsAndRefreshes) {
+  EstimatorOptions mom;
+  EstimatorOptions clipped;
+  clipped.kind = EstimatorKind::kClipped;
+  EstimatorOptions clipped_small_c = clipped;
+  clipped_small_c.constants = EstimatorConstants::Analysis(2.0, 0.1, 2.0);
+  clipped_small_c.constants.C = 0.05;
+  for (const EstimatorOptions& o : {mom, clipped, clipped_small_c}) {
+    Stream stream(6, 21);
+    int n = 3;
+    SampleLog log(n);
+    auto made = MakeEstimator(o, n);
+    ASSERT_TRUE(made.ok());
+    Estimator& e = **made;
+    DivergenceMatrix d = RandomDivergences(n, stream.gen());
+    ASSERT_TRUE(e.SetDivergences(log, d).ok());
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double y;
+    for (int t = 1; t <= 6000; ++t) {
+      const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
+      stream.Next(n, chooser, &p, &y, &dists);
+      ASSERT_TRUE(log.Append(chooser, y, p).ok());
+      if (t % 7 != 0) ASSERT_TRUE(e.Update(log).ok());  // sometimes two at once
+      if (t == 2500) {
+        std::vector<double> backfill(log.size());
+        for (double& x : backfill) x = absl::Uniform<double>(stream.gen(), 0.01, 1.0);
+        ASSERT_TRUE(log.AddExpert(backfill).ok());
+        ++n;
+        d = Extend(d, n, stream.gen());
+        ASSERT_TRUE(e.SetDivergences(log, d).ok());
+      }
+      if (t == 4000) {
+        d = RandomDivergences(n, stream.gen());
+        ASSERT_TRUE(e.SetDivergences(log, d).ok());
+      }
+      if (t == 1000 || t == 2500 || t == 3333 || t == 4000 || t == 5998) {
+        CompareAll(e, log, d, o, DescribeEstimatorOptions(o) + " t=" + std::to_string(t));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// The estimators' own state is bounded: round-robin's does not change size with t; the
+// clipped estimator's grows only by the entries it keeps, up to max_kept_clipped.
+TEST(Estimator, StateDoesNotGrowWithTheLog) {
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    EstimatorOptions o;
+    o.kind = kind;
+    o.max_kept_clipped = 4096;
+    Stream stream(6, 5);
+    SampleLog log(4);
+    auto made = MakeEstimator(o, 4);
+    ASSERT_TRUE(made.ok());
+    ASSERT_TRUE((*made)->SetDivergences(log, RandomDivergences(4, stream.gen())).ok());
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double y;
+    EstimatorStats at_20k;
+    for (int t = 1; t <= 200'000; ++t) {
+      const int chooser = t % 4;
+      stream.Next(4, chooser, &p, &y, &dists);
+      ASSERT_TRUE(log.Append(chooser, y, p).ok());
+      ASSERT_TRUE((*made)->Update(log).ok());
+      if (t == 20'000) at_20k = (*made)->Stats();
+    }
+    const EstimatorStats at_200k = (*made)->Stats();
+    if (kind == EstimatorKind::kMedianOfMeans) {
+      // 240 fine groups x 4 experts x (4 + 3) doubles, a tail of < 240 samples, scratch.
+      EXPECT_LE(at_200k.state_bytes, 80'000);
+      EXPECT_LE(at_200k.state_bytes, at_20k.state_bytes + 240 * 6 * 8);
+    } else {
+      // The stream's experts differ a lot (ratios in the 100s, far above L(t) ~ 10), so
+      // entries wait for good and their number grows with t until the cap drops some.
+      EXPECT_LE(at_200k.clipped_kept, 4096);
+      EXPECT_GT(at_200k.clipped_dropped, 0);
+      EXPECT_LE(at_200k.state_bytes, 32 * 2 * 4096 + 2'000);
+    }
+  }
+}
+
+// Beyond max_kept_clipped the waiting entries that would be released last are dropped:
+// the kept entries stay within the cap, the estimate can only be lower than without the
+// cap, and the stats say how many were given up.
+TEST(Estimator, ClippedCapKeepsEntriesBoundedAndCountsWhatItDrops) {
+  EstimatorOptions uncapped;
+  uncapped.kind = EstimatorKind::kClipped;
+  uncapped.max_kept_clipped = 0;
+  EstimatorOptions capped = uncapped;
+  capped.max_kept_clipped = 64;
+  auto a = MakeEstimator(uncapped, 4);
+  auto b = MakeEstimator(capped, 4);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Stream stream(6, 8);
+  SampleLog log(4);
+  std::vector<double> p;
+  std::vector<std::vector<double>> dists;
+  double y;
+  int64_t max_kept = 0;
+  for (int t = 1; t <= 5000; ++t) {
+    stream.Next(4, t % 4, &p, &y, &dists);
+    ASSERT_TRUE(log.Append(t % 4, y, p).ok());
+    ASSERT_TRUE((*a)->Update(log).ok());
+    ASSERT_TRUE((*b)->Update(log).ok());
+    max_kept = std::max(max_kept, (*b)->Stats().clipped_kept);
+  }
+  EXPECT_LE(max_kept, 64);
+  EXPECT_GT((*a)->Stats().clipped_kept, 64);
+  EXPECT_GT((*b)->Stats().clipped_dropped, 0);
+  for (int k = 0; k < 4; ++k) {
+    ExpectClose((*a)->Estimate(k).mean,
+                reference::Clipped(log, log.size(), DivergenceMatrix::Identity(4), uncapped, k).mean,
+                "uncapped");
+    EXPECT_LE((*b)->Estimate(k).mean, (*a)->Estimate(k).mean + 1e-12) << k;
+    EXPECT_EQ((*b)->Estimate(k).width, (*a)->Estimate(k).width) << k;
+  }
+}
+
 TEST(Estimator, NoSamplesMeansInfiniteWidth) {
   for (auto kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
     EstimatorOptions o;
@@ -342,10 +464,43 @@ TEST(EstimatorFunctions, ClipLevelAndGroups) {
   for (int64_t t = 3; t < 100000; t = t * 3 / 2 + 1) {
     EXPECT_LE(ClipLevel(o, t), ClipLevel(o, t + 1)) << t;
   }
-  // l(t) = floor(c2 * 2 log t), clamped to [1, t].
+  // Contiguous: the paper's l(t) = floor(c2 * 2 log t), clamped to [1, t].
+  o.grouping = MedianOfMeansGrouping::kContiguous;
   EXPECT_EQ(MedianOfMeansGroups(o, 1), 1);
   EXPECT_EQ(MedianOfMeansGroups(o, 2), 2);
   EXPECT_EQ(MedianOfMeansGroups(o, 20000), static_cast<int64_t>(std::floor(8 * std::log(20000.0))));
+  // Round-robin: rounded up to a divisor of L = 240 (c2 = 4), within 1.5x of the paper's
+  // l(t) while that is below 120 and within 2x up to L, never above t.
+  o.grouping = MedianOfMeansGrouping::kRoundRobin;
+  ASSERT_EQ(MedianOfMeansFineGroups(o), 240);
+  EXPECT_EQ(MedianOfMeansGroups(o, 1), 1);
+  EXPECT_EQ(MedianOfMeansGroups(o, 7), 6);  // the paper's 7 rounds up to 8 > t
+  EXPECT_EQ(MedianOfMeansGroups(o, 20000), 80);  // the paper's 79
+  for (int64_t t = 1; t < 100'000'000'000; t = t * 5 / 4 + 1) {
+    const int64_t l = MedianOfMeansGroups(o, t);
+    o.grouping = MedianOfMeansGrouping::kContiguous;
+    const int64_t paper = MedianOfMeansGroups(o, t);
+    o.grouping = MedianOfMeansGrouping::kRoundRobin;
+    EXPECT_EQ(240 % l, 0) << t;
+    EXPECT_LE(l, t) << t;
+    if (paper > 240) {
+      EXPECT_EQ(l, 240) << t;
+      continue;
+    }
+    int64_t up = paper;  // the smallest divisor of L that is >= the paper's l(t)
+    while (240 % up != 0) ++up;
+    if (up <= t) {
+      EXPECT_EQ(l, up) << t;
+      EXPECT_LE(l, paper < 120 ? 1.5 * paper : 2 * paper) << t;
+    } else {
+      EXPECT_LT(l, paper) << t;  // rounding up would exceed t: the largest divisor <= t
+    }
+  }
+  EXPECT_EQ(MedianOfMeansGroups(o, int64_t{1} << 62), 240);
+  o.constants = EstimatorConstants::Analysis(2.0, 0.1, 2.0);  // c2 = 8
+  EXPECT_EQ(MedianOfMeansFineGroups(o), 480);
+  o.constants.c2 = 16.5;
+  EXPECT_EQ(ValidateEstimatorOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

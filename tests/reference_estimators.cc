@@ -65,24 +65,65 @@ ExpertEstimate Clipped(const SampleLog& log, int64_t t, const DivergenceMatrix& 
   return {numerator / z, width};
 }
 
+namespace {
+
+// The paper's l(t) = floor(c2 log(1/delta(t))), delta = 1/t^2, kept within [1, t].
+int64_t PaperGroups(const EstimatorOptions& o, int64_t t) {
+  const double tt = static_cast<double>(t);
+  int64_t l = static_cast<int64_t>(std::floor(o.constants.c2 * std::log(tt * tt)));
+  return std::max<int64_t>(1, std::min<int64_t>(l, t));
+}
+
+// Round-robin: L = the smallest 240 * 2^a >= the paper's l(10^13), and l(t) the smallest
+// divisor of L that is >= the paper's l(t) (the largest divisor <= t if it exceeds t; L if
+// the paper's l(t) exceeds L).
+int64_t RoundRobinGroups(const EstimatorOptions& o, int64_t t) {
+  int64_t fine = 240;
+  while (fine < PaperGroups(o, 10'000'000'000'000)) fine *= 2;
+  const int64_t paper = PaperGroups(o, t);
+  if (paper > fine) return fine;
+  int64_t best_above = -1, best_below = 1;
+  for (int64_t l = 1; l <= fine; ++l) {
+    if (fine % l != 0) continue;
+    if (l >= paper && best_above < 0) best_above = l;
+    if (l <= t) best_below = l;
+  }
+  return best_above <= t ? best_above : best_below;
+}
+
+}  // namespace
+
 ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
                              const EstimatorOptions& o, int k) {
   if (t == 0) return {0.0, std::numeric_limits<double>::infinity()};
   const double tt = static_cast<double>(t);
   const double delta = 1.0 / (tt * tt);
-  // l(t) = floor(c2 log(1/delta(t))), kept within [1, t].
-  int64_t l = static_cast<int64_t>(std::floor(o.constants.c2 * std::log(1.0 / delta)));
-  l = std::max<int64_t>(1, std::min<int64_t>(l, t));
-  const int64_t m = t / l;
+  const bool round_robin = o.grouping == MedianOfMeansGrouping::kRoundRobin;
+  int64_t l, used;
+  if (round_robin) {
+    // u(t) = max(u(t - 1), l(t) floor(t / l(t))): the used prefix never shrinks.
+    used = 0;
+    for (int64_t step = 1; step <= t; ++step) {
+      const int64_t l_step = RoundRobinGroups(o, step);
+      used = std::max(used, l_step * (step / l_step));
+    }
+    l = RoundRobinGroups(o, t);
+  } else {
+    l = PaperGroups(o, t);
+    used = l * (t / l);
+  }
   std::vector<double> group_means;
   double min_weight = std::numeric_limits<double>::infinity();
-  const bool round_robin = o.grouping == MedianOfMeansGrouping::kRoundRobin;
   for (int64_t r = 0; r < l; ++r) {
-    // Group r: samples r*m .. r*m + m - 1, or round-robin: r, r + l, ..., r + (m-1) l.
+    // Group r: contiguous samples r*m .. r*m + m - 1 (m = t / l), or round-robin: the
+    // samples s < u with s mod l = r.
+    std::vector<int64_t> members;
+    for (int64_t s = 0; s < used; ++s) {
+      if (round_robin ? s % l == r : s / (used / l) == r) members.push_back(s);
+    }
     std::vector<int64_t> n_r(log.num_experts(), 0);
     double numerator = 0.0;
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t s = round_robin ? r + i * l : r * m + i;
+    for (int64_t s : members) {
       const int j = log.chooser(s);
       ++n_r[j];
       numerator += (1.0 / d.Sigma(k, j)) * log.reward(s) * Ratio(log, k, s);
@@ -90,7 +131,7 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
     double w = 0.0;  // W_k(r,t) = sum_i n_i(r,t) / sigma_ki
     for (int i = 0; i < log.num_experts(); ++i) w += n_r[i] / d.Sigma(k, i);
     group_means.push_back(numerator / w);
-    min_weight = std::min(min_weight, w / static_cast<double>(m));  // n(r,t) = m
+    min_weight = std::min(min_weight, w / static_cast<double>(members.size()));
   }
   std::sort(group_means.begin(), group_means.end());
   const double median = l % 2 == 1 ? group_means[l / 2]

@@ -1,0 +1,297 @@
+// Round-robin median of means (eq. est2) in state that does not grow with t; see estimator.h.
+//
+// Every sample s is added once, when it enters the used prefix [0, u), to fine group
+// f = s mod L (L = MedianOfMeansFineGroups, 240 with the practical constants). Because l(t)
+// divides L, group r of the l(t) groups (s mod l = r) is the union of the fine groups
+// f with f mod l = r: a change of l regroups fine-group sums, never samples. The at most
+// l - 1 samples in [u, t) wait in a small tail buffer.
+//
+// A fine group keeps, per chooser j and expert k, S[f][j][k] = sum of Y r_kj over its
+// samples chosen by j, and the count n[f][j]. These do not depend on the divergences, so a
+// divergence refresh recomputes the sigma-weighted sums F[f][k] = sum_j S / sigma_kj and
+// D[f][k] = sum_j n / sigma_kj from them in O(L N^2), without the log. Between refreshes F
+// and D are kept incrementally, O(N) per sample. Medians are recomputed, O(L N + N l),
+// when (l, u) changes: about every l samples.
+//
+// Memory: 8 L N (N + 3) bytes plus the tail (2.1 MB at N = 32, L = 240), whatever t.
+// A new expert's row is computed from the log's new column (its backfill), O(t).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/estimator.h"
+#include "core/numeric.h"
+
+namespace decision::internal {
+namespace {
+
+class RoundRobinMedianOfMeans final : public Estimator {
+ public:
+  RoundRobinMedianOfMeans(const EstimatorOptions& options, int num_experts)
+      : options_(options),
+        fine_(MedianOfMeansFineGroups(options)),
+        d_(DivergenceMatrix::Identity(num_experts)) {
+    Widen(num_experts);
+    SetInverseSigma();
+  }
+
+  absl::Status Update(const SampleLog& log) override {
+    if (absl::Status s = CheckLogMatches(log, n_, t_); !s.ok()) return s;
+    for (int64_t s = t_; s < log.size(); ++s) {
+      const int j = log.chooser(s);
+      const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+      for (int k = 0; k < n_; ++k) effective_[k] += inv_sigma[k];
+      tail_chooser_.push_back(j);
+      tail_reward_.push_back(log.reward(s));
+      tail_propensities_.insert(tail_propensities_.end(), log.propensities(s),
+                                log.propensities(s) + n_);
+      t_ = s + 1;
+      const int64_t l = MedianOfMeansGroups(options_, t_);
+      const int64_t used = std::max(used_, l * (t_ / l));
+      if (used != used_) FoldTail(used - used_);
+      if (l != groups_ || used_ != grouped_used_) Regroup(l);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
+    if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
+    if (log.size() < t_) return CheckLogMatches(log, log.num_experts(), t_);
+    if (d.num_experts < n_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
+    }
+    const int old_n = n_;
+    if (d.num_experts > old_n) {
+      Widen(d.num_experts);
+      AddExpertRows(log, old_n);
+    }
+    d_ = d;
+    SetInverseSigma();
+    RecomputeWeightedSums();
+    if (t_ > 0) Regroup(groups_);
+    return absl::OkStatus();
+  }
+
+  ExpertEstimate Estimate(int k) const override {
+    if (t_ == 0) return {0.0, std::numeric_limits<double>::infinity()};
+    return {mean_[k], WidthFactor() * inv_min_weight_[k]};
+  }
+
+  int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
+    const double factor = WidthFactor();
+    int best = -1, ties = 0;
+    double best_value = 0.0;
+    for (int k = 0; k < n_; ++k) {
+      if (!selectable[k]) continue;
+      OfferCandidate(k, mean_[k] + factor * inv_min_weight_[k], gen, &best, &best_value, &ties);
+    }
+    return best;
+  }
+
+  double EffectiveSampleSize(int k) const override { return effective_[k]; }
+  EstimatorStats Stats() const override {
+    const size_t doubles = sums_.size() + counts_.size() + weighted_.size() + weights_.size() +
+                           tail_reward_.size() + tail_propensities_.size() +
+                           inv_sigma_by_chooser_.size() + group_means_.size() +
+                           d_.m.size() + d_.sigma.size();
+    EstimatorStats stats;
+    stats.state_bytes = static_cast<int64_t>(8 * doubles + 4 * tail_chooser_.size());
+    return stats;
+  }
+  int64_t num_samples() const override { return t_; }
+  int num_experts() const override { return n_; }
+  const DivergenceMatrix& divergences() const override { return d_; }
+
+ private:
+  // sqrt(c3 log(1/delta(t)) / t), delta(t) = 1/t^2.
+  double WidthFactor() const {
+    const double tt = static_cast<double>(t_);
+    return std::sqrt(options_.constants.c3 * (2.0 * std::log(tt)) / tt);
+  }
+
+  size_t Cell(int64_t f, int j) const {  // index of S[f][j][0]
+    return (static_cast<size_t>(f) * n_ + j) * n_;
+  }
+
+  // Re-lays the per-expert state out for `n` experts (n >= n_); new entries are zero.
+  void Widen(int n) {
+    const int old_n = n_;
+    std::vector<double> s(static_cast<size_t>(fine_) * n * n, 0.0);
+    std::vector<double> count(static_cast<size_t>(fine_) * n, 0.0);
+    for (int64_t f = 0; f < fine_ && old_n > 0; ++f) {
+      for (int j = 0; j < old_n; ++j) {
+        std::copy_n(&sums_[(static_cast<size_t>(f) * old_n + j) * old_n], old_n,
+                    &s[(static_cast<size_t>(f) * n + j) * n]);
+      }
+      std::copy_n(&counts_[static_cast<size_t>(f) * old_n], old_n,
+                  &count[static_cast<size_t>(f) * n]);
+    }
+    sums_.swap(s);
+    counts_.swap(count);
+    std::vector<double> props;
+    props.reserve(tail_chooser_.size() * n);
+    for (size_t i = 0; i < tail_chooser_.size(); ++i) {
+      props.insert(props.end(), &tail_propensities_[i * old_n],
+                   &tail_propensities_[i * old_n] + old_n);
+      props.resize(props.size() + (n - old_n), 0.0);
+    }
+    tail_propensities_.swap(props);
+    weighted_.assign(static_cast<size_t>(fine_) * n, 0.0);
+    weights_.assign(static_cast<size_t>(fine_) * n, 0.0);
+    effective_.resize(n, 0.0);
+    mean_.resize(n, 0.0);
+    inv_min_weight_.resize(n, 0.0);
+    n_ = n;
+  }
+
+  // Rows of experts [first_k, n_) for the samples stored so far, read from the log (their
+  // backfill): the folded samples into S, the tail's propensities into the tail.
+  void AddExpertRows(const SampleLog& log, int first_k) {
+    for (int64_t s = 0; s < used_; ++s) {
+      const double y = log.reward(s);
+      if (y == 0.0) continue;
+      const int j = log.chooser(s);
+      const double yj = y / log.propensity(j, s);
+      double* row = &sums_[Cell(s % fine_, j)];
+      for (int k = first_k; k < n_; ++k) row[k] += yj * log.propensity(k, s);
+    }
+    for (size_t i = 0; i < tail_chooser_.size(); ++i) {
+      const int64_t s = used_ + static_cast<int64_t>(i);
+      for (int k = first_k; k < n_; ++k) {
+        tail_propensities_[i * n_ + k] = log.propensity(k, s);
+      }
+    }
+  }
+
+  void SetInverseSigma() {
+    inv_sigma_by_chooser_.resize(static_cast<size_t>(n_) * n_);
+    for (int j = 0; j < n_; ++j) {
+      for (int k = 0; k < n_; ++k) {
+        inv_sigma_by_chooser_[static_cast<size_t>(j) * n_ + k] = 1.0 / d_.Sigma(k, j);
+      }
+    }
+  }
+
+  // F and D of every fine group from S and n under the current sigma, and the effective
+  // sample sizes over all t samples.
+  void RecomputeWeightedSums() {
+    std::fill(weighted_.begin(), weighted_.end(), 0.0);
+    std::fill(weights_.begin(), weights_.end(), 0.0);
+    std::fill(effective_.begin(), effective_.end(), 0.0);
+    for (int64_t f = 0; f < fine_; ++f) {
+      double* num = &weighted_[static_cast<size_t>(f) * n_];
+      double* den = &weights_[static_cast<size_t>(f) * n_];
+      for (int j = 0; j < n_; ++j) {
+        const double count = counts_[static_cast<size_t>(f) * n_ + j];
+        if (count == 0.0) continue;
+        const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+        const double* s = &sums_[Cell(f, j)];
+        for (int k = 0; k < n_; ++k) {
+          num[k] += inv_sigma[k] * s[k];
+          den[k] += inv_sigma[k] * count;
+        }
+      }
+      for (int k = 0; k < n_; ++k) effective_[k] += den[k];
+    }
+    for (int j : tail_chooser_) {
+      const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+      for (int k = 0; k < n_; ++k) effective_[k] += inv_sigma[k];
+    }
+  }
+
+  // Moves the first `count` tail samples into their fine groups.
+  void FoldTail(int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t s = used_ + i;
+      const int64_t f = s % fine_;
+      const int j = tail_chooser_[i];
+      const double y = tail_reward_[i];
+      const double* p = &tail_propensities_[static_cast<size_t>(i) * n_];
+      const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+      counts_[static_cast<size_t>(f) * n_ + j] += 1.0;
+      double* den = &weights_[static_cast<size_t>(f) * n_];
+      for (int k = 0; k < n_; ++k) den[k] += inv_sigma[k];
+      if (y == 0.0) continue;
+      const double yj = y / p[j];
+      double* sum = &sums_[Cell(f, j)];
+      double* num = &weighted_[static_cast<size_t>(f) * n_];
+      for (int k = 0; k < n_; ++k) {
+        const double v = yj * p[k];
+        sum[k] += v;
+        num[k] += inv_sigma[k] * v;
+      }
+    }
+    tail_chooser_.erase(tail_chooser_.begin(), tail_chooser_.begin() + count);
+    tail_reward_.erase(tail_reward_.begin(), tail_reward_.begin() + count);
+    tail_propensities_.erase(tail_propensities_.begin(),
+                             tail_propensities_.begin() + count * n_);
+    used_ += count;
+  }
+
+  // Group means and widths for l groups over the used prefix [0, used_).
+  void Regroup(int64_t l) {
+    groups_ = l;
+    grouped_used_ = used_;
+    group_num_.assign(static_cast<size_t>(n_), 0.0);
+    group_den_.assign(static_cast<size_t>(n_), 0.0);
+    group_means_.resize(static_cast<size_t>(n_) * l);
+    std::fill(inv_min_weight_.begin(), inv_min_weight_.end(), 0.0);
+    for (int64_t r = 0; r < l; ++r) {
+      std::fill(group_num_.begin(), group_num_.end(), 0.0);
+      std::fill(group_den_.begin(), group_den_.end(), 0.0);
+      for (int64_t f = r; f < fine_; f += l) {
+        const double* num = &weighted_[static_cast<size_t>(f) * n_];
+        const double* den = &weights_[static_cast<size_t>(f) * n_];
+        for (int k = 0; k < n_; ++k) {
+          group_num_[k] += num[k];
+          group_den_[k] += den[k];
+        }
+      }
+      // |group r| = the number of s < u with s mod l = r.
+      const double size = static_cast<double>(used_ / l + (r < used_ % l ? 1 : 0));
+      for (int k = 0; k < n_; ++k) {
+        group_means_[static_cast<size_t>(k) * l + r] = group_num_[k] / group_den_[k];
+        inv_min_weight_[k] = std::max(inv_min_weight_[k], size / group_den_[k]);
+      }
+    }
+    for (int k = 0; k < n_; ++k) {
+      mean_[k] = MedianInPlace(absl::MakeSpan(&group_means_[static_cast<size_t>(k) * l], l));
+    }
+  }
+
+  const EstimatorOptions options_;
+  const int64_t fine_;  // L
+  DivergenceMatrix d_;
+  int n_ = 0;
+  std::vector<double> inv_sigma_by_chooser_;  // [j][k] = 1 / sigma_kj
+  int64_t t_ = 0;
+  int64_t used_ = 0;  // u(t): samples [0, u) are in the fine groups
+  // Samples [used_, t_): choosers, rewards, propensities [sample][k].
+  std::vector<int> tail_chooser_;
+  std::vector<double> tail_reward_;
+  std::vector<double> tail_propensities_;
+  std::vector<double> sums_;      // S[f][j][k] = sum of Y r_kj
+  std::vector<double> counts_;    // n[f][j]
+  std::vector<double> weighted_;  // F[f][k] = sum_j S[f][j][k] / sigma_kj
+  std::vector<double> weights_;   // D[f][k] = sum_j n[f][j] / sigma_kj
+  std::vector<double> effective_;  // sum over all t samples of 1 / sigma_kj
+  int64_t groups_ = 0;             // l of the cached medians
+  int64_t grouped_used_ = 0;       // u of the cached medians
+  std::vector<double> mean_;
+  std::vector<double> inv_min_weight_;  // max_r |r| / W_k(r)
+  std::vector<double> group_num_;       // scratch
+  std::vector<double> group_den_;       // scratch
+  std::vector<double> group_means_;     // scratch: [k][r]
+};
+
+}  // namespace
+
+std::unique_ptr<Estimator> MakeRoundRobinMedianOfMeansEstimator(const EstimatorOptions& options,
+                                                                int num_experts) {
+  return std::make_unique<RoundRobinMedianOfMeans>(options, num_experts);
+}
+
+}  // namespace decision::internal
