@@ -31,40 +31,37 @@ class ClippedEstimator final : public Estimator {
     Transpose();
   }
 
+  absl::Status Add(int chooser, double reward, absl::Span<const double> p) override {
+    if (absl::Status s = CheckSample(chooser, reward, p, n_); !s.ok()) return s;
+    Learn(chooser, reward, p.data());
+    return absl::OkStatus();
+  }
+
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, n_, t_); !s.ok()) return s;
     for (int64_t s = t_; s < log.size(); ++s) {
-      t_ = s + 1;
-      const double level = ClipLevel(options_, t_);
-      const bool dipped = level < level_;
-      level_ = level;
-      // L(t) never decreases from t = 3 on (estimator.h), so an entry whose test is below
-      // it is included under every later level and every M >= 1. The margin absorbs the
-      // rounding of L's evaluation.
-      fold_level_ = t_ >= 3 ? level_ * (1.0 - 1e-9) : -std::numeric_limits<double>::infinity();
-      if (dipped) {
-        Reclassify();
-      } else {
-        Release();
-      }
-      Insert(log, s, 0, /*classify=*/true);
-      EnforceCap();
+      Learn(log.chooser(s), log.reward(s), log.propensities(s));
     }
     return absl::OkStatus();
   }
 
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
     if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
-    if (log.size() < t_) return CheckLogMatches(log, log.num_experts(), t_);
     if (d.num_experts < n_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
+    }
+    // The log is read only for new experts' rows (their backfill).
+    if (d.num_experts > n_ && log.size() < t_) {
+      return CheckLogMatches(log, log.num_experts(), t_);
     }
     const int old_n = n_;
     Widen(d.num_experts);
     d_ = d;
     Transpose();
-    for (int64_t s = 0; s < t_ && n_ > old_n; ++s) Insert(log, s, old_n, /*classify=*/false);
+    for (int64_t s = 0; s < t_ && n_ > old_n; ++s) {
+      Insert(log.chooser(s), log.reward(s), log.propensities(s), old_n, /*classify=*/false);
+    }
     Reclassify();
     EnforceCap();
     return absl::OkStatus();
@@ -140,6 +137,24 @@ class ClippedEstimator final : public Estimator {
 
   size_t Cell(int j, int k) const { return static_cast<size_t>(j) * n_ + k; }
 
+  void Learn(int j, double y, const double* p) {
+    ++t_;
+    const double level = ClipLevel(options_, t_);
+    const bool dipped = level < level_;
+    level_ = level;
+    // L(t) never decreases from t = 3 on (estimator.h), so an entry whose test is below
+    // it is included under every later level and every M >= 1. The margin absorbs the
+    // rounding of L's evaluation.
+    fold_level_ = t_ >= 3 ? level_ * (1.0 - 1e-9) : -std::numeric_limits<double>::infinity();
+    if (dipped) {
+      Reclassify();
+    } else {
+      Release();
+    }
+    Insert(j, y, p, 0, /*classify=*/true);
+    EnforceCap();
+  }
+
   // Re-lays the per-pair state out for n >= n_ experts; new entries are zero.
   void Widen(int n) {
     if (n == n_) return;
@@ -154,19 +169,16 @@ class ClippedEstimator final : public Estimator {
     n_ = n;
   }
 
-  // Adds sample s to the rows of experts [first_k, N). With `classify`, at the current
-  // levels and M (a new sample: counts it and keeps Z and A); otherwise the caller
-  // reclassifies (only the folded sums are final).
-  void Insert(const SampleLog& log, int64_t s, int first_k, bool classify) {
-    const int j = log.chooser(s);
-    const double y = log.reward(s);
+  // Adds a sample (chooser j, reward y, propensities p) to the rows of experts
+  // [first_k, N). With `classify`, at the current levels and M (a new sample: counts it and
+  // keeps Z and A); otherwise the caller reclassifies (only the folded sums are final).
+  void Insert(int j, double y, const double* p, int first_k, bool classify) {
     if (classify) {
       counts_[j] += 1.0;
       const double* inv_m_row = &inv_m_by_chooser_[Cell(j, 0)];
       for (int k = first_k; k < n_; ++k) z_[k] += inv_m_row[k];
     }
     if (y == 0.0) return;
-    const double* p = log.propensities(s);
     const double pj = p[j];
     const double* m_row = &m_by_chooser_[Cell(j, 0)];
     const double* inv_m_row = &inv_m_by_chooser_[Cell(j, 0)];

@@ -113,6 +113,11 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
   return fine;
 }
 
+absl::Status Estimator::Add(int, double, absl::Span<const double>) {
+  return absl::UnimplementedError(
+      "this estimator reads its groups from the log: use Update(log)");
+}
+
 int Estimator::ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const {
   int best = -1, ties = 0;
   double best_value = 0.0;
@@ -174,6 +179,28 @@ absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_
   if (log.size() < num_samples) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the log has ", log.size(), " samples, fewer than the ", num_samples, " already seen"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,
+                         int num_experts) {
+  if (chooser < 0 || chooser >= num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chooser ", chooser, " is not one of the ", num_experts, " experts"));
+  }
+  if (!(reward >= 0.0 && reward <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("reward ", reward, " is not in [0, 1]"));
+  }
+  if (propensities.size() != static_cast<size_t>(num_experts)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        propensities.size(), " propensities for ", num_experts, " experts"));
+  }
+  for (size_t k = 0; k < propensities.size(); ++k) {
+    if (!(propensities[k] > 0.0 && propensities[k] <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "propensity of expert ", k, " is ", propensities[k], ", not in (0, 1]"));
+    }
   }
   return absl::OkStatus();
 }

@@ -63,6 +63,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/divergence.h"
 #include "core/sample_log.h"
 
@@ -144,6 +145,13 @@ class Estimator {
  public:
   virtual ~Estimator() = default;
 
+  // Learns one sample: the expert that chose, the reward, every expert's propensity of the
+  // arm played. The round-robin and clipped estimators need nothing else of the past, so a
+  // caller need not keep a log. Returns INVALID_ARGUMENT (state unchanged) for a chooser
+  // out of range, a reward outside [0, 1], or propensities not N values in (0, 1];
+  // UNIMPLEMENTED for contiguous median of means, which reads the log (use Update).
+  virtual absl::Status Add(int chooser, double reward, absl::Span<const double> propensities);
+
   // Brings the state up to date with samples [num_samples(), log.size()) of `log`, which
   // must extend the log this estimator has seen.
   // Returns FAILED_PRECONDITION (state unchanged) if the log has fewer samples than
@@ -152,7 +160,8 @@ class Estimator {
 
   // Replaces the divergences. `d` may cover more experts than before (experts appended to
   // the log): their rows are computed from the log's new columns (O(t) each). Round-robin
-  // and clipped need the log for nothing else; contiguous rebuilds from it (O(N t)).
+  // and clipped read the log for nothing else (for the same experts any log with their
+  // number of experts will do, even an empty one); contiguous rebuilds from it (O(N t)).
   // Returns INVALID_ARGUMENT (state unchanged) if d.num_experts != log.num_experts() or
   // d has entries that are not finite and >= 1, FAILED_PRECONDITION if d covers fewer
   // experts than the estimator.
@@ -183,6 +192,9 @@ absl::StatusOr<std::unique_ptr<Estimator>> MakeEstimator(const EstimatorOptions&
 namespace internal {
 absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts);
 absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_samples);
+// The argument checks of Estimator::Add.
+absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,
+                         int num_experts);
 // True if new_d covers at least old_d's experts with identical entries for them.
 bool SameBlock(const DivergenceMatrix& old_d, const DivergenceMatrix& new_d);
 // Reservoir choice among ties: call with each candidate in index order; keeps the running

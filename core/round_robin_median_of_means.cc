@@ -37,31 +37,29 @@ class RoundRobinMedianOfMeans final : public Estimator {
     SetInverseSigma();
   }
 
+  absl::Status Add(int chooser, double reward, absl::Span<const double> p) override {
+    if (absl::Status s = CheckSample(chooser, reward, p, n_); !s.ok()) return s;
+    Learn(chooser, reward, p.data());
+    return absl::OkStatus();
+  }
+
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, n_, t_); !s.ok()) return s;
     for (int64_t s = t_; s < log.size(); ++s) {
-      const int j = log.chooser(s);
-      const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
-      for (int k = 0; k < n_; ++k) effective_[k] += inv_sigma[k];
-      tail_chooser_.push_back(j);
-      tail_reward_.push_back(log.reward(s));
-      tail_propensities_.insert(tail_propensities_.end(), log.propensities(s),
-                                log.propensities(s) + n_);
-      t_ = s + 1;
-      const int64_t l = MedianOfMeansGroups(options_, t_);
-      const int64_t used = std::max(used_, l * (t_ / l));
-      if (used != used_) FoldTail(used - used_);
-      if (l != groups_ || used_ != grouped_used_) Regroup(l);
+      Learn(log.chooser(s), log.reward(s), log.propensities(s));
     }
     return absl::OkStatus();
   }
 
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
     if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
-    if (log.size() < t_) return CheckLogMatches(log, log.num_experts(), t_);
     if (d.num_experts < n_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
+    }
+    // The log is read only for new experts' rows (their backfill).
+    if (d.num_experts > n_ && log.size() < t_) {
+      return CheckLogMatches(log, log.num_experts(), t_);
     }
     const int old_n = n_;
     if (d.num_experts > old_n) {
@@ -110,6 +108,19 @@ class RoundRobinMedianOfMeans final : public Estimator {
   double WidthFactor() const {
     const double tt = static_cast<double>(t_);
     return std::sqrt(options_.constants.c3 * (2.0 * std::log(tt)) / tt);
+  }
+
+  void Learn(int j, double reward, const double* p) {
+    const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+    for (int k = 0; k < n_; ++k) effective_[k] += inv_sigma[k];
+    tail_chooser_.push_back(j);
+    tail_reward_.push_back(reward);
+    tail_propensities_.insert(tail_propensities_.end(), p, p + n_);
+    ++t_;
+    const int64_t l = MedianOfMeansGroups(options_, t_);
+    const int64_t used = std::max(used_, l * (t_ / l));
+    if (used != used_) FoldTail(used - used_);
+    if (l != groups_ || used_ != grouped_used_) Regroup(l);
   }
 
   size_t Cell(int64_t f, int j) const {  // index of S[f][j][0]

@@ -359,6 +359,58 @@ TEST(Estimator, ClippedCapKeepsEntriesBoundedAndCountsWhatItDrops) {
   }
 }
 
+// Add() is the log-free entry point: sample by sample it computes exactly what Update()
+// computes from a log, refreshes need no log, and bad samples change nothing.
+TEST(Estimator, AddLearnsWithoutALogExactlyAsUpdate) {
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    EstimatorOptions o;
+    o.kind = kind;
+    auto from_log = MakeEstimator(o, 3);
+    auto added = MakeEstimator(o, 3);
+    ASSERT_TRUE(from_log.ok() && added.ok());
+    Stream stream(5, 17);
+    SampleLog log(3);
+    const SampleLog no_log(3);
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double y;
+    for (int t = 1; t <= 3000; ++t) {
+      stream.Next(3, t % 3, &p, &y, &dists);
+      ASSERT_TRUE(log.Append(t % 3, y, p).ok());
+      ASSERT_TRUE((*added)->Add(t % 3, y, p).ok());
+      if (t == 1500) {
+        const DivergenceMatrix d = RandomDivergences(3, stream.gen());
+        ASSERT_TRUE((*from_log)->Update(log).ok());
+        ASSERT_TRUE((*from_log)->SetDivergences(log, d).ok());
+        ASSERT_TRUE((*added)->SetDivergences(no_log, d).ok());
+      }
+    }
+    ASSERT_TRUE((*from_log)->Update(log).ok());
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ((*added)->Estimate(k).mean, (*from_log)->Estimate(k).mean) << k;
+      EXPECT_EQ((*added)->Estimate(k).width, (*from_log)->Estimate(k).width) << k;
+    }
+    const ExpertEstimate before = (*added)->Estimate(1);
+    EXPECT_EQ((*added)->Add(3, 1.0, {0.5, 0.5, 0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*added)->Add(0, 1.5, {0.5, 0.5, 0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*added)->Add(0, 1.0, {0.5, 0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*added)->Add(0, 1.0, {0.5, 0.0, 0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*added)->Add(0, std::nan(""), {0.5, 0.5, 0.5}).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*added)->num_samples(), 3000);
+    EXPECT_EQ((*added)->Estimate(1).mean, before.mean);
+    // New experts need their backfill: a log without the samples is refused.
+    EXPECT_EQ((*added)->SetDivergences(SampleLog(4), DivergenceMatrix::Identity(4)).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*added)->num_experts(), 3);
+  }
+  EstimatorOptions contiguous;
+  contiguous.grouping = MedianOfMeansGrouping::kContiguous;
+  auto c = MakeEstimator(contiguous, 2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->Add(0, 1.0, {0.5, 0.5}).code(), absl::StatusCode::kUnimplemented);
+}
+
 TEST(Estimator, NoSamplesMeansInfiniteWidth) {
   for (auto kind : {EstimatorKind::kClipped, EstimatorKind::kMedianOfMeans}) {
     EstimatorOptions o;
