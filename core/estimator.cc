@@ -77,40 +77,22 @@ double ClippedWidth(const EstimatorOptions& o, int64_t t, double z) {
 
 namespace {
 
-// The paper's l(t) = floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t].
-int64_t PaperGroups(const EstimatorConstants& c, int64_t t) {
-  const double log_inv_delta = 2.0 * std::log(static_cast<double>(t));
-  const double l = std::floor(c.c2 * log_inv_delta);
-  if (!(l >= 1.0)) return 1;
-  if (l >= static_cast<double>(t)) return t;
-  return static_cast<int64_t>(l);
-}
-
-// The t up to which MedianOfMeansFineGroups keeps l(t) unrounded-capped (see estimator.h).
+// The t up to which MedianOfMeansFineGroups keeps the paper's l(t) (see estimator.h).
 constexpr int64_t kFineGroupHorizon = 10'000'000'000'000;
 
 }  // namespace
 
 int64_t MedianOfMeansFineGroups(const EstimatorOptions& o) {
-  const int64_t needed = PaperGroups(o.constants, kFineGroupHorizon);
+  const int64_t needed = internal::PaperMedianOfMeansGroups(o, kFineGroupHorizon);
   int64_t fine = 240;
   while (fine < needed) fine *= 2;
   return fine;
 }
 
 int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
-  const int64_t paper = PaperGroups(o.constants, t);
+  const int64_t paper = internal::PaperMedianOfMeansGroups(o, t);
   if (o.grouping == MedianOfMeansGrouping::kContiguous) return paper;
-  const int64_t fine = MedianOfMeansFineGroups(o);
-  if (paper >= fine) return fine;  // paper <= t, so fine <= t
-  // The smallest divisor of `fine` that is >= paper; if it exceeds t, the largest <= t.
-  int64_t below = 1;
-  for (int64_t l = 1; l <= fine; ++l) {
-    if (fine % l != 0) continue;
-    if (l >= paper) return l <= t ? l : below;
-    below = l;
-  }
-  return fine;
+  return internal::RoundGroupsToDivisor(MedianOfMeansFineGroups(o), paper, t);
 }
 
 absl::Status Estimator::Add(int, double, absl::Span<const double>) {
@@ -181,6 +163,26 @@ absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_
         "the log has ", log.size(), " samples, fewer than the ", num_samples, " already seen"));
   }
   return absl::OkStatus();
+}
+
+int64_t PaperMedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
+  const double log_inv_delta = 2.0 * std::log(static_cast<double>(t));
+  const double l = std::floor(o.constants.c2 * log_inv_delta);
+  if (!(l >= 1.0)) return 1;
+  if (l >= static_cast<double>(t)) return t;
+  return static_cast<int64_t>(l);
+}
+
+int64_t RoundGroupsToDivisor(int64_t fine, int64_t paper, int64_t t) {
+  if (paper >= fine) return fine;  // paper <= t, so fine <= t
+  // The smallest divisor of `fine` that is >= paper; if it exceeds t, the largest <= t.
+  int64_t below = 1;
+  for (int64_t l = 1; l <= fine; ++l) {
+    if (fine % l != 0) continue;
+    if (l >= paper) return l <= t ? l : below;
+    below = l;
+  }
+  return fine;
 }
 
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,

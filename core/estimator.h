@@ -192,6 +192,10 @@ absl::StatusOr<std::unique_ptr<Estimator>> MakeEstimator(const EstimatorOptions&
 namespace internal {
 absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts);
 absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_samples);
+// The paper's l(t) = floor(c2 log(1/delta(t))), clamped to [1, t].
+int64_t PaperMedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
+// Round-robin's l(t) from the paper's (see MedianOfMeansGroups).
+int64_t RoundGroupsToDivisor(int64_t fine_groups, int64_t paper_groups, int64_t t);
 // The argument checks of Estimator::Add.
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,
                          int num_experts);

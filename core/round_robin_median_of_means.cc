@@ -117,10 +117,21 @@ class RoundRobinMedianOfMeans final : public Estimator {
     tail_reward_.push_back(reward);
     tail_propensities_.insert(tail_propensities_.end(), p, p + n_);
     ++t_;
-    const int64_t l = MedianOfMeansGroups(options_, t_);
+    const int64_t l = Groups();
     const int64_t used = std::max(used_, l * (t_ / l));
     if (used != used_) FoldTail(used - used_);
     if (l != groups_ || used_ != grouped_used_) Regroup(l);
+  }
+
+  // l(t_): MedianOfMeansGroups, with the rounding cached (it depends on t only through the
+  // paper's l(t) once t >= L).
+  int64_t Groups() {
+    const int64_t paper = PaperMedianOfMeansGroups(options_, t_);
+    if (paper != cached_paper_ || t_ < fine_) {
+      cached_paper_ = paper;
+      cached_groups_ = RoundGroupsToDivisor(fine_, paper, t_);
+    }
+    return cached_groups_;
   }
 
   size_t Cell(int64_t f, int j) const {  // index of S[f][j][0]
@@ -289,6 +300,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   std::vector<double> weighted_;  // F[f][k] = sum_j S[f][j][k] / sigma_kj
   std::vector<double> weights_;   // D[f][k] = sum_j n[f][j] / sigma_kj
   std::vector<double> effective_;  // sum over all t samples of 1 / sigma_kj
+  int64_t cached_paper_ = -1;      // see Groups()
+  int64_t cached_groups_ = 0;
   int64_t groups_ = 0;             // l of the cached medians
   int64_t grouped_used_ = 0;       // u of the cached medians
   std::vector<double> mean_;
