@@ -90,13 +90,13 @@ class RoundRobinMedianOfMeans final : public Estimator {
   }
 
   double EffectiveSampleSize(int k) const override { return effective_[k]; }
+  // The state at its bound, which depends on L and N alone: the fine groups (S, n, F, D),
+  // a full tail (< L samples), the group scratch (at most L groups) and the divergences.
   EstimatorStats Stats() const override {
-    const size_t doubles = sums_.size() + counts_.size() + weighted_.size() + weights_.size() +
-                           tail_reward_.size() + tail_propensities_.size() +
-                           inv_sigma_by_chooser_.size() + group_means_.size() +
-                           d_.m.size() + d_.sigma.size();
+    const int64_t n = n_;
     EstimatorStats stats;
-    stats.state_bytes = static_cast<int64_t>(8 * doubles + 4 * tail_chooser_.size());
+    stats.state_bytes = 8 * (fine_ * n * (n + 3) + fine_ * (n + 1) + fine_ * n + 3 * n * n) +
+                        4 * fine_;
     return stats;
   }
   int64_t num_samples() const override { return t_; }

@@ -68,6 +68,11 @@ class SampleLog {
   const double* propensities(int64_t s) const { return propensity_.row(s); }
   // n_j: the number of samples chosen by expert j.
   int64_t count(int j) const { return count_[j]; }
+  // The bytes of the rows' chunks (whole 4096-row chunks, shared ones included).
+  int64_t memory_bytes() const {
+    const int64_t chunks = (size() + kChunkSamples - 1) / kChunkSamples;
+    return chunks * kChunkSamples * static_cast<int64_t>(4 + 8 + 8 * num_experts_);
+  }
 
  private:
   int num_experts_;

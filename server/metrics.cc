@@ -68,6 +68,12 @@ Metrics::Metrics()
                         .Help("Joined samples acknowledged (durable) and not yet learned: "
                               "scored by every expert and taught to D-UCB")
                         .Register(*registry_)),
+      problem_memory_(prometheus::BuildGauge()
+                          .Name("decision_problem_memory_bytes")
+                          .Help("Bytes a problem keeps in memory, by part: the sample log "
+                                "(8 (N + 1.5) per joined sample) and the estimator's state "
+                                "(independent of the samples)")
+                          .Register(*registry_)),
       learning_delay_(prometheus::BuildHistogram()
                           .Name("decision_learning_delay_seconds")
                           .Help("Time from a joined sample's write (its acknowledgement) to "
@@ -201,6 +207,8 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.samples = &samples_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);
   m.scoring_cost = &scoring_cost_.Add(labels);
+  m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));
+  m.memory_estimator = &problem_memory_.Add(with("part", "estimator"));
   return m;
 }
 

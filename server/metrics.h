@@ -62,6 +62,10 @@ class Metrics {
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;
+    // What the problem keeps in memory: the sample log (grows with the samples) and the
+    // estimator's state (does not).
+    prometheus::Gauge* memory_sample_log;
+    prometheus::Gauge* memory_estimator;
   };
   ProblemMetrics ForProblem(const std::string& problem);
   // 1 for a problem that failed to load (DecisionService::Open).
@@ -99,6 +103,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& batch_lag_;
   prometheus::Family<prometheus::Gauge>& learning_lag_;
+  prometheus::Family<prometheus::Gauge>& problem_memory_;
   prometheus::Family<prometheus::Histogram>& learning_delay_;
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;

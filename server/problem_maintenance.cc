@@ -186,6 +186,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 
 void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   int64_t batch_lag;
+  int64_t log_bytes, estimator_bytes;
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
@@ -197,8 +198,12 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
                               batch_lag};
     if (exported_.has_value() && *exported_ == state) return;
     exported_ = state;
+    log_bytes = ducb_.log().memory_bytes();
+    estimator_bytes = ducb_.estimator().Stats().state_bytes;
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
+  metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));
+  metrics_.memory_estimator->Set(static_cast<double>(estimator_bytes));
   const v1::Estimates estimates = GetEstimates();
   std::vector<Metrics::Pair> pairs;
   std::vector<std::pair<double, int>> active;  // (ucb, expert)

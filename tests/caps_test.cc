@@ -187,4 +187,38 @@ TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
 }
 
 }  // namespace
+// decision_problem_memory_bytes says what a problem keeps: the sample log in whole
+// 4096-row chunks of 4 + 8 + 8 N bytes, and the estimator's state, which more samples do
+// not grow.
+TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
+  CreateProblem("p");
+  for (double strength : {4.0, 2.0}) RegisterLinear("p", strength);
+  RunMaintenanceUntilActive("p");
+  auto memory = [&](const std::string& part) {
+    absl::SleepFor(absl::Milliseconds(600));  // exported at most every 500 ms: a wait
+    EXPECT_TRUE(service_->RunMaintenance().ok());
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name != "decision_problem_memory_bytes") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "part" && l.value == part) return m.gauge.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  PlayRounds("p", 50);
+  GetProblem("p");  // everything learned
+  const int n = static_cast<int>(Experts().size());
+  ASSERT_EQ(n, 3);  // the uniform expert and the two linear ones
+  EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
+  const double estimator = memory("estimator");
+  // Round-robin median of means: 240 fine groups of N (N + 3) doubles, and a little more.
+  EXPECT_GE(estimator, 240.0 * n * (n + 3) * 8);
+  EXPECT_LT(estimator, 240.0 * n * (n + 3) * 8 + 64 * 1024);
+  PlayRounds("p", 200);
+  GetProblem("p");
+  EXPECT_EQ(memory("estimator"), estimator);
+}
+
 }  // namespace decision::server
