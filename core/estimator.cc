@@ -175,14 +175,20 @@ int64_t PaperMedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
 
 int64_t RoundGroupsToDivisor(int64_t fine, int64_t paper, int64_t t) {
   if (paper >= fine) return fine;  // paper <= t, so fine <= t
-  // The smallest divisor of `fine` that is >= paper; if it exceeds t, the largest <= t.
-  int64_t below = 1;
+  // The divisors of `fine` on either side of paper; the nearer one in ratio (ties: the
+  // larger), unless the larger exceeds t.
+  int64_t below = 1, above = fine;
   for (int64_t l = 1; l <= fine; ++l) {
     if (fine % l != 0) continue;
-    if (l >= paper) return l <= t ? l : below;
-    below = l;
+    if (l <= paper) below = l;
+    if (l >= paper) {
+      above = l;
+      break;
+    }
   }
-  return fine;
+  if (above > t) return below;
+  return static_cast<double>(above) * below <= static_cast<double>(paper) * paper ? above
+                                                                                  : below;
 }
 
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,

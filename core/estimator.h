@@ -18,8 +18,9 @@
 // Median-of-means estimator (eq. est2):
 //   l(t): the paper's floor(c2 log(1/delta(t))), delta(t) = 1/t^2, clamped to [1, t] (the
 //   paper's l(t) exceeds t, or is 0, for very small t), then, for round-robin grouping,
-//   rounded up to a divisor of L = MedianOfMeansFineGroups() (the largest divisor <= t if
-//   that exceeds t; L if the paper's l(t) > L, which needs t > 10^13);
+//   rounded to the divisor of L = MedianOfMeansFineGroups() nearest in ratio (ties: the
+//   larger; the smaller if the larger exceeds t; L if the paper's l(t) > L, which needs
+//   t > 10^13);
 //   u(t) = max(u(t - 1), l(t) floor(t / l(t))), u(0) = 0: the used prefix, which never
 //   shrinks; the at most l(t) - 1 newest samples [u, t) are not used yet;
 //   group r (0-based) holds, round-robin, the samples s < u with s mod l = r (sizes
@@ -29,8 +30,8 @@
 //   mu_r[k] = 1/W_k(r) * sum_{s in r} (1/sigma_kj) Y_s r_kj(s);  mu_m[k] = median_r mu_r[k]
 //   (the mean of the two middle values for an even l);
 //   width = 1/W_k * sqrt(c3 log(1/delta(t)) / t),  W_k = min_r W_k(r) / |r|.
-//   docs/ENGINE.md shows that the rounded l stays within 1.5x of the paper's (2x above 120)
-//   and the groups within one sample of each other, which the analysis needs.
+//   docs/ENGINE.md shows that the rounded l stays within 1.23x of the paper's (1.42x above
+//   120) and the groups within one sample of each other, which the analysis needs.
 //
 // With no samples (t = 0) every estimate is {mean 0, width +inf}.
 //
@@ -194,7 +195,8 @@ absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts
 absl::Status CheckLogMatches(const SampleLog& log, int num_experts, int64_t num_samples);
 // The paper's l(t) = floor(c2 log(1/delta(t))), clamped to [1, t].
 int64_t PaperMedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
-// Round-robin's l(t) from the paper's (see MedianOfMeansGroups).
+// Round-robin's l(t) from the paper's l(t): the divisor of `fine_groups` nearest to it in
+// ratio (see MedianOfMeansGroups).
 int64_t RoundGroupsToDivisor(int64_t fine_groups, int64_t paper_groups, int64_t t);
 // The argument checks of Estimator::Add.
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,

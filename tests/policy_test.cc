@@ -133,8 +133,8 @@ TEST(DUcb, FromLogEqualsLearningOneByOne) {
 
 // Round-robin median of means regroups fine-group sums when l(t) steps: the estimates must
 // equal, bit for bit, those of an estimator built from the whole log at once (what a
-// restart computes), before and after steps of l (80 -> 120 at t = 22026: l(t) is the
-// paper's floor(8 log t) rounded up to a divisor of 240).
+// restart computes), around every step of l beyond t = 500 (48 -> 60 and 60 -> 80: l(t) is
+// the paper's floor(8 log t) rounded to a divisor of 240).
 TEST(DUcb, RoundRobinGroupsEqualARebuildBitForBit) {
   EstimatorOptions o;
   o.kind = EstimatorKind::kMedianOfMeans;
@@ -148,7 +148,14 @@ TEST(DUcb, RoundRobinGroupsEqualARebuildBitForBit) {
   std::vector<std::vector<double>> props;
   std::mt19937_64 gen(11);
   std::uniform_real_distribution<double> p(0.05, 1.0);
-  const std::vector<int64_t> checks = {22025, 22027, 24960, 28284, 32050, 36317, 38000};
+  std::vector<int64_t> checks;
+  for (int64_t t = 500; t < 10000; ++t) {
+    if (MedianOfMeansGroups(o, t + 1) != MedianOfMeansGroups(o, t)) {
+      checks.insert(checks.end(), {t, t + 1, t + 2});
+    }
+  }
+  ASSERT_EQ(checks.size(), 6u);
+  checks.push_back(10000);
   size_t next_check = 0;
   for (int64_t s = 0; s < checks.back(); ++s) {
     props.push_back({p(gen), p(gen), p(gen)});

@@ -74,21 +74,23 @@ int64_t PaperGroups(const EstimatorOptions& o, int64_t t) {
   return std::max<int64_t>(1, std::min<int64_t>(l, t));
 }
 
-// Round-robin: L = the smallest 240 * 2^a >= the paper's l(10^13), and l(t) the smallest
-// divisor of L that is >= the paper's l(t) (the largest divisor <= t if it exceeds t; L if
-// the paper's l(t) exceeds L).
+// Round-robin: L = the smallest 240 * 2^a >= the paper's l(10^13), and l(t) the divisor of
+// L nearest to the paper's l(t) in ratio (ties: the larger), the smaller one if the larger
+// exceeds t; L if the paper's l(t) exceeds L.
 int64_t RoundRobinGroups(const EstimatorOptions& o, int64_t t) {
   int64_t fine = 240;
   while (fine < PaperGroups(o, 10'000'000'000'000)) fine *= 2;
   const int64_t paper = PaperGroups(o, t);
   if (paper > fine) return fine;
-  int64_t best_above = -1, best_below = 1;
+  std::vector<int64_t> divisors;
   for (int64_t l = 1; l <= fine; ++l) {
-    if (fine % l != 0) continue;
-    if (l >= paper && best_above < 0) best_above = l;
-    if (l <= t) best_below = l;
+    if (fine % l == 0) divisors.push_back(l);
   }
-  return best_above <= t ? best_above : best_below;
+  const int64_t above = *std::lower_bound(divisors.begin(), divisors.end(), paper);
+  const int64_t below = *(std::upper_bound(divisors.begin(), divisors.end(), paper) - 1);
+  if (above > t) return below;
+  const double up = static_cast<double>(above) / paper, down = static_cast<double>(paper) / below;
+  return up <= down ? above : below;
 }
 
 }  // namespace
