@@ -40,14 +40,18 @@ class RoundRobinMedianOfMeans final : public Estimator {
   absl::Status Add(int chooser, double reward, absl::Span<const double> p) override {
     if (absl::Status s = CheckSample(chooser, reward, p, n_); !s.ok()) return s;
     Learn(chooser, reward, p.data());
+    MaybeRegroup();
     return absl::OkStatus();
   }
 
+  // The medians are a function of the fine-group sums at the end: a batch (a rebuild, a
+  // restart) regroups once, not every l samples.
   absl::Status Update(const SampleLog& log) override {
     if (absl::Status s = CheckLogMatches(log, n_, t_); !s.ok()) return s;
     for (int64_t s = t_; s < log.size(); ++s) {
       Learn(log.chooser(s), log.reward(s), log.propensities(s));
     }
+    MaybeRegroup();
     return absl::OkStatus();
   }
 
@@ -120,7 +124,11 @@ class RoundRobinMedianOfMeans final : public Estimator {
     const int64_t l = Groups();
     const int64_t used = std::max(used_, l * (t_ / l));
     if (used != used_) FoldTail(used - used_);
-    if (l != groups_ || used_ != grouped_used_) Regroup(l);
+  }
+
+  void MaybeRegroup() {
+    if (t_ == 0) return;
+    if (cached_groups_ != groups_ || used_ != grouped_used_) Regroup(cached_groups_);
   }
 
   // l(t_): MedianOfMeansGroups, with the rounding cached (it depends on t only through the
@@ -301,7 +309,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
   std::vector<double> weights_;   // D[f][k] = sum_j n[f][j] / sigma_kj
   std::vector<double> effective_;  // sum over all t samples of 1 / sigma_kj
   int64_t cached_paper_ = -1;      // see Groups()
-  int64_t cached_groups_ = 0;
+  int64_t cached_groups_ = 0;      // l(t_) once t_ > 0
   int64_t groups_ = 0;             // l of the cached medians
   int64_t grouped_used_ = 0;       // u of the cached medians
   std::vector<double> mean_;
