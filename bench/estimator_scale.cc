@@ -11,16 +11,15 @@
 // divergence refresh happens at every power of 10, as the server's would, and its time is
 // printed too.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/process_stats.h"
 #include "core/divergence.h"
 #include "core/estimator.h"
 #include "core/sample_log.h"
@@ -33,20 +32,9 @@ ABSL_FLAG(uint64_t, seed, 1, "seed");
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-int64_t ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
+using decision::bench::Clock;
+using decision::bench::ResidentBytes;
+using decision::bench::Seconds;
 
 struct Row {
   int chooser;

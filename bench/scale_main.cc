@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +26,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/process_stats.h"
 #include "absl/strings/str_cat.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
@@ -50,20 +50,9 @@ double Percentile(std::vector<double> v, double q) {
 
 namespace v1 = decision::v1;
 using decision::server::DecisionService;
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-int64_t ResidentBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
+using decision::bench::Clock;
+using decision::bench::ResidentBytes;
+using decision::bench::Seconds;
 
 int64_t DirectoryBytes(const std::string& dir) {
   int64_t total = 0;

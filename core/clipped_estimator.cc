@@ -16,7 +16,6 @@
 #include <limits>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/estimator.h"
 
 namespace decision::internal {
@@ -46,15 +45,8 @@ class ClippedEstimator final : public Estimator {
   }
 
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
-    if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
-    if (d.num_experts < n_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
-    }
     // The log is read only for new experts' rows (their backfill).
-    if (d.num_experts > n_ && log.size() < t_) {
-      return CheckLogMatches(log, log.num_experts(), t_);
-    }
+    if (absl::Status s = CheckNewDivergences(log, d, n_, t_); !s.ok()) return s;
     const int old_n = n_;
     Widen(d.num_experts);
     d_ = d;

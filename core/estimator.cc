@@ -191,6 +191,32 @@ int64_t RoundGroupsToDivisor(int64_t fine, int64_t paper, int64_t t) {
                                                                                   : below;
 }
 
+absl::Status CheckNewDivergences(const SampleLog& log, const DivergenceMatrix& d,
+                                 int num_experts, int64_t num_samples) {
+  if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
+  if (d.num_experts < num_experts) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "divergences cover ", d.num_experts, " experts, the estimator has ", num_experts));
+  }
+  if (d.num_experts > num_experts && log.size() < num_samples) {
+    return CheckLogMatches(log, log.num_experts(), num_samples);
+  }
+  return absl::OkStatus();
+}
+
+int ArgmaxMeanPlusWidth(const std::vector<double>& mean, const std::vector<double>& scale,
+                        double factor, const std::vector<bool>& selectable,
+                        absl::BitGenRef gen) {
+  int best = -1, ties = 0;
+  double best_value = 0.0;
+  for (size_t k = 0; k < mean.size(); ++k) {
+    if (!selectable[k]) continue;
+    OfferCandidate(static_cast<int>(k), mean[k] + factor * scale[k], gen, &best, &best_value,
+                   &ties);
+  }
+  return best;
+}
+
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,
                          int num_experts) {
   if (chooser < 0 || chooser >= num_experts) {

@@ -198,6 +198,16 @@ int64_t PaperMedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
 // Round-robin's l(t) from the paper's l(t): the divisor of `fine_groups` nearest to it in
 // ratio (see MedianOfMeansGroups).
 int64_t RoundGroupsToDivisor(int64_t fine_groups, int64_t paper_groups, int64_t t);
+// The argument checks of SetDivergences for the estimators that read the log only for new
+// experts' rows: d valid for the log, not fewer experts than `num_experts`, and a log
+// covering the `num_samples` seen if d adds experts.
+absl::Status CheckNewDivergences(const SampleLog& log, const DivergenceMatrix& d,
+                                 int num_experts, int64_t num_samples);
+// The expert with the largest mean[k] + factor * scale[k] among the selectable (see
+// Estimator::ArgmaxUcb).
+int ArgmaxMeanPlusWidth(const std::vector<double>& mean, const std::vector<double>& scale,
+                        double factor, const std::vector<bool>& selectable,
+                        absl::BitGenRef gen);
 // The argument checks of Estimator::Add.
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,
                          int num_experts);

@@ -59,14 +59,7 @@ class ContiguousMedianOfMeans final : public Estimator {
   }
 
   int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
-    const double factor = WidthFactor();
-    int best = -1, ties = 0;
-    double best_value = 0.0;
-    for (int k = 0; k < d_.num_experts; ++k) {
-      if (!selectable[k]) continue;
-      OfferCandidate(k, mean_[k] + factor * inv_min_weight_[k], gen, &best, &best_value, &ties);
-    }
-    return best;
+    return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
   }
 
   double EffectiveSampleSize(int k) const override { return running_[n() + k]; }

@@ -20,7 +20,6 @@
 #include <limits>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/estimator.h"
 #include "core/numeric.h"
 
@@ -56,15 +55,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   }
 
   absl::Status SetDivergences(const SampleLog& log, const DivergenceMatrix& d) override {
-    if (absl::Status s = ValidateDivergenceMatrix(d, log.num_experts()); !s.ok()) return s;
-    if (d.num_experts < n_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "divergences cover ", d.num_experts, " experts, the estimator has ", n_));
-    }
     // The log is read only for new experts' rows (their backfill).
-    if (d.num_experts > n_ && log.size() < t_) {
-      return CheckLogMatches(log, log.num_experts(), t_);
-    }
+    if (absl::Status s = CheckNewDivergences(log, d, n_, t_); !s.ok()) return s;
     const int old_n = n_;
     if (d.num_experts > old_n) {
       Widen(d.num_experts);
@@ -83,14 +75,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
   }
 
   int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
-    const double factor = WidthFactor();
-    int best = -1, ties = 0;
-    double best_value = 0.0;
-    for (int k = 0; k < n_; ++k) {
-      if (!selectable[k]) continue;
-      OfferCandidate(k, mean_[k] + factor * inv_min_weight_[k], gen, &best, &best_value, &ties);
-    }
-    return best;
+    return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
   }
 
   double EffectiveSampleSize(int k) const override { return effective_[k]; }

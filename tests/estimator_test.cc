@@ -263,7 +263,9 @@ TEST(Estimator, LongStreamsMatchTheReferenceAcrossRegroupingsAndRefreshes) {
       const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
       stream.Next(n, chooser, &p, &y, &dists);
       ASSERT_TRUE(log.Append(chooser, y, p).ok());
-      if (t % 7 != 0) ASSERT_TRUE(e.Update(log).ok());  // sometimes two at once
+      if (t % 7 != 0) {
+        ASSERT_TRUE(e.Update(log).ok());  // sometimes two at once
+      }
       if (t == 2500) {
         std::vector<double> backfill(log.size());
         for (double& x : backfill) x = absl::Uniform<double>(stream.gen(), 0.01, 1.0);
