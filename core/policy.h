@@ -58,11 +58,13 @@ class DUcb {
   absl::Status AddExperts(absl::Span<const std::vector<double>> backfill,
                           const DivergenceMatrix& divergences);
 
-  // Replaces the divergence estimates (same expert count). Rebuilds the estimator: O(N t).
+  // Replaces the divergence estimates (same expert count), in place: O(L N^2) for
+  // round-robin median of means, O(N^2 + kept) for clipped, an O(N t) rebuild from the log
+  // for contiguous median of means (core/estimator.h).
   absl::Status SetDivergences(const DivergenceMatrix& divergences);
 
   // SetDivergences in two steps, for a caller that must not hold its lock through the
-  // O(N t) rebuild. RebuildEstimator builds an estimator with the new divergences over
+  // work and wants a restart's result bit for bit. RebuildEstimator builds an estimator with the new divergences over
   // `prefix`, a log().SharedPrefix(); it reads nothing else of this DUcb, so it can run
   // while samples keep being learnt. SwapInEstimator then teaches it the samples learnt
   // since (O(N) amortised each) and makes it this DUcb's estimator. The estimates are the
