@@ -85,6 +85,9 @@ struct ServiceOptions {
   int64_t max_pending_decisions = 1'000'000;
   int64_t max_pending_decisions_mb = 1024;
   int64_t max_problems = 10'000;
+  // Experts a problem may have registered, retired and failed ones included (Problem::Env);
+  // at most kMaxExpertsPerProblem.
+  int max_experts_per_problem = 256;
   // The divergence pair series cover at most this many active experts per problem, those
   // of highest UCB (Problem::Env).
   int metrics_pair_experts = 16;

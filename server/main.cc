@@ -38,6 +38,7 @@
 #include "server/decision_service.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
+#include "server/validation.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks one)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -78,6 +79,10 @@ ABSL_FLAG(int64_t, max_pending_decisions_mb, 1024,
           "(8 bytes per feature + 512 each); a Choose past it gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_problems, 10'000,
           "cap on the problems of this server; CreateProblem past it gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_experts_per_problem, 256,
+          "cap per problem on the experts registered, retired and failed ones included (the "
+          "log and the estimator keep their columns); RegisterExpert and training jobs past "
+          "it get RESOURCE_EXHAUSTED; at most 256");
 ABSL_FLAG(int, metrics_pair_experts, 16,
           "the divergence pair series (decision_divergence_mij, _sigmaij) cover at most this many "
           "active experts per problem, those of highest UCB: 2 n (n - 1) series; "
@@ -143,6 +148,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.max_pending_decisions_mb = absl::GetFlag(FLAGS_max_pending_decisions_mb);
   options.max_problems = absl::GetFlag(FLAGS_max_problems);
   options.metrics_pair_experts = absl::GetFlag(FLAGS_metrics_pair_experts);
+  options.max_experts_per_problem = absl::GetFlag(FLAGS_max_experts_per_problem);
   // An unknown name is refused in main, before anything starts.
   options.background_priority =
       ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
@@ -265,11 +271,14 @@ int Run() {
   }
   if (options.max_pending_decisions < 1 || options.max_pending_decisions_mb < 1 ||
       options.max_pending_decisions_mb > (int64_t{1} << 30) || options.max_problems < 1 ||
-      options.metrics_pair_experts < 0 || options.metrics_pair_experts > 256) {
+      options.metrics_pair_experts < 0 || options.metrics_pair_experts > 256 ||
+      options.max_experts_per_problem < 1 ||
+      options.max_experts_per_problem > kMaxExpertsPerProblem) {
     std::fprintf(stderr,
                  "decisiond: --max_pending_decisions and --max_problems must be >= 1, "
-                 "--max_pending_decisions_mb in [1, 1073741824] and --metrics_pair_experts in "
-                 "[0, 256]\n");
+                 "--max_pending_decisions_mb in [1, 1073741824], --metrics_pair_experts in "
+                 "[0, 256] and --max_experts_per_problem in [1, %d]\n",
+                 kMaxExpertsPerProblem);
     return 2;
   }
   if (access(options.model_sandbox.probe_path.c_str(), X_OK) != 0 ||

@@ -171,6 +171,10 @@ class Problem {
     // The divergence pair series (decision_divergence_mij, _sigmaij) cover the active experts
     // of highest UCB, at most this many: 2 n (n - 1) series per problem.
     int metrics_pair_experts = 16;
+    // RegisterExpert past this many experts (retired and failed ones count: the log and
+    // the estimator keep their columns) gets RESOURCE_EXHAUSTED; a problem that already
+    // has more, from a higher setting, still loads and serves.
+    int max_experts = 256;
   };
   // The estimated memory of one pending decision: its features, plus its record, event id
   // and index entries.

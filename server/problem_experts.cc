@@ -131,7 +131,7 @@ absl::Status Problem::RetireToFitBudget(double cost_us) {
   {
     absl::MutexLock lock(&mu_);
     double total = experts_.ScoringCostUs() + cost_us;
-    if (budget <= 0.0 || total <= budget || experts_.size() >= kMaxExpertsPerProblem) {
+    if (budget <= 0.0 || total <= budget || experts_.size() >= env_.max_experts) {
       return absl::OkStatus();
     }
     int retirable = SelectableLocked() - 1;  // the last selectable one stays
@@ -188,9 +188,11 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     // from now on is in its tail; it is not durable (not backfilled, not in a log chunk)
     // until the write succeeds.
     absl::MutexLock lock(&mu_);
-    if (experts_.size() >= kMaxExpertsPerProblem) {
+    if (experts_.size() >= env_.max_experts) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "problem ", id(), " has ", experts_.size(), " experts, the maximum"));
+          "problem ", id(), " has ", experts_.size(),
+          " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
+          env_.max_experts, ")"));
     }
     // Under expert_writes_mu_: no other registration can pass this check meanwhile.
     const double budget = record_.scoring_budget_us();

@@ -11,7 +11,7 @@
 // (scoring_cost.h), is skipped and counted (skipped_experts, and why in skip_reasons); for a
 // problem with auto-training, a model over the budget first retires the lowest-UCB experts
 // to make room when that can (Problem::RegisterOptions). A problem that is full
-// (kMaxExpertsPerProblem) or a training error fails the job. A job interrupted by Stop or a crash stays QUEUED or RUNNING on disk, and the next start queues
+// (--max_experts_per_problem, retired experts included) or a training error fails the job. A job interrupted by Stop or a crash stays QUEUED or RUNNING on disk, and the next start queues
 // it again for the experts it has not trained yet (DecisionService::ResumeTrainingJobs).
 //
 // Thread safety: every method may be called from any thread. Jobs run one at a time

@@ -122,6 +122,33 @@ TEST_F(CapsTest, ACreateProblemPastTheProblemCapIsRefused) {
   EXPECT_TRUE(TryCreate("c").ok());
 }
 
+// Past --max_experts_per_problem (retired and failed experts count) RegisterExpert is
+// refused, naming the flag, with nothing stored changed; a problem that has more experts
+// than a lowered cap still loads and serves.
+TEST_F(CapsTest, ARegistrationPastTheExpertCapIsRefused) {
+  max_experts_per_problem_ = 3;
+  Reopen();
+  CreateProblem("p");  // the uniform expert
+  RegisterLinear("p", 2.0);
+  RegisterLinear("p", 1.0);
+  v1::RegisterExpertRequest req = LinearRequest("p", 3.0);
+  v1::Expert e;
+  const absl::Status s = service_->RegisterExpert(req, &e);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_experts_per_problem=3"));
+  EXPECT_EQ(Experts().size(), 3u);
+  max_experts_per_problem_ = 2;
+  Reopen();
+  EXPECT_EQ(Experts().size(), 3u);
+  v1::ChooseResponse r;
+  EXPECT_TRUE(TryChoose("p", kFeatures, &r).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(service_->RegisterExpert(req, &e)));
+  max_experts_per_problem_ = 4;
+  Reopen();
+  EXPECT_TRUE(service_->RegisterExpert(req, &e).ok());
+  EXPECT_EQ(Experts().size(), 4u);
+}
+
 // The divergence pair series cover only the --metrics_pair_experts active experts of highest
 // UCB, and follow the pool when it changes without a new sample (a retirement): the export
 // that skips an unchanged problem does not skip that.

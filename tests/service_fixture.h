@@ -55,6 +55,7 @@ class ServiceTest : public ::testing::Test {
     options.max_pending_decisions_mb = max_pending_decisions_mb_;
     options.max_problems = max_problems_;
     options.metrics_pair_experts = metrics_pair_experts_;
+    options.max_experts_per_problem = max_experts_per_problem_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -83,7 +84,7 @@ class ServiceTest : public ::testing::Test {
   }
 
   // A linear softmax expert preferring arm = argmax of the first features.
-  int RegisterLinear(const std::string& problem, double strength) {
+  static v1::RegisterExpertRequest LinearRequest(const std::string& problem, double strength) {
     v1::RegisterExpertRequest req;
     req.set_problem_id(problem);
     req.set_name("linear");
@@ -92,8 +93,11 @@ class ServiceTest : public ::testing::Test {
       for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? strength : 0.0);
       l->add_bias(0.0);
     }
+    return req;
+  }
+  int RegisterLinear(const std::string& problem, double strength) {
     v1::Expert e;
-    EXPECT_TRUE(service_->RegisterExpert(req, &e).ok());
+    EXPECT_TRUE(service_->RegisterExpert(LinearRequest(problem, strength), &e).ok());
     return e.expert_id();
   }
 
@@ -262,6 +266,7 @@ class ServiceTest : public ::testing::Test {
   int64_t max_pending_decisions_mb_ = ServiceOptions().max_pending_decisions_mb;
   int64_t max_problems_ = ServiceOptions().max_problems;
   int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
+  int max_experts_per_problem_ = ServiceOptions().max_experts_per_problem;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
