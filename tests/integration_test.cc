@@ -779,6 +779,20 @@ TEST_F(IntegrationTest, HealthServiceAnswersServing) {
 
 // Redirects this process's stderr to a file while a child is started (the child inherits
 // it), then restores it.
+// The caps' flags are range-checked at start-up: decisiond refuses to start (exit code 2)
+// rather than run with a cap that cannot hold or means nothing.
+TEST_F(IntegrationTest, CapFlagsOutOfRangeRefuseToStart) {
+  for (const char* flag :
+       {"--max_experts_per_problem=0", "--max_experts_per_problem=257", "--max_problems=0",
+        "--max_pending_decisions=0", "--max_pending_decisions_mb=0",
+        "--metrics_pair_experts=-1", "--metrics_pair_experts=257"}) {
+    EXPECT_FALSE(DecisiondProcess::Start(dir_, {flag}).ok()) << flag;
+  }
+  auto p = DecisiondProcess::Start(dir_, {"--max_experts_per_problem=1", "--max_problems=1"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Terminate(), 0);
+}
+
 class StderrToFile {
  public:
   explicit StderrToFile(const std::string& path) {
