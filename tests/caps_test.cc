@@ -224,15 +224,7 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   auto memory = [&](const std::string& part) {
     absl::SleepFor(absl::Milliseconds(600));  // exported at most every 500 ms: a wait
     EXPECT_TRUE(service_->RunMaintenance().ok());
-    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
-      if (f.name != "decision_problem_memory_bytes") continue;
-      for (const prometheus::ClientMetric& m : f.metric) {
-        for (const prometheus::ClientMetric::Label& l : m.label) {
-          if (l.name == "part" && l.value == part) return m.gauge.value;
-        }
-      }
-    }
-    return -1.0;
+    return MetricValue("decision_problem_memory_bytes", "part", part);
   };
   PlayRounds("p", 50);
   GetProblem("p");  // everything learned

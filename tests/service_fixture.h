@@ -111,6 +111,19 @@ class ServiceTest : public ::testing::Test {
     }
     return -1;
   }
+  // The value of the first series of family `name` with label `label` = `value`, or -1.
+  double MetricValue(const std::string& name, const std::string& label,
+                     const std::string& value) {
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name != name) continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == label && l.value == value) return m.gauge.value + m.counter.value;
+        }
+      }
+    }
+    return -1;
+  }
 
   // ListExperts of `problem`.
   std::vector<v1::Expert> Experts(const std::string& problem = "p") {

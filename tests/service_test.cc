@@ -366,15 +366,7 @@ TEST_F(ServiceTest, DivergencesAreReestimatedOnceHalfTheReservoirIsNew) {
   RegisterLinear("p", 4.0);
   RunMaintenanceUntilActive("p");
   auto boundaries = [&](const std::string& outcome) {
-    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
-      if (f.name != "decision_divergence_boundaries_total") continue;
-      for (const prometheus::ClientMetric& m : f.metric) {
-        for (const prometheus::ClientMetric::Label& l : m.label) {
-          if (l.name == "divergences" && l.value == outcome) return m.counter.value;
-        }
-      }
-    }
-    return -1.0;
+    return MetricValue("decision_divergence_boundaries_total", "divergences", outcome);
   };
   auto next_batch_at = [&] { return GetProblem("p").next_batch_at(); };
   // The reservoir (2048 rows) is still filling: after an estimate at t1, at least half of
