@@ -16,7 +16,9 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/estimator.h"
+#include "core/estimator_state.h"
 
 namespace decision::internal {
 namespace {
@@ -98,6 +100,103 @@ class ClippedEstimator final : public Estimator {
     }
     return best;
   }
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const override {
+    if (count < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot add ", count, " experts"));
+    }
+    return std::make_unique<Rows>(options_, n_, count, fold_level_);
+  }
+
+  absl::Status AddExperts(std::unique_ptr<ExpertRows> rows,
+                          const DivergenceMatrix& d) override {
+    Rows* r = dynamic_cast<Rows*>(rows.get());
+    if (r == nullptr) {
+      return absl::InvalidArgumentError("the rows were not started by this kind of estimator");
+    }
+    if (r->old_n != n_ || r->seen != t_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the rows were started for ", r->old_n, " experts and cover ", r->seen,
+          " samples; the estimator has ", n_, " and ", t_));
+    }
+    if (absl::Status s = ValidateDivergenceMatrix(d, n_ + r->m); !s.ok()) return s;
+    const int old_n = n_;
+    Widen(n_ + r->m);
+    d_ = d;
+    Transpose();
+    for (int j = 0; j < old_n; ++j) {
+      for (int e = 0; e < r->m; ++e) {
+        folded_[Cell(j, old_n + e)] += r->folded[static_cast<size_t>(j) * r->m + e];
+      }
+    }
+    for (Entry& e : r->kept) {
+      e.k += old_n;
+      waiting_.push_back(e);  // Reclassify sorts it
+    }
+    dropped_ += r->dropped;
+    Reclassify();
+    EnforceCap();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Snapshot() const override {
+    std::string out;
+    StateWriter w(&out);
+    w.Raw(kStateMagic, 4);
+    const uint8_t kind = static_cast<uint8_t>(EstimatorKind::kClipped);
+    w.Raw(&kind, 1);
+    WriteDivergences(w, d_);
+    w.Int(t_);
+    w.Array(counts_);
+    w.Array(folded_);
+    w.Array(z_);
+    w.Array(a_);
+    w.Array(waiting_);
+    w.Array(included_);
+    w.Int(dropped_);
+    w.Int(folded_early_);
+    return out;
+  }
+
+  // The state Snapshot() wrote, checked before anything is sized from it. The levels are
+  // recomputed from t (as Learn computes them), not read.
+  static absl::StatusOr<std::unique_ptr<Estimator>> Restore(const EstimatorOptions& options,
+                                                            StateReader& in) {
+    auto e = std::make_unique<ClippedEstimator>(options, 0);
+    DivergenceMatrix d;
+    if (!ReadDivergences(in, &d)) return in.Error("divergences");
+    if (absl::Status s = ValidateDivergenceMatrix(d, d.num_experts); !s.ok()) {
+      return in.Error(s.message());
+    }
+    const int64_t n = d.num_experts;
+    int64_t t;
+    if (!in.Int(&t) || t < 0) return in.Error("the sample count");
+    constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+    if (!in.Array(&e->counts_, n) || !in.Array(&e->folded_, n * n) || !in.Array(&e->z_, n) ||
+        !in.Array(&e->a_, n) || !in.ArrayUpTo(&e->waiting_, kAny) ||
+        !in.ArrayUpTo(&e->included_, kAny) || !in.Int(&e->dropped_) ||
+        !in.Int(&e->folded_early_)) {
+      return in.Error("arrays");
+    }
+    for (const std::vector<Entry>* heap : {&e->waiting_, &e->included_}) {
+      for (const Entry& entry : *heap) {
+        if (entry.k < 0 || entry.k >= n || entry.j < 0 || entry.j >= n) {
+          return in.Error("a kept entry of an expert out of range");
+        }
+      }
+      if (!std::is_heap(heap->begin(), heap->end(), Later)) return in.Error("a heap out of order");
+    }
+    e->n_ = static_cast<int>(n);
+    e->d_ = std::move(d);
+    e->Transpose();
+    e->t_ = t;
+    if (t > 0) {
+      e->level_ = ClipLevel(options, t);
+      e->fold_level_ =
+          t >= 3 ? e->level_ * (1.0 - 1e-9) : -std::numeric_limits<double>::infinity();
+    }
+    return e;
+  }
+
   double EffectiveSampleSize(int k) const override { return z_[k]; }
   EstimatorStats Stats() const override {
     EstimatorStats stats;
@@ -125,7 +224,58 @@ class ClippedEstimator final : public Estimator {
     int32_t k;
     int32_t j;
   };
+  static_assert(sizeof(Entry) == 32, "Entry is stored as raw bytes (Snapshot)");
   static bool Later(const Entry& a, const Entry& b) { return a.key > b.key; }  // min-heap
+
+  // New experts' rows over the samples seen (see NewExpertRows): the folded sums of the
+  // entries under the fold level when the rows were started (it only grows), and the other
+  // entries with Y > 0, which AddExperts reclassifies. Past 2 max_kept_clipped kept entries
+  // those with the largest tests are dropped, down to max_kept_clipped (their M is not
+  // known yet), and counted as dropped.
+  struct Rows final : public ExpertRows {
+    Rows(const EstimatorOptions& options, int old_experts, int new_experts, double fold)
+        : clip_test(options.clip_test),
+          cap(options.max_kept_clipped),
+          old_n(old_experts),
+          m(new_experts),
+          fold_level(fold),
+          folded(static_cast<size_t>(old_experts) * new_experts, 0.0) {}
+
+    absl::Status Add(int j, double y, double pj, absl::Span<const double> p) override {
+      if (absl::Status s = CheckRowSample(j, y, pj, p, old_n, m); !s.ok()) return s;
+      ++seen;
+      if (y == 0.0) return absl::OkStatus();
+      for (int e = 0; e < m; ++e) {
+        const double r = p[e] / pj;
+        const double value = y * r;
+        const double test = clip_test == ClipTest::kRatio ? r : value;
+        if (test <= fold_level) {
+          folded[static_cast<size_t>(j) * m + e] += value;
+        } else {
+          kept.push_back({0.0, test, value, e, j});
+        }
+      }
+      if (cap > 0 && static_cast<int64_t>(kept.size()) > 2 * cap) {
+        const int64_t drop = static_cast<int64_t>(kept.size()) - cap;
+        std::nth_element(kept.begin(), kept.begin() + drop, kept.end(),
+                         [](const Entry& a, const Entry& b) { return a.test > b.test; });
+        kept.erase(kept.begin(), kept.begin() + drop);
+        dropped += drop;
+      }
+      return absl::OkStatus();
+    }
+    int64_t num_samples() const override { return seen; }
+
+    const ClipTest clip_test;
+    const int64_t cap;
+    const int old_n;
+    const int m;
+    const double fold_level;
+    int64_t seen = 0;
+    std::vector<double> folded;  // [j][e]
+    std::vector<Entry> kept;     // k = the new expert's index e, until AddExperts
+    int64_t dropped = 0;
+  };
 
   size_t Cell(int j, int k) const { return static_cast<size_t>(j) * n_ + k; }
 
@@ -313,6 +463,11 @@ class ClippedEstimator final : public Estimator {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreClippedEstimator(const EstimatorOptions& options,
+                                                                   StateReader& in) {
+  return ClippedEstimator::Restore(options, in);
+}
 
 std::unique_ptr<Estimator> MakeClippedEstimator(const EstimatorOptions& options,
                                                 int num_experts) {

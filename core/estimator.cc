@@ -7,6 +7,7 @@
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
+#include "core/estimator_state.h"
 #include "core/numeric.h"
 
 namespace decision {
@@ -98,6 +99,47 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
 absl::Status Estimator::Add(int, double, absl::Span<const double>) {
   return absl::UnimplementedError(
       "this estimator reads its groups from the log: use Update(log)");
+}
+
+absl::StatusOr<std::unique_ptr<ExpertRows>> Estimator::NewExpertRows(int) const {
+  return absl::UnimplementedError(
+      "this estimator reads new experts' rows from the log: use SetDivergences(log, d)");
+}
+
+absl::Status Estimator::AddExperts(std::unique_ptr<ExpertRows>, const DivergenceMatrix&) {
+  return absl::UnimplementedError(
+      "this estimator reads new experts' rows from the log: use SetDivergences(log, d)");
+}
+
+absl::StatusOr<std::string> Estimator::Snapshot() const {
+  return absl::UnimplementedError("this estimator's state is its log: it has no snapshot");
+}
+
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreEstimator(const EstimatorOptions& options,
+                                                            absl::string_view state) {
+  if (absl::Status s = ValidateEstimatorOptions(options); !s.ok()) return s;
+  internal::StateReader in(state);
+  char magic[4];
+  uint8_t kind;
+  if (!in.Raw(magic, 4) || std::memcmp(magic, internal::kStateMagic, 4) != 0 ||
+      !in.Raw(&kind, 1)) {
+    return absl::DataLossError("the estimator state is damaged: it has no valid header");
+  }
+  absl::StatusOr<std::unique_ptr<Estimator>> restored;
+  if (kind == static_cast<uint8_t>(EstimatorKind::kClipped) &&
+      options.kind == EstimatorKind::kClipped) {
+    restored = internal::RestoreClippedEstimator(options, in);
+  } else if (kind == static_cast<uint8_t>(EstimatorKind::kMedianOfMeans) &&
+             options.kind == EstimatorKind::kMedianOfMeans &&
+             options.grouping == MedianOfMeansGrouping::kRoundRobin) {
+    restored = internal::RestoreRoundRobinMedianOfMeans(options, in);
+  } else {
+    return absl::DataLossError(
+        absl::StrCat("the estimator state is of kind ", static_cast<int>(kind),
+                     ", not of the problem's estimator ", DescribeEstimatorOptions(options)));
+  }
+  if (restored.ok() && !in.AtEnd()) return in.Error("trailing bytes");
+  return restored;
 }
 
 int Estimator::ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const {
@@ -215,6 +257,33 @@ int ArgmaxMeanPlusWidth(const std::vector<double>& mean, const std::vector<doubl
                    &ties);
   }
   return best;
+}
+
+absl::Status CheckRowSample(int chooser, double reward, double chooser_propensity,
+                            absl::Span<const double> propensities, int num_experts,
+                            int num_new) {
+  if (propensities.size() != static_cast<size_t>(num_new)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(propensities.size(), " propensities for ", num_new, " new experts"));
+  }
+  if (chooser < 0 || chooser >= num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chooser ", chooser, " is not one of the ", num_experts, " experts"));
+  }
+  if (!(reward >= 0.0 && reward <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("reward ", reward, " is not in [0, 1]"));
+  }
+  if (!(chooser_propensity > 0.0 && chooser_propensity <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the chooser's propensity is ", chooser_propensity, ", not in (0, 1]"));
+  }
+  for (size_t e = 0; e < propensities.size(); ++e) {
+    if (!(propensities[e] > 0.0 && propensities[e] <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "propensity of new expert ", e, " is ", propensities[e], ", not in (0, 1]"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckSample(int chooser, double reward, absl::Span<const double> propensities,

@@ -64,6 +64,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/divergence.h"
 #include "core/sample_log.h"
@@ -142,6 +143,21 @@ struct EstimatorStats {
   int64_t clipped_folded_early = 0;  // clipped: entries folded early to max_kept_clipped
 };
 
+// The rows of experts about to be added to an estimator, built from the samples it has
+// seen, in log order, without a log (Estimator::NewExpertRows, then AddExperts). A caller
+// that keeps no log streams the past samples from storage into it.
+class ExpertRows {
+ public:
+  virtual ~ExpertRows() = default;
+  // The next sample: the expert that chose it, its reward, the chooser's propensity of the
+  // arm played and each new expert's. INVALID_ARGUMENT (nothing added) for a chooser that
+  // is not one of the estimator's experts, a reward outside [0, 1], or propensities not in
+  // (0, 1] or not one per new expert.
+  virtual absl::Status Add(int chooser, double reward, double chooser_propensity,
+                           absl::Span<const double> propensities) = 0;
+  virtual int64_t num_samples() const = 0;
+};
+
 class Estimator {
  public:
   virtual ~Estimator() = default;
@@ -180,6 +196,24 @@ class Estimator {
   // estimator, sum_s 1/sigma_k,j(s) for median of means. 0 with no samples.
   virtual double EffectiveSampleSize(int k) const = 0;
 
+  // Starts the rows of `count` (>= 1) new experts over this estimator's samples. They keep
+  // O(L N count) values (round-robin) or the clipped entries they cannot fold yet (at most
+  // about max_kept_clipped), whatever t, and read nothing of this estimator afterwards: they
+  // may be fed while it keeps learning. UNIMPLEMENTED for contiguous median of means.
+  virtual absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const;
+  // Appends the experts of `rows`, which must have been fed exactly the samples this
+  // estimator has seen, and replaces the divergences with `d` (old and new experts): the
+  // same estimates as SetDivergences(log, d) over the log widened by their columns (to
+  // rounding). FAILED_PRECONDITION (nothing changed) if the rows cover another number of
+  // samples or were started for another number of experts; INVALID_ARGUMENT for a bad `d`
+  // or rows this estimator did not start.
+  virtual absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& d);
+
+  // The whole state as bytes, from which RestoreEstimator makes an estimator that goes on
+  // bit for bit as this one would. Round-robin: 8 L N (N + 3) bytes and the tail; clipped:
+  // 16 N^2 bytes and 32 per kept entry. UNIMPLEMENTED for contiguous median of means.
+  virtual absl::StatusOr<std::string> Snapshot() const;
+
   virtual EstimatorStats Stats() const = 0;
   virtual int64_t num_samples() const = 0;
   virtual int num_experts() const = 0;
@@ -189,6 +223,11 @@ class Estimator {
 // Creates an estimator for `num_experts` experts with identity divergences and no samples.
 absl::StatusOr<std::unique_ptr<Estimator>> MakeEstimator(const EstimatorOptions& options,
                                                          int num_experts);
+
+// The estimator a Snapshot() was taken of. DATA_LOSS if `state` is damaged or was taken
+// under other options (another kind or number of fine groups).
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreEstimator(const EstimatorOptions& options,
+                                                            absl::string_view state);
 
 namespace internal {
 absl::Status ValidateDivergenceMatrix(const DivergenceMatrix& d, int num_experts);
@@ -227,6 +266,15 @@ std::unique_ptr<Estimator> MakeMedianOfMeansEstimator(const EstimatorOptions& op
                                                       int num_experts);
 std::unique_ptr<Estimator> MakeRoundRobinMedianOfMeansEstimator(const EstimatorOptions& options,
                                                                 int num_experts);
+class StateReader;
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreClippedEstimator(const EstimatorOptions& options,
+                                                                   StateReader& in);
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreRoundRobinMedianOfMeans(
+    const EstimatorOptions& options, StateReader& in);
+// The argument checks of ExpertRows::Add.
+absl::Status CheckRowSample(int chooser, double reward, double chooser_propensity,
+                            absl::Span<const double> propensities, int num_experts,
+                            int num_new);
 }  // namespace internal
 
 }  // namespace decision

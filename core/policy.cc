@@ -13,10 +13,37 @@ namespace decision {
 
 // ---------------------------------------------------------------------------- DUcb
 
-absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_experts) {
+absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_experts,
+                                  LogMode mode) {
+  if (mode == LogMode::kNone && options.kind == EstimatorKind::kMedianOfMeans &&
+      options.grouping == MedianOfMeansGrouping::kContiguous) {
+    return absl::InvalidArgumentError(
+        "contiguous median of means regroups the whole log when l(t) changes: it needs the "
+        "log kept in memory (use round-robin grouping)");
+  }
   absl::StatusOr<std::unique_ptr<Estimator>> estimator = MakeEstimator(options, num_experts);
   if (!estimator.ok()) return estimator.status();
-  return DUcb(*std::move(estimator), num_experts);
+  return DUcb(*std::move(estimator), num_experts, mode);
+}
+
+absl::StatusOr<DUcb> DUcb::Restore(const EstimatorOptions& options, absl::string_view state,
+                                   std::vector<int64_t> counts) {
+  absl::StatusOr<std::unique_ptr<Estimator>> estimator = RestoreEstimator(options, state);
+  if (!estimator.ok()) return estimator.status();
+  const int n = (*estimator)->num_experts();
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0) return absl::DataLossError("a negative selection count");
+    total += c;
+  }
+  if (static_cast<int>(counts.size()) != n || total != (*estimator)->num_samples()) {
+    return absl::DataLossError(absl::StrCat(counts.size(), " selection counts summing to ",
+                                            total, " for an estimator of ", n, " experts and ",
+                                            (*estimator)->num_samples(), " samples"));
+  }
+  DUcb ducb(*std::move(estimator), n, LogMode::kNone);
+  ducb.counts_ = std::move(counts);
+  return ducb;
 }
 
 absl::StatusOr<DUcb> DUcb::FromLog(const EstimatorOptions& options, SampleLog log,
@@ -24,8 +51,9 @@ absl::StatusOr<DUcb> DUcb::FromLog(const EstimatorOptions& options, SampleLog lo
   const int n = log.num_experts();
   absl::StatusOr<std::unique_ptr<Estimator>> estimator = MakeEstimator(options, n);
   if (!estimator.ok()) return estimator.status();
-  DUcb ducb(*std::move(estimator), n);
+  DUcb ducb(*std::move(estimator), n, LogMode::kKeep);
   ducb.log_ = std::move(log);
+  for (int k = 0; k < n; ++k) ducb.counts_[k] = ducb.log_.count(k);
   // Divergences first (on an estimator that has seen nothing: no rebuild), then one pass.
   SampleLog empty(n);
   if (absl::Status s = ducb.estimator_->SetDivergences(empty, divergences); !s.ok()) return s;
@@ -34,7 +62,7 @@ absl::StatusOr<DUcb> DUcb::FromLog(const EstimatorOptions& options, SampleLog lo
 }
 
 int DUcb::SelectExpert(absl::BitGenRef gen) const {
-  if (log_.size() > 0) return estimator_->ArgmaxUcb(selectable_, gen);
+  if (num_samples() > 0) return estimator_->ArgmaxUcb(selectable_, gen);
   // No samples yet: a uniformly random selectable expert.
   int chosen = -1, ties = 0;
   double value = 0.0;
@@ -45,8 +73,36 @@ int DUcb::SelectExpert(absl::BitGenRef gen) const {
 }
 
 absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> propensities) {
-  if (absl::Status s = log_.Append(chooser, reward, propensities); !s.ok()) return s;
-  return estimator_->Update(log_);
+  if (mode_ == LogMode::kNone) {
+    if (absl::Status s = estimator_->Add(chooser, reward, propensities); !s.ok()) return s;
+  } else {
+    if (absl::Status s = log_.Append(chooser, reward, propensities); !s.ok()) return s;
+    if (absl::Status s = estimator_->Update(log_); !s.ok()) return s;
+  }
+  ++counts_[chooser];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ExpertRows>> DUcb::NewExpertRows(int count) const {
+  if (mode_ == LogMode::kKeep) {
+    return absl::FailedPreconditionError("this D-UCB keeps a log: use AddExperts(backfill, d)");
+  }
+  return estimator_->NewExpertRows(count);
+}
+
+absl::Status DUcb::AddExperts(std::unique_ptr<ExpertRows> rows,
+                              const DivergenceMatrix& divergences) {
+  if (mode_ == LogMode::kKeep) {
+    return absl::FailedPreconditionError("this D-UCB keeps a log: use AddExperts(backfill, d)");
+  }
+  const int old_n = num_experts();
+  if (absl::Status s = estimator_->AddExperts(std::move(rows), divergences); !s.ok()) return s;
+  for (int k = old_n; k < num_experts(); ++k) {
+    selectable_.push_back(true);
+    counts_.push_back(0);
+  }
+  log_ = SampleLog(num_experts());
+  return absl::OkStatus();
 }
 
 namespace internal {
@@ -73,6 +129,9 @@ absl::Status ValidateNewColumns(absl::Span<const std::vector<double>> columns, i
 
 absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
                               const DivergenceMatrix& divergences) {
+  if (mode_ == LogMode::kNone) {
+    return absl::FailedPreconditionError("this D-UCB keeps no log: use NewExpertRows");
+  }
   const int new_n = num_experts() + static_cast<int>(backfill.size());
   if (absl::Status s = internal::ValidateDivergenceMatrix(divergences, new_n); !s.ok()) {
     return s;
@@ -83,11 +142,13 @@ absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
     absl::Status s = log_.AddExpert(column);
     if (!s.ok()) return s;  // unreachable: validated above
     selectable_.push_back(true);
+    counts_.push_back(0);
   }
   return estimator_->SetDivergences(log_, divergences);
 }
 
 absl::Status DUcb::SetDivergences(const DivergenceMatrix& divergences) {
+  // Without a log, log_ is an empty one of num_experts(): new experts are refused.
   return estimator_->SetDivergences(log_, divergences);
 }
 
@@ -105,6 +166,9 @@ absl::StatusOr<std::unique_ptr<Estimator>> DUcb::RebuildEstimator(
 }
 
 absl::Status DUcb::SwapInEstimator(std::unique_ptr<Estimator> rebuilt) {
+  if (mode_ == LogMode::kNone) {
+    return absl::FailedPreconditionError("this D-UCB keeps no log to rebuild from");
+  }
   if (rebuilt->num_experts() != num_experts()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the rebuilt estimator has ", rebuilt->num_experts(),
@@ -160,6 +224,9 @@ absl::StatusOr<DUcb::Extension> DUcb::PrepareExtension(
 }
 
 absl::Status DUcb::SwapInExtension(Extension x, absl::Span<const std::vector<double>> tails) {
+  if (mode_ == LogMode::kNone) {
+    return absl::FailedPreconditionError("this D-UCB keeps no log: use NewExpertRows");
+  }
   if (x.old_experts != num_experts() || x.prefix_size > log_.size()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the extension was prepared for ", x.old_experts, " experts and ",
@@ -186,7 +253,10 @@ absl::Status DUcb::SwapInExtension(Extension x, absl::Span<const std::vector<dou
   if (absl::Status s = x.estimator->Update(x.log); !s.ok()) return s;
   log_ = std::move(x.log);
   estimator_ = std::move(x.estimator);
-  for (int e = 0; e < added; ++e) selectable_.push_back(true);
+  for (int e = 0; e < added; ++e) {
+    selectable_.push_back(true);
+    counts_.push_back(0);
+  }
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/estimator.h"
 #include "core/sample_log.h"
@@ -30,12 +31,26 @@ struct Decision {
   double propensity = 0.0;
 };
 
-// D-UCB: keeps the sample log and an incremental estimator, and selects
+// D-UCB: an incremental estimator, and (LogMode::kKeep) the sample log, and selects
 // k(t) = argmax_k mu[k](t-1) + s[k](t-1) among the selectable experts.
+//
+// Without a log (LogMode::kNone, what the service uses) its memory does not grow with t.
+// New experts then come through NewExpertRows and AddExperts(rows, d), fed the past
+// samples by the caller (from storage), and the state is saved and restored as bytes
+// (Snapshot, Restore). The estimators that read the log (contiguous median of means) need
+// kKeep.
 class DUcb {
  public:
-  // Returns INVALID_ARGUMENT for invalid options or num_experts < 0.
-  static absl::StatusOr<DUcb> Create(const EstimatorOptions& options, int num_experts);
+  enum class LogMode { kKeep, kNone };
+  // Returns INVALID_ARGUMENT for invalid options or num_experts < 0, and for kNone with an
+  // estimator that reads the log.
+  static absl::StatusOr<DUcb> Create(const EstimatorOptions& options, int num_experts,
+                                     LogMode mode = LogMode::kKeep);
+  // A DUcb without a log from an Estimator::Snapshot and the experts' selection counts.
+  // Every expert is selectable. DATA_LOSS if the state is damaged or the counts do not
+  // match it.
+  static absl::StatusOr<DUcb> Restore(const EstimatorOptions& options, absl::string_view state,
+                                      std::vector<int64_t> counts);
   // D-UCB over an existing log with the given divergences: the estimator is built in one
   // pass (O(N t)), cheaper than learning the samples one by one. INVALID_ARGUMENT if the
   // divergences do not match the log's experts.
@@ -99,23 +114,44 @@ class DUcb {
   absl::Status SwapInExtension(Extension extension,
                                absl::Span<const std::vector<double>> tails);
 
+  // Without a log (LogMode::kNone): the rows of `count` new experts over the samples
+  // learnt so far, to be fed by the caller (Estimator::NewExpertRows), then appended with
+  // divergences covering old and new experts (Estimator::AddExperts); the new experts are
+  // selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)).
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const;
+  absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& divergences);
+  // The estimator's state (Estimator::Snapshot); with counts(), what Restore needs.
+  absl::StatusOr<std::string> Snapshot() const { return estimator_->Snapshot(); }
+
   // Retired or not-yet-backfilled experts keep being estimated but are never selected.
   // REQUIRES: 0 <= k < num_experts().
   void SetSelectable(int k, bool selectable) { selectable_[k] = selectable; }
   bool selectable(int k) const { return selectable_[k]; }
 
   ExpertEstimate Estimate(int k) const { return estimator_->Estimate(k); }
-  int num_experts() const { return log_.num_experts(); }
+  int num_experts() const { return estimator_->num_experts(); }
+  int64_t num_samples() const { return estimator_->num_samples(); }
+  // n_k: the samples expert k chose. REQUIRES: 0 <= k < num_experts().
+  int64_t count(int k) const { return counts_[k]; }
+  const std::vector<int64_t>& counts() const { return counts_; }
+  // The log: empty (of num_experts() experts) without one.
   const SampleLog& log() const { return log_; }
+  bool keeps_log() const { return mode_ == LogMode::kKeep; }
   const Estimator& estimator() const { return *estimator_; }
 
  private:
-  DUcb(std::unique_ptr<Estimator> estimator, int num_experts)
-      : log_(num_experts), estimator_(std::move(estimator)), selectable_(num_experts, true) {}
+  DUcb(std::unique_ptr<Estimator> estimator, int num_experts, LogMode mode)
+      : mode_(mode),
+        log_(num_experts),
+        estimator_(std::move(estimator)),
+        selectable_(num_experts, true),
+        counts_(num_experts, 0) {}
 
+  LogMode mode_;
   SampleLog log_;
   std::unique_ptr<Estimator> estimator_;
   std::vector<bool> selectable_;
+  std::vector<int64_t> counts_;
 };
 
 namespace internal {

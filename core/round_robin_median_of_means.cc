@@ -17,10 +17,13 @@
 // A new expert's row is computed from the log's new column (its backfill), O(t).
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/estimator.h"
+#include "core/estimator_state.h"
 #include "core/numeric.h"
 
 namespace decision::internal {
@@ -78,6 +81,125 @@ class RoundRobinMedianOfMeans final : public Estimator {
     return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
   }
 
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const override {
+    if (count < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot add ", count, " experts"));
+    }
+    return std::make_unique<Rows>(fine_, n_, count);
+  }
+
+  absl::Status AddExperts(std::unique_ptr<ExpertRows> rows,
+                          const DivergenceMatrix& d) override {
+    Rows* r = dynamic_cast<Rows*>(rows.get());
+    if (r == nullptr) {
+      return absl::InvalidArgumentError("the rows were not started by this kind of estimator");
+    }
+    if (r->old_n != n_ || r->fine != fine_ || r->seen != t_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the rows were started for ", r->old_n, " experts and cover ", r->seen,
+          " samples; the estimator has ", n_, " and ", t_));
+    }
+    if (absl::Status s = ValidateDivergenceMatrix(d, n_ + r->m); !s.ok()) return s;
+    const int old_n = n_;
+    const int m = r->m;
+    Widen(n_ + m);
+    // The committed samples' sums, then the last (at most L) samples in order: those below
+    // u join their fine groups as AddExpertRows adds them, the others are in the tail.
+    for (int64_t f = 0; f < fine_; ++f) {
+      for (int j = 0; j < old_n; ++j) {
+        std::copy_n(&r->sums[(static_cast<size_t>(f) * old_n + j) * m], m,
+                    &sums_[Cell(f, j) + old_n]);
+      }
+    }
+    const int64_t first = r->seen - static_cast<int64_t>(r->chooser.size());
+    for (size_t i = 0; i < r->chooser.size(); ++i) {
+      const int64_t s = first + static_cast<int64_t>(i);
+      const double* p = &r->propensities[i * m];
+      if (s < used_) {
+        if (r->scaled_reward[i] == 0.0) continue;
+        double* row = &sums_[Cell(s % fine_, r->chooser[i]) + old_n];
+        for (int e = 0; e < m; ++e) row[e] += r->scaled_reward[i] * p[e];
+      } else {
+        std::copy_n(p, m, &tail_propensities_[static_cast<size_t>(s - used_) * n_ + old_n]);
+      }
+    }
+    d_ = d;
+    SetInverseSigma();
+    RecomputeWeightedSums();
+    if (t_ > 0) Regroup(groups_);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Snapshot() const override {
+    std::string out;
+    StateWriter w(&out);
+    w.Raw(kStateMagic, 4);
+    const uint8_t kind = static_cast<uint8_t>(EstimatorKind::kMedianOfMeans);
+    w.Raw(&kind, 1);
+    w.Int(fine_);
+    WriteDivergences(w, d_);
+    w.Int(t_);
+    w.Int(used_);
+    w.Array(tail_chooser_);
+    w.Array(tail_reward_);
+    w.Array(tail_propensities_);
+    w.Array(sums_);
+    w.Array(counts_);
+    w.Array(weighted_);
+    w.Array(weights_);
+    w.Array(effective_);
+    w.Int(cached_paper_);
+    w.Int(cached_groups_);
+    w.Int(groups_);
+    return out;
+  }
+
+  // The state Snapshot() wrote, checked before anything is sized from it.
+  static absl::StatusOr<std::unique_ptr<Estimator>> Restore(const EstimatorOptions& options,
+                                                            StateReader& in) {
+    auto e = std::make_unique<RoundRobinMedianOfMeans>(options, 0);
+    int64_t fine;
+    if (!in.Int(&fine) || fine != e->fine_) {
+      return in.Error(absl::StrCat("it has other than the problem's ", e->fine_,
+                                   " fine groups"));
+    }
+    DivergenceMatrix d;
+    if (!ReadDivergences(in, &d)) return in.Error("divergences");
+    if (absl::Status s = ValidateDivergenceMatrix(d, d.num_experts); !s.ok()) {
+      return in.Error(s.message());
+    }
+    const int64_t n = d.num_experts;
+    int64_t t, used;
+    if (!in.Int(&t) || !in.Int(&used) || used < 0 || t < used || t - used >= fine) {
+      return in.Error("sample counts");
+    }
+    const int64_t tail = t - used;
+    if (!in.Array(&e->tail_chooser_, tail) || !in.Array(&e->tail_reward_, tail) ||
+        !in.Array(&e->tail_propensities_, tail * n) ||
+        !in.Array(&e->sums_, fine * n * n) || !in.Array(&e->counts_, fine * n) ||
+        !in.Array(&e->weighted_, fine * n) || !in.Array(&e->weights_, fine * n) ||
+        !in.Array(&e->effective_, n) || !in.Int(&e->cached_paper_) ||
+        !in.Int(&e->cached_groups_) || !in.Int(&e->groups_)) {
+      return in.Error("arrays");
+    }
+    for (int j : e->tail_chooser_) {
+      if (j < 0 || j >= n) return in.Error("a chooser out of range");
+    }
+    if (t > 0 && (e->groups_ < 1 || fine % e->groups_ != 0 || e->cached_groups_ < 1 ||
+                  fine % e->cached_groups_ != 0)) {
+      return in.Error("a group count that does not divide the fine groups");
+    }
+    e->d_ = std::move(d);
+    e->n_ = static_cast<int>(n);
+    e->t_ = t;
+    e->used_ = used;
+    e->mean_.assign(n, 0.0);
+    e->inv_min_weight_.assign(n, 0.0);
+    e->SetInverseSigma();
+    if (t > 0) e->Regroup(e->groups_);
+    return e;
+  }
+
   double EffectiveSampleSize(int k) const override { return effective_[k]; }
   // The state at its bound, which depends on L and N alone: the fine groups (S, n, F, D),
   // a full tail (< L samples), the group scratch (at most L groups) and the divergences.
@@ -93,6 +215,48 @@ class RoundRobinMedianOfMeans final : public Estimator {
   const DivergenceMatrix& divergences() const override { return d_; }
 
  private:
+  // New experts' rows over the samples seen (see NewExpertRows): per fine group and
+  // chooser, the sums of Y r_kj of the samples more than L back, and the last L samples as
+  // they came (the ones below u when they are added join the fine groups, the others the
+  // tail). O(L N m) values.
+  struct Rows final : public ExpertRows {
+    Rows(int64_t fine_groups, int old_experts, int new_experts)
+        : fine(fine_groups),
+          old_n(old_experts),
+          m(new_experts),
+          sums(static_cast<size_t>(fine_groups) * old_experts * new_experts, 0.0) {}
+
+    absl::Status Add(int j, double y, double pj, absl::Span<const double> p) override {
+      if (absl::Status s = CheckRowSample(j, y, pj, p, old_n, m); !s.ok()) return s;
+      chooser.push_back(j);
+      scaled_reward.push_back(y == 0.0 ? 0.0 : y / pj);
+      propensities.insert(propensities.end(), p.begin(), p.end());
+      ++seen;
+      if (static_cast<int64_t>(chooser.size()) > fine) {
+        // The oldest is more than L back: below u for good.
+        const int64_t s = seen - static_cast<int64_t>(chooser.size());
+        if (scaled_reward.front() != 0.0) {
+          double* row = &sums[(static_cast<size_t>(s % fine) * old_n + chooser.front()) * m];
+          for (int e = 0; e < m; ++e) row[e] += scaled_reward.front() * propensities[e];
+        }
+        chooser.pop_front();
+        scaled_reward.pop_front();
+        propensities.erase(propensities.begin(), propensities.begin() + m);
+      }
+      return absl::OkStatus();
+    }
+    int64_t num_samples() const override { return seen; }
+
+    const int64_t fine;
+    const int old_n;
+    const int m;
+    int64_t seen = 0;
+    std::vector<double> sums;  // [f][j][e]
+    std::deque<int> chooser;   // the last samples, at most L
+    std::deque<double> scaled_reward;  // Y / pi_j
+    std::deque<double> propensities;   // [sample][e]
+  };
+
   // sqrt(c3 log(1/delta(t)) / t), delta(t) = 1/t^2.
   double WidthFactor() const {
     const double tt = static_cast<double>(t_);
@@ -305,6 +469,11 @@ class RoundRobinMedianOfMeans final : public Estimator {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Estimator>> RestoreRoundRobinMedianOfMeans(
+    const EstimatorOptions& options, StateReader& in) {
+  return RoundRobinMedianOfMeans::Restore(options, in);
+}
 
 std::unique_ptr<Estimator> MakeRoundRobinMedianOfMeansEstimator(const EstimatorOptions& options,
                                                                 int num_experts) {

@@ -5,6 +5,7 @@
 #include "core/estimator.h"
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -411,6 +412,235 @@ TEST(Estimator, AddLearnsWithoutALogExactlyAsUpdate) {
   auto c = MakeEstimator(contiguous, 2);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->Add(0, 1.0, {0.5, 0.5}).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Without a log (what the service does): samples through Add, new experts through
+// NewExpertRows fed the past samples as storage would give them (chooser, reward, the
+// chooser's propensity, the new expert's) while the estimator keeps learning, divergence
+// refreshes in place, and the state saved and restored mid-stream. Every variant that
+// keeps no log must agree with the literal reference, and a restored estimator must go on
+// bit for bit as the original.
+TEST_P(EstimatorEquivalence, WithoutALogNewRowsAndSnapshotsMatchTheReference) {
+  const EstimatorOptions& o = GetParam().options;
+  if (o.kind == EstimatorKind::kMedianOfMeans &&
+      o.grouping == MedianOfMeansGrouping::kContiguous) {
+    GTEST_SKIP() << "contiguous median of means reads the log (covered by the log tests)";
+  }
+  const int num_arms = 6;
+  for (uint64_t seed : {1u, 2u}) {
+    Stream stream(num_arms, seed);
+    int n = 4;
+    SampleLog log(n);  // the reference's, never given to the estimator
+    auto made = MakeEstimator(o, n);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::unique_ptr<Estimator> e = *std::move(made);
+    DivergenceMatrix d = RandomDivergences(n, stream.gen());
+    ASSERT_TRUE(e->SetDivergences(SampleLog(n), d).ok());
+    // The same samples through the log: round-robin's state must then be the same bytes
+    // (the new rows' sums are added in the same order), which a median may not show.
+    auto with_log_made = MakeEstimator(o, n);
+    ASSERT_TRUE(with_log_made.ok());
+    std::unique_ptr<Estimator> with_log = *std::move(with_log_made);
+    ASSERT_TRUE(with_log->SetDivergences(log, d).ok());
+    const bool same_bytes = o.kind == EstimatorKind::kMedianOfMeans;
+    const auto expect_same_state = [&](const std::string& where) {
+      if (!same_bytes) return;
+      ASSERT_TRUE(with_log->Update(log).ok());
+      auto a = e->Snapshot();
+      auto b = with_log->Snapshot();
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_TRUE(*a == *b) << where << ": the state without a log differs from the log's";
+    };
+    std::unique_ptr<Estimator> restored;  // from a snapshot, fed the same samples since
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double reward;
+    // An expert registered at `started` (its rows begin), added at `started + lag`.
+    std::unique_ptr<ExpertRows> rows;
+    int adding = 0;
+    std::vector<std::vector<double>> columns;  // the new experts' propensities so far
+    const auto feed = [&](int64_t from, int64_t to) {
+      for (int64_t s = from; s < to; ++s) {
+        std::vector<double> q;
+        for (const auto& c : columns) q.push_back(c[s]);
+        const int j = log.chooser(s);
+        ASSERT_TRUE(rows->Add(j, log.reward(s), log.propensity(j, s), q).ok());
+      }
+    };
+    int64_t fed = 0;
+    for (int t = 1; t <= 1300; ++t) {
+      const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
+      stream.Next(n, chooser, &p, &reward, &dists);
+      ASSERT_TRUE(log.Append(chooser, reward, p).ok());
+      ASSERT_TRUE(e->Add(chooser, reward, p).ok());
+      if (restored != nullptr) ASSERT_TRUE(restored->Add(chooser, reward, p).ok());
+      for (auto& c : columns) c.push_back(absl::Uniform<double>(stream.gen(), 0.01, 1.0));
+      if (t == 250 || t == 700) {
+        // One new expert at 250, two at 700; their rows start now and are fed the past
+        // while samples keep coming.
+        adding = t == 250 ? 1 : 2;
+        auto started = e->NewExpertRows(adding);
+        ASSERT_TRUE(started.ok()) << started.status();
+        rows = *std::move(started);
+        columns.assign(adding, {});
+        for (auto& c : columns) {
+          for (int64_t s = 0; s < log.size(); ++s) {
+            c.push_back(absl::Uniform<double>(stream.gen(), 0.01, 1.0));
+          }
+        }
+        feed(0, log.size() - 37);
+        fed = log.size() - 37;
+      }
+      if (rows != nullptr && (t == 290 || t == 761)) {
+        feed(fed, log.size());
+        // Rows that miss a sample are refused, and nothing changes.
+        const DivergenceMatrix wider = Extend(d, n + adding, stream.gen());
+        auto early = e->NewExpertRows(adding);
+        ASSERT_TRUE(early.ok());
+        EXPECT_EQ(e->AddExperts(*std::move(early), wider).code(),
+                  absl::StatusCode::kFailedPrecondition);
+        EXPECT_EQ(e->AddExperts(std::move(rows), DivergenceMatrix::Identity(n)).code(),
+                  absl::StatusCode::kInvalidArgument);
+        ASSERT_EQ(e->num_experts(), n);
+        auto again = e->NewExpertRows(adding);
+        ASSERT_TRUE(again.ok());
+        rows = *std::move(again);
+        feed(0, log.size());
+        ASSERT_TRUE(e->AddExperts(std::move(rows), wider).ok());
+        ASSERT_TRUE(with_log->Update(log).ok());
+        for (const auto& c : columns) ASSERT_TRUE(log.AddExpert(c).ok());
+        ASSERT_TRUE(with_log->SetDivergences(log, wider).ok());
+        n += adding;
+        d = wider;
+        expect_same_state("after adding experts at t=" + std::to_string(t));
+        columns.clear();
+        restored = nullptr;  // it has fewer experts now
+        CompareAll(*e, log, d, o, "after adding experts at t=" + std::to_string(t));
+      }
+      if (t == 400 || t == 1000) {
+        d = RandomDivergences(n, stream.gen());
+        ASSERT_TRUE(e->SetDivergences(SampleLog(n), d).ok());
+        if (restored != nullptr) ASSERT_TRUE(restored->SetDivergences(SampleLog(n), d).ok());
+        ASSERT_TRUE(with_log->Update(log).ok());
+        ASSERT_TRUE(with_log->SetDivergences(log, d).ok());
+        expect_same_state("after a refresh at t=" + std::to_string(t));
+        CompareAll(*e, log, d, o, "after refresh in place");
+      }
+      if (t == 333 || t == 800 || t == 1111) {
+        auto state = e->Snapshot();
+        ASSERT_TRUE(state.ok()) << state.status();
+        auto back = RestoreEstimator(o, *state);
+        ASSERT_TRUE(back.ok()) << back.status();
+        restored = *std::move(back);
+        auto again = restored->Snapshot();
+        ASSERT_TRUE(again.ok());
+        EXPECT_EQ(*again, *state) << "a restored state saves as the same bytes";
+      }
+      if (restored != nullptr) {
+        ASSERT_EQ(restored->num_samples(), e->num_samples());
+        for (int k = 0; k < n; ++k) {
+          ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean) << "t=" << t << " k=" << k;
+          ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width) << "t=" << t;
+          ASSERT_EQ(restored->EffectiveSampleSize(k), e->EffectiveSampleSize(k));
+        }
+      }
+      if (t % 41 == 0 || t == 1299) {
+        CompareAll(*e, log, d, o, GetParam().name + " t=" + std::to_string(t));
+        expect_same_state("t=" + std::to_string(t));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST(Estimator, ExpertRowsRefuseBadSamplesAndForeignRows) {
+  EstimatorOptions mom, clipped;
+  clipped.kind = EstimatorKind::kClipped;
+  auto a = MakeEstimator(mom, 3);
+  auto b = MakeEstimator(clipped, 3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Add(0, 1.0, {0.5, 0.5, 0.5}).ok());
+  ASSERT_TRUE((*b)->Add(0, 1.0, {0.5, 0.5, 0.5}).ok());
+  for (Estimator* e : {a->get(), b->get()}) {
+    EXPECT_EQ(e->NewExpertRows(0).status().code(), absl::StatusCode::kInvalidArgument);
+    auto rows = e->NewExpertRows(1);
+    ASSERT_TRUE(rows.ok());
+    EXPECT_EQ((*rows)->Add(3, 1.0, 0.5, {0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*rows)->Add(0, -1.0, 0.5, {0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*rows)->Add(0, 1.0, 0.0, {0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*rows)->Add(0, 1.0, 0.5, {1.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*rows)->Add(0, 1.0, 0.5, {0.5, 0.5}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*rows)->num_samples(), 0);
+  }
+  auto from_b = (*b)->NewExpertRows(1);
+  ASSERT_TRUE(from_b.ok());
+  ASSERT_TRUE((*from_b)->Add(0, 1.0, 0.5, {0.25}).ok());
+  EXPECT_EQ((*a)->AddExperts(*std::move(from_b), DivergenceMatrix::Identity(4)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*a)->num_experts(), 3);
+  EstimatorOptions contiguous;
+  contiguous.grouping = MedianOfMeansGrouping::kContiguous;
+  auto c = MakeEstimator(contiguous, 2);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->NewExpertRows(1).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*c)->Snapshot().status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// A snapshot is read back from storage: damaged bytes (truncated, flipped) or a snapshot of
+// other options must give DATA_LOSS or a valid estimator, never a crash or a huge
+// allocation (the sanitizer builds run this).
+TEST(Estimator, DamagedSnapshotsAreRefused) {
+  EstimatorOptions mom, clipped, mom480;
+  clipped.kind = EstimatorKind::kClipped;
+  mom480.constants.c2 = 8.0;
+  for (const EstimatorOptions& o : {mom, clipped}) {
+    auto e = MakeEstimator(o, 3);
+    ASSERT_TRUE(e.ok());
+    Stream stream(4, 5);
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double y;
+    for (int t = 0; t < 500; ++t) {
+      stream.Next(3, t % 3, &p, &y, &dists);
+      ASSERT_TRUE((*e)->Add(t % 3, y, p).ok());
+    }
+    auto state = (*e)->Snapshot();
+    ASSERT_TRUE(state.ok());
+    if (o.kind == EstimatorKind::kClipped) {
+      EXPECT_GT((*e)->Stats().clipped_kept, 0) << "the heaps are part of what is checked";
+    }
+    for (size_t len = 0; len < state->size(); len += 1 + len / 16) {
+      EXPECT_EQ(RestoreEstimator(o, state->substr(0, len)).status().code(),
+                absl::StatusCode::kDataLoss)
+          << len;
+    }
+    EXPECT_EQ(RestoreEstimator(o, *state + "x").status().code(), absl::StatusCode::kDataLoss);
+    std::mt19937_64 gen(9);
+    for (int trial = 0; trial < 3000; ++trial) {
+      std::string damaged = *state;
+      for (int flips = 0; flips < 3; ++flips) {
+        damaged[absl::Uniform<size_t>(gen, 0, damaged.size())] ^=
+            static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
+      }
+      auto back = RestoreEstimator(o, damaged);
+      if (!back.ok()) {
+        EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss) << back.status();
+        continue;
+      }
+      // Whatever it restored is usable.
+      std::vector<bool> all((*back)->num_experts(), true);
+      if ((*back)->num_samples() > 0 && (*back)->num_experts() > 0) {
+        (*back)->ArgmaxUcb(all, gen);
+      }
+    }
+    const EstimatorOptions& other = o.kind == EstimatorKind::kClipped ? mom : clipped;
+    EXPECT_EQ(RestoreEstimator(other, *state).status().code(), absl::StatusCode::kDataLoss);
+    if (o.kind == EstimatorKind::kMedianOfMeans) {
+      auto wrong = RestoreEstimator(mom480, *state);
+      EXPECT_EQ(wrong.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(wrong.status().message(), HasSubstr("fine groups"));
+    }
+  }
 }
 
 TEST(Estimator, NoSamplesMeansInfiniteWidth) {
