@@ -140,6 +140,9 @@ class ClippedEstimator final : public Estimator {
 
   absl::StatusOr<std::string> Snapshot() const override {
     std::string out;
+    out.reserve(8 * (d_.m.size() + d_.sigma.size() + counts_.size() + folded_.size() +
+                     z_.size() + a_.size()) +
+                sizeof(Entry) * (waiting_.size() + included_.size()) + 256);
     StateWriter w(&out);
     w.Raw(kStateMagic, 4);
     const uint8_t kind = static_cast<uint8_t>(EstimatorKind::kClipped);

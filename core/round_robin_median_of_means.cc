@@ -132,6 +132,10 @@ class RoundRobinMedianOfMeans final : public Estimator {
 
   absl::StatusOr<std::string> Snapshot() const override {
     std::string out;
+    out.reserve(8 * (d_.m.size() + d_.sigma.size() + tail_chooser_.size() +
+                     tail_reward_.size() + tail_propensities_.size() + sums_.size() +
+                     counts_.size() + weighted_.size() + weights_.size() + effective_.size()) +
+                256);
     StateWriter w(&out);
     w.Raw(kStateMagic, 4);
     const uint8_t kind = static_cast<uint8_t>(EstimatorKind::kMedianOfMeans);

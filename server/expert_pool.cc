@@ -83,7 +83,7 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_smoothing(slot.failure.empty() ? slot.model->smoothing() : slot.record.smoothing());
   e.set_backfill_total(slot.record.backfill_total());
   e.set_backfilled(estimated ? slot.record.backfill_total()
-                             : static_cast<int64_t>(slot.backfill.size()));
+                             : slot.backfilled);
   e.set_score_cost_us(slot.record.score_cost_us());
   return e;
 }

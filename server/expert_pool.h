@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/estimator.h"
 #include "core/expert.h"
 #include "decision/v1/decision.pb.h"
 #include "server/metrics.h"
@@ -47,10 +48,16 @@ struct ExpertSlot {
   storage::v1::ExpertRecord record;
   std::shared_ptr<const Expert> model;
   Metrics::ExpertMetrics metrics;
-  // While not yet estimated: propensities of samples [0, backfill.size()) from the
-  // backfill, and of samples joined since registration, [backfill_total, ...) in `tail`.
-  std::vector<double> backfill;
+  // While not yet estimated: its propensities of samples [0, backfilled) are stored as its
+  // backfill chunks, and those of samples learned since registration, [backfill_total,
+  // ...), are in `tail` (memory: 8 bytes per sample learned while it backfills).
+  int64_t backfilled = 0;
   std::vector<double> tail;
+  // Its estimator rows (Estimator::NewExpertRows), fed each backfilled chunk as it is
+  // scored, so that completing the backfill need not read the samples again. Null after a
+  // restart in the middle of a backfill: the completion then reads them from the store.
+  // Touched by the backfill (one thread) only.
+  std::unique_ptr<ExpertRows> rows;
   // False while its record is being written at registration: nothing but the joins (its
   // tail) touches it yet, and it is dropped if the write fails. Only the last slot can be.
   bool durable = true;

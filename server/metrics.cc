@@ -70,9 +70,11 @@ Metrics::Metrics()
                         .Register(*registry_)),
       problem_memory_(prometheus::BuildGauge()
                           .Name("decision_problem_memory_bytes")
-                          .Help("Bytes a problem keeps in memory, by part: the sample log "
-                                "(8 (N + 1.5) per joined sample) and the estimator's state "
-                                "(independent of the samples)")
+                          .Help("Bytes a problem keeps in memory, by part: sample_log, "
+                                "the samples kept in memory (the log chunk being filled, "
+                                "complete chunks not yet written, the tails of backfilling "
+                                "experts: at most a few chunks), and estimator, the "
+                                "estimator's state; neither grows with the samples")
                           .Register(*registry_)),
       learning_delay_(prometheus::BuildHistogram()
                           .Name("decision_learning_delay_seconds")

@@ -62,8 +62,8 @@ class Metrics {
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;
-    // What the problem keeps in memory: the sample log (grows with the samples) and the
-    // estimator's state (does not).
+    // What the problem keeps in memory: the samples not yet in the store's log chunks (a
+    // few chunks at most) and the estimator's state; neither grows with the samples.
     prometheus::Gauge* memory_sample_log;
     prometheus::Gauge* memory_estimator;
   };

@@ -61,9 +61,9 @@ Problem::~Problem() = default;
 absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
                                                          storage::v1::ProblemRecord record,
                                                          const Env& env) {
-  DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::Create(EstimatorOptionsOf(record), 0));
   // The uniform expert has nothing to backfill: estimated at once.
-  DECISION_RETURN_IF_ERROR(ducb.AddExperts({std::vector<double>()}, DivergenceMatrix::Identity(1)));
+  DECISION_ASSIGN_OR_RETURN(
+      DUcb ducb, DUcb::Create(EstimatorOptionsOf(record), 1, DUcb::LogMode::kNone));
   std::unique_ptr<Problem> p(new Problem(index, std::move(record), env, std::move(ducb)));
   ExpertSlot uniform;
   uniform.record.set_name("uniform");
@@ -75,18 +75,19 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
                                         p->record_.num_features(), 0.0));
   uniform.metrics = env.metrics->ForExpert(p->id(), 0);
   uniform.metrics.backfill_progress->Set(1.0);
-  storage::v1::CheckpointRecord checkpoint;
+  CheckpointWrite checkpoint;
   const storage::v1::ExpertRecord first = uniform.record;
   {
     absl::MutexLock lock(&p->mu_);
     p->next_refresh_at_ = NextRefresh(p->record_, 0);
-    checkpoint = p->CheckpointLocked();
+    checkpoint = p->CheckpointLocked(/*with_state=*/true);
     p->experts_.Add(std::move(uniform));
+    p->state_written_ = true;  // if the write below fails, there is no problem
   }
   // The store's lock is never taken under mu_ (ExportLog takes mu_ inside a store scan).
   storage::Store::WriteGroup batch;
-  DECISION_RETURN_IF_ERROR(env.store->AddProblem(&batch, index, p->record_,
-                                                 first, checkpoint));
+  DECISION_RETURN_IF_ERROR(env.store->AddProblem(&batch, index, p->record_, first,
+                                                 checkpoint.checkpoint, *checkpoint.state));
   // One write: after a crash the problem exists with its first expert, or not at all.
   DECISION_RETURN_IF_ERROR(p->Timed([&] { return env.store->Commit(&batch); }));
   return p;
@@ -475,7 +476,7 @@ v1::Estimates Problem::GetEstimates() const {
   absl::MutexLock lock(&mu_);
   v1::Estimates out;
   out.set_problem_id(id());
-  const int64_t t = ducb_.log().size();
+  const int64_t t = ducb_.num_samples();
   out.set_samples(t);
   const int n_est = ducb_.num_experts();
   double best = -std::numeric_limits<double>::infinity(), collected = 0.0;
@@ -488,20 +489,20 @@ v1::Estimates Problem::GetEstimates() const {
     if (failed) {
       // Excluded: its column holds the stand-in's 1/K since it failed, so no estimate of it
       // is meaningful; the regret is against the best healthy expert.
-      e->set_times_selected(k < n_est ? ducb_.log().count(k) : 0);
+      e->set_times_selected(k < n_est ? ducb_.count(k) : 0);
       e->set_width(std::numeric_limits<double>::infinity());
-      if (k < n_est) collected += ducb_.log().count(k) * ducb_.Estimate(k).mean;
+      if (k < n_est) collected += ducb_.count(k) * ducb_.Estimate(k).mean;
     } else if (k < n_est) {
       const ExpertEstimate est = ReportedEstimateLocked(k);
       e->set_estimate(est.mean);
       e->set_width(est.width);
       e->set_ucb(est.mean + est.width);
-      e->set_times_selected(ducb_.log().count(k));
+      e->set_times_selected(ducb_.count(k));
       if (!experts_.Frozen(k)) {
         e->set_effective_sample_size(ducb_.estimator().EffectiveSampleSize(k));
       }
       best = std::max(best, est.mean);
-      collected += ducb_.log().count(k) * est.mean;
+      collected += ducb_.count(k) * est.mean;
     } else {
       e->set_width(std::numeric_limits<double>::infinity());
       e->set_ucb(std::numeric_limits<double>::infinity());
@@ -520,7 +521,7 @@ v1::Problem Problem::Summary() const {
   v1::Problem p;
   p.set_problem_id(id());
   p.set_decisions(decisions_);
-  p.set_samples(ducb_.log().size());
+  p.set_samples(ducb_.num_samples());
   p.set_pending(pending_.answered());
   p.set_experts(experts_.size());
   p.set_next_batch_at(next_refresh_at_);
@@ -529,7 +530,19 @@ v1::Problem Problem::Summary() const {
 
 absl::Status Problem::ExportLog(int64_t start, int64_t limit,
                                 const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
+  int width;
+  int64_t learned;
+  {
+    absl::MutexLock lock(&mu_);
+    width = ducb_.num_experts();
+    learned = ducb_.num_samples();
+  }
   v1::LoggedSample out;
+  // The experts' propensities come from the sample's log chunk (in memory or stored), read
+  // once per chunk.
+  ChunkRows rows;
+  int64_t rows_chunk = -1;  // the chunk `rows` was looked up for (it may have none)
+  bool have_rows = false;
   return env_.store->ForEachSample(
       index_, start, limit,
       [&](int64_t seq, const storage::v1::SampleRecord& s) -> absl::Status {
@@ -544,11 +557,20 @@ absl::Status Problem::ExportLog(int64_t start, int64_t limit,
         out.set_default_reward(s.default_reward());
         out.set_decided_at_ms(s.decided_at_ms());
         out.set_joined_at_ms(s.joined_at_ms());
-        {
-          absl::MutexLock lock(&mu_);
-          if (seq < ducb_.log().size()) {
-            const double* row = ducb_.log().propensities(seq);
-            out.mutable_expert_propensities()->Add(row, row + ducb_.num_experts());
+        if (seq < learned) {
+          const int64_t chunk = seq / storage::kLogChunkSamples;
+          if (chunk != rows_chunk) {
+            rows_chunk = chunk;
+            absl::StatusOr<ChunkRows> read = ReadChunkRows(chunk, width);
+            if (!read.ok() && !absl::IsNotFound(read.status())) return read.status();
+            have_rows = read.ok();
+            if (have_rows) rows = *std::move(read);
+          }
+          if (have_rows && seq - rows.first() < rows.size()) {
+            const double* row = rows.row(seq);
+            int n = 0;
+            while (n < std::min(width, rows.width) && !std::isnan(row[n])) ++n;
+            out.mutable_expert_propensities()->Add(row, row + n);
           }
         }
         return fn(out);

@@ -4,7 +4,8 @@
 // Parts (each plain state or a pure function, with no lock of its own):
 //   PendingTable   the decisions waiting for their reward, one DecisionState each
 //   ExpertPool     the experts, their records and models, their backfill progress
-//   DUcb (core)    the sample log and the incremental estimator
+//   DUcb (core)    the incremental estimator, with no log: its state does not grow with
+//                  the samples (the log is in the store; docs/ENGINE.md)
 //   validation.h   request checks; conversions.h the enum tables
 // and the pieces of work, one file each:
 //   problem.cc              creation, Choose, Reward, the read-only queries
@@ -91,6 +92,9 @@
 namespace decision::server {
 
 inline constexpr size_t kMaxTrainingSamples = 200'000;
+// A checkpoint writes the estimators' state when this many samples were learned since it
+// was last written, whatever else changed: what a restart learns again at most.
+inline constexpr int64_t kMaxReplaySamples = int64_t{1} << 20;
 inline constexpr size_t kMaxUnwrittenDecisions = 4096;  // deferred ones before a flush
 // Samples written and not yet learned before the writer waits for the learner: the bound
 // of the learning lag, in samples (a full learner batch, and one more filling).
@@ -98,8 +102,8 @@ inline constexpr size_t kMaxLearnBatch = 512;  // scored in one PredictBatch per
 inline constexpr size_t kMaxUnlearnedSamples = 2 * kMaxLearnBatch;
 // The longest the learner holds mu_ at a time (it learns a batch in slices of about this).
 inline constexpr int64_t kMaxLearnSliceUs = 200;
-// A log chunk on disk is one chunk of the in-memory log (a PendingChunk shares it).
-static_assert(storage::kLogChunkSamples == SampleLog::kChunkSamples);
+// Log chunk c and backfill chunk c cover the same samples.
+static_assert(storage::kLogChunkSamples == storage::kBackfillChunkSamples);
 
 // An expert that could not score a context: its id and why.
 struct ScoringFailure {
@@ -289,9 +293,9 @@ class Problem {
   // boundary is skipped. min_interval_ms > 0 is the opt-in CPU throttle of
   // --min_refresh_interval_ms: a boundary then waits until the last refresh is that old, and
   // the boundaries passed meanwhile merge into one at the current log size (fewer batches:
-  // it changes the algorithm). The divergences and the O(N t) rebuild run without mu_ on a
-  // shared prefix of the log; mu_ is held to catch up with the samples joined meanwhile and
-  // swap the result in.
+  // it changes the algorithm). The divergences are computed without mu_; the estimator
+  // takes them in place under mu_ (O(L N^2) for round-robin median of means, O(N^2 + kept
+  // entries) for clipped: no pass over the log).
   absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the expert-pool tasks may have work: set by what can give them some (a learned
@@ -361,13 +365,28 @@ class Problem {
     bool counts_duplicate = false;  // kLateReward: a reward the event had already
     std::vector<ChooseWaiter> waiters;  // kDecision: Choose calls answered with it
   };
-  // A complete log chunk waiting to be written: the log's rows of its samples (shared with
-  // the log: they never change) and the propensities of the experts still backfilling.
-  struct PendingChunk {
+  // Rows of samples [chunk * kLogChunkSamples, ...) of the log, as the learner learned
+  // them: who chose, the reward, and pi_k(arm | x) of experts [0, width) (NaN where an
+  // expert was not registered yet, or not durable when the chunk completed: its value is
+  // in its backfill). The chunk being filled is the only per-sample state kept in memory;
+  // complete ones wait in unwritten_chunks_ for WriteLogChunks.
+  struct ChunkRows {
     int64_t chunk = 0;
-    SampleLog::SharedChunk rows;
-    int width = 0;               // experts in the chunk: rows.num_experts, then the others
-    std::vector<double> others;  // [sample][width - rows.num_experts]; NaN: in the backfill
+    int width = 0;
+    std::vector<int32_t> chooser;
+    std::vector<double> reward;
+    std::vector<double> propensities;  // [sample][width]
+    int64_t size() const { return static_cast<int64_t>(chooser.size()); }
+    int64_t first() const { return chunk * storage::kLogChunkSamples; }
+    const double* row(int64_t s) const { return &propensities[(s - first()) * width]; }
+    // Appends a sample; a wider row widens the chunk (NaN for the earlier samples).
+    void Append(int chooser_id, double reward_value, absl::Span<const double> p);
+    // Keeps the first `n` experts' columns.
+    void Narrow(int n);
+    int64_t memory_bytes() const {
+      return static_cast<int64_t>(4 * chooser.capacity() + 8 * reward.capacity() +
+                                  8 * propensities.capacity());
+    }
   };
 
   Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& env, DUcb ducb);
@@ -491,7 +510,7 @@ class Problem {
   // Joined samples written to the store, learned or waiting for the learner: the position
   // the next join is written at.
   int64_t WrittenSamplesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ducb_.log().size() + static_cast<int64_t>(unlearned_.size());
+    return ducb_.num_samples() + static_cast<int64_t>(unlearned_.size());
   }
 
   // --- Experts (problem_experts.cc)
@@ -554,10 +573,39 @@ class Problem {
   void ExportScoringCostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Persistence (problem_maintenance.cc)
-  storage::v1::CheckpointRecord CheckpointLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PendingChunk PendingChunkLocked(int64_t chunk) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A checkpoint, and the estimators' state if `with_state` or if it changed other than by
+  // learning samples since it was last written (or 2^20 samples ago): written together by
+  // WriteCheckpoint, outside mu_.
+  struct CheckpointWrite {
+    storage::v1::CheckpointRecord checkpoint;
+    std::optional<storage::v1::EstimatorStateRecord> state;
+    uint64_t generation = 0;  // estimator_generation_ when it was taken
+  };
+  CheckpointWrite CheckpointLocked(bool with_state = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteCheckpoint(const CheckpointWrite& w) ABSL_LOCKS_EXCLUDED(mu_);
   // The stored form, built outside the lock (about 1 MB of fresh memory per chunk).
-  static storage::v1::LogChunk BuildLogChunk(const PendingChunk& pending);
+  static storage::v1::LogChunk BuildLogChunk(const ChunkRows& rows);
+  // A stored chunk as rows; DATA_LOSS if its sizes do not fit `max_width` experts.
+  absl::StatusOr<ChunkRows> ChunkRowsOf(int64_t chunk, const storage::v1::LogChunk& stored,
+                                        int max_width) const;
+  // Chunk `chunk` of the log, from memory (the chunk being filled, or complete and not yet
+  // written) or from the store, with the values of experts [0, width) that it lacks filled
+  // in from their backfill where they have one. NOT_FOUND if it is in neither. Blocks.
+  absl::StatusOr<ChunkRows> ReadChunkRows(int64_t chunk, int width) ABSL_LOCKS_EXCLUDED(mu_);
+  // Feeds `rows` (expert_id's rows, started over the estimator's samples) the samples
+  // [rows->num_samples(), ducb_.num_samples()) from the chunks in memory, with the new
+  // expert's values from its tail. False (nothing fed) if the first of them is not in
+  // memory any more (written: the caller reads it from the store) or is below its
+  // backfill_total.
+  absl::StatusOr<bool> FeedRowsFromMemoryLocked(int expert_id, ExpertRows* rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Feeds `rows` samples [from, to) from the store: their choosers, rewards and logged
+  // propensities, and expert_id's values from its backfill chunks below `total`, from
+  // `tail` (its values of [from, to)) from there. Blocks.
+  absl::Status FeedRowsFromStore(int expert_id, int64_t total, int64_t from, int64_t to,
+                                 absl::Span<const double> tail, ExpertRows* rows)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const uint32_t index_;
   const storage::v1::ProblemRecord record_;
@@ -594,8 +642,10 @@ class Problem {
   // Every event id decided in this problem, pending or stored: a Choose with a new caller
   // id skips the store lookup when the filter rules the id out.
   EventIdFilter event_ids_ ABSL_GUARDED_BY(mu_);
-  // Log chunks completed by joins and not yet written (WriteLogChunks), in chunk order.
-  std::vector<PendingChunk> unwritten_chunks_ ABSL_GUARDED_BY(mu_);
+  // The log chunk being filled by the learner, and the complete ones not yet written
+  // (WriteLogChunks), in chunk order.
+  ChunkRows current_chunk_ ABSL_GUARDED_BY(mu_);
+  std::vector<ChunkRows> unwritten_chunks_ ABSL_GUARDED_BY(mu_);
   int64_t decisions_ ABSL_GUARDED_BY(mu_) = 0;
   // Joined samples written and not yet learned, in log order (the learner's queue).
   std::deque<Unlearned> unlearned_ ABSL_GUARDED_BY(mu_);
@@ -603,13 +653,21 @@ class Problem {
   // WhenLearned callers: (samples the log must reach, the callback).
   std::vector<std::pair<int64_t, Done>> learn_waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_refresh_at_ ABSL_GUARDED_BY(mu_) = 0;
+  // Changes of the estimators other than by learning samples (new divergences, new
+  // experts), and which of them the state last written covers, at how many samples.
+  uint64_t estimator_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool state_written_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t state_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t state_samples_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
-  // Set when a written sample could not be learned: the in-memory log no longer matches the
+  // Set when a written sample could not be learned: the estimator no longer matches the
   // store, so every later join fails with it (nothing more is written at that position)
   // until a restart reloads the problem.
   absl::Status learning_stopped_ ABSL_GUARDED_BY(mu_);
-  // Samples of the log with a positive reward: training needs at least one.
+  // Samples of the log with a positive reward: training needs at least one. Counted when
+  // written; positive_learned_ counts the learned ones (what a checkpoint covers).
   int64_t positive_rewards_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t positive_learned_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 gen_ ABSL_GUARDED_BY(mu_);
   // Failed flushes repeat at the rate of Choose calls while the store cannot write.
   LogLimiter write_error_log_{10'000};

@@ -204,7 +204,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     *record.mutable_model() = std::move(model);
     record.set_smoothing(smoothing);
     record.set_status(storage::v1::EXPERT_STATE_BACKFILLING);
-    record.set_backfill_total(ducb_.log().size());
+    record.set_backfill_total(ducb_.num_samples());
     record.set_registered_at_ms(env_.clock->NowMs());
     record.set_score_cost_us(cost_us);
     ExpertSlot slot;
@@ -252,7 +252,7 @@ absl::Status Problem::RetireDominated(int max_active) {
   std::vector<std::pair<int, ExpertRecord>> retire;
   {
     absl::MutexLock lock(&mu_);
-    if (ducb_.log().size() == 0) return absl::OkStatus();
+    if (ducb_.num_samples() == 0) return absl::OkStatus();
     double best_lower;
     const std::vector<std::pair<double, int>> active = SelectableByUcbLocked(&best_lower);
     size_t keep_from = 0;
@@ -283,14 +283,14 @@ absl::Status Problem::StepBackfill(bool* worked) {
     if (expert_id >= experts_.durable_size()) return absl::OkStatus();
     const ExpertSlot& slot = experts_.at(expert_id);
     model = slot.model;
-    from = static_cast<int64_t>(slot.backfill.size());
+    from = slot.backfilled;
     total = slot.record.backfill_total();
   }
   *worked = true;
   if (from < total) {
     DECISION_RETURN_IF_ERROR(BackfillChunk(expert_id, model, from, total));
     absl::MutexLock lock(&mu_);
-    if (static_cast<int64_t>(experts_.at(expert_id).backfill.size()) < total) {
+    if (experts_.at(expert_id).backfilled < total) {
       return absl::OkStatus();
     }
   }
@@ -309,6 +309,9 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
   storage::v1::BackfillChunk chunk;
   std::vector<double> rows, probs;
   std::vector<int> arms;
+  // What the estimator rows need of each sample besides the expert's value.
+  std::vector<int> choosers;
+  std::vector<double> rewards, logged;
   for (int64_t start = from; start < from + count; start += batch_rows) {
     const int64_t n = std::min(batch_rows, from + count - start);
     rows.clear();
@@ -322,6 +325,9 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
           }
           rows.insert(rows.end(), s.features().begin(), s.features().end());
           arms.push_back(s.arm());
+          choosers.push_back(s.expert_id());
+          rewards.push_back(s.reward());
+          logged.push_back(s.propensity());
           return absl::OkStatus();
         }));
     if (static_cast<int64_t>(arms.size()) != n) {
@@ -355,69 +361,171 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
   }));
   absl::MutexLock lock(&mu_);
   ExpertSlot& slot = experts_.at(expert_id);
-  slot.backfill.insert(slot.backfill.end(), chunk.values().begin(), chunk.values().end());
-  slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfill.size()) / total);
+  if (from == 0 && slot.rows == nullptr && ducb_.num_experts() == expert_id) {
+    absl::StatusOr<std::unique_ptr<ExpertRows>> started = ducb_.NewExpertRows(1);
+    if (started.ok()) slot.rows = *std::move(started);
+  }
+  if (slot.rows != nullptr && slot.rows->num_samples() == from &&
+      static_cast<int64_t>(choosers.size()) == chunk.values_size()) {
+    for (int i = 0; i < chunk.values_size(); ++i) {
+      if (!slot.rows->Add(choosers[i], rewards[i], logged[i], {chunk.values(i)}).ok()) {
+        slot.rows = nullptr;  // the completion reads the store, and says what is wrong
+        break;
+      }
+    }
+  }
+  slot.backfilled += chunk.values_size();
+  slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfilled) / total);
   return absl::OkStatus();
 }
 
+absl::Status Problem::FeedRowsFromStore(int expert_id, int64_t total, int64_t from, int64_t to,
+                                        absl::Span<const double> tail, ExpertRows* rows) {
+  // Samples below `total` have the expert's value in its backfill chunks (chunk c covers the
+  // samples of log chunk c), the later ones in `tail` (its values of [from, to)).
+  if (from == to) return absl::OkStatus();  // (a limit of 0 would scan every sample)
+  storage::v1::BackfillChunk backfill;
+  int64_t backfill_chunk = -1;
+  int64_t seen = 0;
+  DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+      index_, from, to - from, [&](int64_t seq, const storage::v1::SampleRecord& s) {
+        if (seq != from + seen) {
+          return absl::DataLossError(absl::StrCat("problem ", id(), ": sample ", from + seen,
+                                                  " is missing from the store"));
+        }
+        double value;
+        if (seq < total) {
+          const int64_t chunk = seq / storage::kBackfillChunkSamples;
+          if (chunk != backfill_chunk) {
+            DECISION_ASSIGN_OR_RETURN(
+                backfill, env_.store->GetBackfillChunk(index_, static_cast<uint32_t>(expert_id),
+                                                       static_cast<uint64_t>(chunk)));
+            backfill_chunk = chunk;
+          }
+          const int64_t i = seq - chunk * storage::kBackfillChunkSamples;
+          if (i >= backfill.values_size()) {
+            return absl::DataLossError(absl::StrCat("problem ", id(), ": expert ", expert_id,
+                                                    " has no backfilled value of sample ", seq));
+          }
+          value = backfill.values(i);
+        } else {
+          value = tail[seq - from];
+        }
+        ++seen;
+        absl::Status added = rows->Add(s.expert_id(), s.reward(), s.propensity(), {value});
+        if (!added.ok()) {
+          return absl::DataLossError(absl::StrCat("problem ", id(), ": sample ", seq,
+                                                  " cannot be learned: ", added.message()));
+        }
+        return absl::OkStatus();
+      }));
+  if (from + seen != to) {
+    return absl::DataLossError(absl::StrCat("problem ", id(), ": the store has samples up to ",
+                                            from + seen, ", the log ", to));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Problem::FeedRowsFromMemoryLocked(int expert_id, ExpertRows* rows) {
+  const int64_t from = rows->num_samples();
+  const int64_t to = ducb_.num_samples();
+  if (from == to) return true;
+  const int64_t earliest =
+      unwritten_chunks_.empty() ? current_chunk_.first() : unwritten_chunks_.front().first();
+  const int64_t total = experts_.at(expert_id).record.backfill_total();
+  if (from < earliest || from < total) return false;
+  const std::vector<double>& tail = experts_.at(expert_id).tail;
+  const auto feed = [&](const ChunkRows& c) -> absl::Status {
+    for (int64_t s = std::max(from, c.first()); s < c.first() + c.size() && s < to; ++s) {
+      const int64_t i = s - c.first();
+      const int j = c.chooser[i];
+      absl::Status added = rows->Add(j, c.reward[i], c.row(s)[j], {tail[s - total]});
+      if (!added.ok()) {
+        return absl::InternalError(absl::StrCat("problem ", id(), ": sample ", s,
+                                                " cannot be learned: ", added.message()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (const ChunkRows& c : unwritten_chunks_) DECISION_RETURN_IF_ERROR(feed(c));
+  DECISION_RETURN_IF_ERROR(feed(current_chunk_));
+  if (rows->num_samples() != to) {
+    return absl::InternalError(absl::StrCat("problem ", id(), ": the chunks in memory cover ",
+                                            rows->num_samples(), " samples, the log ", to));
+  }
+  return true;
+}
+
 absl::Status Problem::CompleteBackfill(int expert_id) {
-  // Divergences of the new expert against the estimated ones, then the log widened by its
-  // column and the estimator rebuilt: all without mu_.
+  // Divergences of the new expert against the estimated ones, without mu_.
   std::vector<std::shared_ptr<const Expert>> models;
   ReservoirCopy reservoir;
   DivergenceMatrix previous;
+  std::unique_ptr<ExpertRows> rows;
+  int64_t total;
   {
     absl::MutexLock lock(&mu_);
     models = experts_.Models(expert_id + 1);
     reservoir = CopyReservoirLocked();
     previous = ducb_.estimator().divergences();
+    ExpertSlot& slot = experts_.at(expert_id);
+    total = slot.record.backfill_total();
+    rows = std::move(slot.rows);
+    if (rows == nullptr || rows->num_samples() > total) {
+      DECISION_ASSIGN_OR_RETURN(rows, ducb_.NewExpertRows(1));
+    }
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
                             ComputeDivergencesFor(models, reservoir, previous, expert_id));
-  SampleLog prefix;
-  std::vector<double> column;
-  {
-    absl::MutexLock lock(&mu_);
-    prefix = ducb_.log().SharedPrefix();
-    const ExpertSlot& slot = experts_.at(expert_id);
-    const int64_t from_tail = prefix.size() - slot.record.backfill_total();
-    if (from_tail < 0 || from_tail > static_cast<int64_t>(slot.tail.size())) {
-      return absl::InternalError(absl::StrCat("problem ", id(), ": expert ", expert_id,
-                                              " backfill covers ", slot.backfill.size(),
-                                              " + ", slot.tail.size(), " samples, the log has ",
-                                              prefix.size()));
-    }
-    column = slot.backfill;
-    column.insert(column.end(), slot.tail.begin(), slot.tail.begin() + from_tail);
-  }
-  DECISION_ASSIGN_OR_RETURN(
-      DUcb::Extension extension,
-      DUcb::PrepareExtension(EstimatorOptionsOf(record_), prefix, {column}, d));
+  // Its rows over every learned sample, with no log in memory: the samples before its
+  // registration were fed as they were backfilled (or, after a restart, are read from the
+  // store: their choosers and rewards, and its backfill chunks); the later ones come in
+  // passes without mu_ while the learner goes on, until the rest is in the chunks in
+  // memory; those are fed under mu_, and the rows swapped in (O(L N^2)).
+  DECISION_RETURN_IF_ERROR(
+      FeedRowsFromStore(expert_id, total, rows->num_samples(), total, {}, rows.get()));
   absl::MutexLock writes(&expert_writes_mu_);
-  storage::v1::CheckpointRecord checkpoint;
+  CheckpointWrite checkpoint;
+  bool skip_checkpoint = false;
   ExpertRecord active;
   bool retired;
-  {
-    absl::MutexLock lock(&mu_);
-    ExpertSlot& slot = experts_.at(expert_id);
-    const int64_t from_tail = extension.prefix_size - slot.record.backfill_total();
-    std::vector<double> tail(slot.tail.begin() + from_tail, slot.tail.end());
-    DECISION_RETURN_IF_ERROR(ducb_.SwapInExtension(std::move(extension), {tail}));
-    // A FAILED expert keeps its stored state (BACKFILLING): a restart that loads its model
-    // again backfills it for real.
-    retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED || !slot.failure.empty();
-    ducb_.SetSelectable(expert_id, !retired);
-    slot.backfill = {};
-    slot.tail = {};
-    slot.metrics.backfill_progress->Set(1.0);
-    checkpoint = CheckpointLocked();
-    active = slot.record;
-    active.set_status(storage::v1::EXPERT_STATE_ACTIVE);
+  for (;;) {
+    int64_t from, to;
+    std::vector<double> tail;
+    {
+      absl::MutexLock lock(&mu_);
+      DECISION_ASSIGN_OR_RETURN(const bool fed, FeedRowsFromMemoryLocked(expert_id, rows.get()));
+      if (fed) {
+        ExpertSlot& slot = experts_.at(expert_id);
+        DECISION_RETURN_IF_ERROR(ducb_.AddExperts(std::move(rows), d));
+        // A FAILED expert keeps its stored state (BACKFILLING): a restart that loads its
+        // model again backfills it for real.
+        retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED ||
+                  !slot.failure.empty();
+        ducb_.SetSelectable(expert_id, !retired);
+        slot.tail = {};
+        slot.metrics.backfill_progress->Set(1.0);
+        ++estimator_generation_;
+        // Several experts waiting (a training job's): one checkpoint, with the estimators'
+        // state, after the last. A restart before it backfills the others again from their
+        // stored backfill.
+        skip_checkpoint = experts_.durable_size() > ducb_.num_experts();
+        if (!skip_checkpoint) checkpoint = CheckpointLocked();
+        active = slot.record;
+        active.set_status(storage::v1::EXPERT_STATE_ACTIVE);
+        break;
+      }
+      from = rows->num_samples();
+      to = ducb_.num_samples();
+      const std::vector<double>& t = experts_.at(expert_id).tail;
+      tail.assign(t.begin() + (from - total), t.begin() + (to - total));
+    }
+    DECISION_RETURN_IF_ERROR(FeedRowsFromStore(expert_id, total, from, to, tail, rows.get()));
   }
   // The checkpoint (which experts are estimated) first, then the expert's state: a restart
-  // between the two finds the expert estimated and marks it active.
-  DECISION_RETURN_IF_ERROR(
-      Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); }));
+  // between the two finds the expert estimated and marks it active. (One past the last
+  // checkpoint is backfilling again after a restart, whatever its record says.)
+  if (!skip_checkpoint) DECISION_RETURN_IF_ERROR(WriteCheckpoint(checkpoint));
   if (retired) return absl::OkStatus();
   return WriteExpertRecord(expert_id, active);
 }
@@ -496,7 +604,7 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
 bool Problem::PoolWorkRemains() const {
   absl::MutexLock lock(&mu_);
   if (experts_.durable_size() > ducb_.num_experts()) return true;  // backfill
-  if (ducb_.log().size() >= next_refresh_at_ && reservoir_.size() > 0) return true;
+  if (ducb_.num_samples() >= next_refresh_at_ && reservoir_.size() > 0) return true;
   for (int k = 0; k < experts_.durable_size(); ++k) {
     if (experts_.at(k).failure_unwritten) return true;
   }
@@ -508,10 +616,10 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
   std::vector<std::shared_ptr<const Expert>> models;
   ReservoirCopy reservoir;
   DivergenceMatrix previous;
-  std::optional<storage::v1::CheckpointRecord> kept;
+  std::optional<CheckpointWrite> kept;
   {
     absl::MutexLock lock(&mu_);
-    if (ducb_.log().size() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
+    if (ducb_.num_samples() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
     if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
       return absl::OkStatus();
     }
@@ -528,27 +636,17 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
       previous = ducb_.estimator().divergences();
     }
   }
-  if (kept.has_value()) {
-    return Timed([&] { return env_.store->PutCheckpoint(index_, *kept); });
-  }
+  if (kept.has_value()) return WriteCheckpoint(*kept);
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
                             ComputeDivergencesFor(models, reservoir, previous, /*keep=*/0));
-  SampleLog prefix;  // a read-only view of the log, taken once the divergences are known
+  CheckpointWrite checkpoint;
   {
     absl::MutexLock lock(&mu_);
     // Experts added meanwhile: the next round computes the divergences again.
     if (ducb_.num_experts() != static_cast<int>(models.size())) return absl::OkStatus();
-    prefix = ducb_.log().SharedPrefix();
-  }
-  DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Estimator> rebuilt,
-                            DUcb::RebuildEstimator(EstimatorOptionsOf(record_), prefix, d));
-  storage::v1::CheckpointRecord checkpoint;
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = ducb_.SwapInEstimator(std::move(rebuilt)); !s.ok()) {
-      if (absl::IsFailedPrecondition(s)) return absl::OkStatus();  // experts added: as above
-      return s;
-    }
+    // In place: the estimators keep divergence-free sums, so this reads no sample.
+    DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
+    ++estimator_generation_;
     PassBoundariesLocked(boundaries, min_interval_ms);
     ++estimates_generation_;
     MarkPoolWork();  // retirement under the new estimates
@@ -556,11 +654,11 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
     metrics_.divergences_reestimated->Increment();
     checkpoint = CheckpointLocked();
   }
-  return Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); });
+  return WriteCheckpoint(checkpoint);
 }
 
 void Problem::PassBoundariesLocked(std::vector<int64_t>* boundaries, int64_t min_interval_ms) {
-  const int64_t t = ducb_.log().size();
+  const int64_t t = ducb_.num_samples();
   if (min_interval_ms > 0) {
     // The throttle merges the boundaries passed into one, here.
     if (boundaries != nullptr) boundaries->push_back(t);

@@ -71,7 +71,7 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
 
 absl::Status Problem::LearnOneLocked(const Unlearned& sample,
                                      absl::Span<const double> propensities) {
-  const int64_t seq = ducb_.log().size();
+  const int64_t seq = ducb_.num_samples();
   if (sample.sequence != seq) {
     return absl::InternalError(absl::StrCat("sample ", sample.sequence,
                                             " came to the learner when the log has ", seq));
@@ -81,20 +81,26 @@ absl::Status Problem::LearnOneLocked(const Unlearned& sample,
   }
   DECISION_RETURN_IF_ERROR(ducb_.Learn(sample.event.expert_id(), sample.reward,
                                        propensities.subspan(0, ducb_.num_experts())));
+  positive_learned_ += sample.reward > 0.0;
   for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
     experts_.at(k).tail.push_back(propensities[k]);
   }
-  if (ducb_.log().size() % storage::kLogChunkSamples == 0) {
-    // Written by WriteLogChunks, outside the lock (a chunk is about 1 MB).
-    unwritten_chunks_.push_back(
-        PendingChunkLocked(ducb_.log().size() / storage::kLogChunkSamples - 1));
+  current_chunk_.Append(sample.event.expert_id(), sample.reward, propensities);
+  if (current_chunk_.size() == storage::kLogChunkSamples) {
+    // Written by WriteLogChunks, outside the lock. Experts whose registration is not
+    // written yet are left out: their ids may be reused.
+    current_chunk_.Narrow(experts_.durable_size());
+    const int64_t next = current_chunk_.chunk + 1;
+    unwritten_chunks_.push_back(std::move(current_chunk_));
+    current_chunk_ = ChunkRows();
+    current_chunk_.chunk = next;
   }
   return absl::OkStatus();
 }
 
 std::vector<Done> Problem::TakeLearnedWaitersLocked() {
   std::vector<Done> ready;
-  const int64_t learned = ducb_.log().size();
+  const int64_t learned = ducb_.num_samples();
   const bool all = !learning_stopped_.ok() || unlearned_.empty();
   auto keep = learn_waiters_.begin();
   for (auto& [target, done] : learn_waiters_) {
@@ -188,7 +194,7 @@ void Problem::LearnQueued() {
       } while (next < batch.size() && std::chrono::steady_clock::now() < slice_end);
       MarkPoolWork();  // retirement and the batch schedule move with the log
       metrics_.learning_lag->Set(static_cast<double>(unlearned_.size()));
-      metrics_.samples->Set(static_cast<double>(ducb_.log().size()));
+      metrics_.samples->Set(static_cast<double>(ducb_.num_samples()));
       std::vector<Done> learned = TakeLearnedWaitersLocked();
       ready.insert(ready.end(), std::make_move_iterator(learned.begin()),
                    std::make_move_iterator(learned.end()));

@@ -65,9 +65,25 @@ absl::Status Problem::ExpireDue() {
 
 // -------------------------------------------------------------------------- Checkpoints
 
-CheckpointRecord Problem::CheckpointLocked() const {
-  CheckpointRecord c;
-  c.set_samples(ducb_.log().size());
+Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
+  CheckpointWrite w;
+  CheckpointRecord& c = w.checkpoint;
+  c.set_samples(ducb_.num_samples());
+  w.generation = estimator_generation_;
+  // The estimators' state only when learning samples is not all that changed it since it
+  // was last written, or a restart would learn too many samples again.
+  if (with_state || !state_written_ || state_generation_ != estimator_generation_ ||
+      ducb_.num_samples() - state_samples_ >= kMaxReplaySamples) {
+    absl::StatusOr<std::string> state = ducb_.Snapshot();
+    // Always available: the estimators decisiond runs keep no log (DUcb::LogMode::kNone).
+    if (state.ok()) {
+      w.state.emplace();
+      w.state->set_samples(ducb_.num_samples());
+      w.state->set_state(*std::move(state));
+      *w.state->mutable_times_selected() = {ducb_.counts().begin(), ducb_.counts().end()};
+      w.state->set_positive_rewards(positive_learned_);
+    }
+  }
   const DivergenceMatrix& d = ducb_.estimator().divergences();
   c.set_num_experts(d.num_experts);
   *c.mutable_m() = {d.m.begin(), d.m.end()};
@@ -76,64 +92,160 @@ CheckpointRecord Problem::CheckpointLocked() const {
   c.set_reservoir_seen(reservoir_.seen());
   c.set_next_refresh_at(next_refresh_at_);
   c.set_decisions(decisions_);
-  return c;
+  return w;
+}
+
+absl::Status Problem::WriteCheckpoint(const CheckpointWrite& w) {
+  DECISION_RETURN_IF_ERROR(Timed([&] {
+    return env_.store->PutCheckpoint(index_, w.checkpoint, w.state ? &*w.state : nullptr);
+  }));
+  if (w.state.has_value()) {
+    absl::MutexLock lock(&mu_);
+    if (!state_written_ || w.state->samples() >= state_samples_) {
+      state_written_ = true;
+      state_generation_ = w.generation;
+      state_samples_ = w.state->samples();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Problem::Checkpoint() {
-  CheckpointRecord checkpoint;
+  CheckpointWrite w;
   {
     absl::MutexLock lock(&mu_);
-    checkpoint = CheckpointLocked();
+    w = CheckpointLocked(/*with_state=*/true);
   }
-  return Timed([&] { return env_.store->PutCheckpoint(index_, checkpoint); });
+  return WriteCheckpoint(w);
 }
 
 // --------------------------------------------------------------------------- Log chunks
 
-Problem::PendingChunk Problem::PendingChunkLocked(int64_t chunk) const {
-  constexpr int64_t kSamples = storage::kLogChunkSamples;
-  const int n_est = ducb_.num_experts();
-  PendingChunk p;
-  p.chunk = chunk;
-  p.rows = ducb_.log().Chunk(chunk);
-  // Experts whose registration is not yet written are left out: their ids may be reused.
-  p.width = experts_.durable_size();
-  const int others = p.width - n_est;
-  if (others <= 0) {
-    p.width = n_est;
-    return p;
-  }
-  p.others.resize(kSamples * others);
-  for (int64_t i = 0; i < kSamples; ++i) {
-    const int64_t s = chunk * kSamples + i;
-    for (int k = n_est; k < p.width; ++k) {
-      const ExpertSlot& slot = experts_.at(k);
-      const int64_t from = slot.record.backfill_total();
-      p.others[i * others + (k - n_est)] = s >= from ? slot.tail[s - from] : NAN;
+void Problem::ChunkRows::Append(int chooser_id, double reward_value,
+                                absl::Span<const double> p) {
+  if (static_cast<int>(p.size()) > width) {
+    // An expert registered meanwhile: the earlier samples have no value of it here.
+    const int wider = static_cast<int>(p.size());
+    std::vector<double> widened(chooser.size() * wider, NAN);
+    for (size_t i = 0; i < chooser.size(); ++i) {
+      std::copy_n(&propensities[i * width], width, &widened[i * wider]);
     }
+    propensities.swap(widened);
+    width = wider;
   }
-  return p;
+  if (propensities.capacity() == 0) {
+    propensities.reserve(storage::kLogChunkSamples * std::max(width, 1));
+    chooser.reserve(storage::kLogChunkSamples);
+    reward.reserve(storage::kLogChunkSamples);
+  }
+  chooser.push_back(chooser_id);
+  reward.push_back(reward_value);
+  propensities.insert(propensities.end(), p.begin(), p.end());
+  propensities.resize(chooser.size() * width, NAN);
 }
 
-storage::v1::LogChunk Problem::BuildLogChunk(const PendingChunk& pending) {
-  constexpr int64_t kSamples = storage::kLogChunkSamples;
-  const int n_est = pending.rows.num_experts;
-  const int width = pending.width;
-  storage::v1::LogChunk c;
-  c.set_num_experts(width);
-  c.mutable_chooser()->Add(pending.rows.chooser.get(), pending.rows.chooser.get() + kSamples);
-  c.mutable_reward()->Add(pending.rows.reward.get(), pending.rows.reward.get() + kSamples);
-  c.mutable_propensities()->Resize(kSamples * width, 0.0);
-  double* out = c.mutable_propensities()->mutable_data();
-  for (int64_t i = 0; i < kSamples; ++i, out += width) {
-    std::copy_n(pending.rows.propensities.get() + i * n_est, n_est, out);
-    std::copy_n(pending.others.data() + i * (width - n_est), width - n_est, out + n_est);
+void Problem::ChunkRows::Narrow(int n) {
+  if (n >= width) return;
+  for (size_t i = 0; i < chooser.size(); ++i) {
+    std::copy_n(&propensities[i * width], n, &propensities[i * n]);
   }
+  propensities.resize(chooser.size() * n);
+  width = n;
+}
+
+storage::v1::LogChunk Problem::BuildLogChunk(const ChunkRows& rows) {
+  storage::v1::LogChunk c;
+  c.set_num_experts(rows.width);
+  c.mutable_chooser()->Add(rows.chooser.begin(), rows.chooser.end());
+  c.mutable_reward()->Add(rows.reward.begin(), rows.reward.end());
+  c.mutable_propensities()->Add(rows.propensities.begin(), rows.propensities.end());
   return c;
 }
 
+absl::StatusOr<Problem::ChunkRows> Problem::ChunkRowsOf(int64_t chunk,
+                                                       const storage::v1::LogChunk& c,
+                                                       int max_width) const {
+  constexpr int64_t kSamples = storage::kLogChunkSamples;
+  const int width = c.num_experts();
+  // Experts registered after the chunk was written are not in it (their values are in
+  // their backfill): the width may be anything up to the experts stored.
+  if (c.chooser_size() != kSamples || c.reward_size() != kSamples || width < 0 ||
+      width > max_width || c.propensities_size() != kSamples * width) {
+    return absl::DataLossError(absl::StrCat(
+        "problem ", id(), ": log chunk ", chunk, " has ", c.chooser_size(), " choosers, ",
+        c.reward_size(), " rewards and ", c.propensities_size(), " propensities of ", width,
+        " experts; expected ", kSamples, " samples of at most ", max_width, " experts"));
+  }
+  for (int i = 0; i < kSamples; ++i) {
+    if (c.chooser(i) < 0 || c.chooser(i) >= width) {
+      return absl::DataLossError(absl::StrCat("problem ", id(), ": log chunk ", chunk,
+                                              ": sample ", chunk * kSamples + i,
+                                              " has chooser ", c.chooser(i), " of ", width,
+                                              " experts"));
+    }
+  }
+  ChunkRows rows;
+  rows.chunk = chunk;
+  rows.width = width;
+  rows.chooser.assign(c.chooser().begin(), c.chooser().end());
+  rows.reward.assign(c.reward().begin(), c.reward().end());
+  rows.propensities.assign(c.propensities().begin(), c.propensities().end());
+  return rows;
+}
+
+absl::StatusOr<Problem::ChunkRows> Problem::ReadChunkRows(int64_t chunk, int width) {
+  std::optional<ChunkRows> rows;
+  std::vector<int64_t> backfill_totals;
+  int stored_experts;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_chunk_.chunk == chunk) rows = current_chunk_;
+    for (const ChunkRows& c : unwritten_chunks_) {
+      if (c.chunk == chunk) rows = c;
+    }
+    stored_experts = experts_.size();
+    for (int k = 0; k < std::min(width, experts_.size()); ++k) {
+      backfill_totals.push_back(experts_.at(k).record.backfill_total());
+    }
+  }
+  if (!rows.has_value()) {
+    DECISION_ASSIGN_OR_RETURN(storage::v1::LogChunk stored,
+                              env_.store->GetLogChunk(index_, static_cast<uint64_t>(chunk)));
+    DECISION_ASSIGN_OR_RETURN(rows, ChunkRowsOf(chunk, stored, stored_experts));
+  }
+  // Values the chunk lacks (experts registered after its samples were learned) from the
+  // experts' backfill chunks, which cover the same samples.
+  if (rows->width < width) {
+    const int narrow = rows->width;
+    std::vector<double> widened(rows->chooser.size() * width, NAN);
+    for (size_t i = 0; i < rows->chooser.size(); ++i) {
+      std::copy_n(&rows->propensities[i * narrow], narrow, &widened[i * width]);
+    }
+    rows->propensities.swap(widened);
+    rows->width = width;
+  }
+  const int have = std::min(width, rows->width);
+  for (int k = 0; k < std::min<int>(have, backfill_totals.size()); ++k) {
+    bool missing = false;
+    for (int64_t i = 0; i < rows->size() && !missing; ++i) {
+      missing = std::isnan(rows->propensities[i * rows->width + k]);
+    }
+    if (!missing || backfill_totals[k] <= rows->first()) continue;
+    absl::StatusOr<storage::v1::BackfillChunk> backfill = env_.store->GetBackfillChunk(
+        index_, static_cast<uint32_t>(k), static_cast<uint64_t>(chunk));
+    if (absl::IsNotFound(backfill.status())) continue;
+    if (!backfill.ok()) return backfill.status();
+    const int64_t n = std::min<int64_t>(backfill->values_size(), rows->size());
+    for (int64_t i = 0; i < n; ++i) {
+      double& v = rows->propensities[i * rows->width + k];
+      if (std::isnan(v)) v = backfill->values(i);
+    }
+  }
+  return *std::move(rows);
+}
+
 absl::Status Problem::WriteLogChunks() {
-  std::vector<PendingChunk> chunks;
+  std::vector<ChunkRows> chunks;
   {
     absl::MutexLock lock(&mu_);
     chunks.swap(unwritten_chunks_);
@@ -190,7 +302,7 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
-    const int64_t t = ducb_.log().size();
+    const int64_t t = ducb_.num_samples();
     batch_lag = std::max<int64_t>({0, t - next_refresh_at_,
                                    oldest_unfinished_training > 0 ? t - oldest_unfinished_training
                                                                   : 0});
@@ -198,7 +310,13 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
                               batch_lag};
     if (exported_.has_value() && *exported_ == state) return;
     exported_ = state;
-    log_bytes = ducb_.log().memory_bytes();
+    // What is kept per sample: the log chunk being filled, the complete ones not written
+    // yet, and the tails of the experts still backfilling.
+    log_bytes = current_chunk_.memory_bytes();
+    for (const ChunkRows& c : unwritten_chunks_) log_bytes += c.memory_bytes();
+    for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
+      log_bytes += static_cast<int64_t>(8 * experts_.at(k).tail.capacity());
+    }
     estimator_bytes = ducb_.estimator().Stats().state_bytes;
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));

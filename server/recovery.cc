@@ -4,16 +4,24 @@
 // bounds.
 //
 //   1. LoadExperts        expert records and models, ids dense from 0
-//   2. LoadCheckpoint     which experts D-UCB estimates, their divergences, the reservoir
-//   3. LoadBackfills      the backfilled columns of experts registered after samples
-//   4. LoadLogChunks      the estimators' view of complete chunks of the log
-//   5. RescoreTail        the samples after the last chunk, scored by the models again
-//   6. BuildEstimator     D-UCB over the log (one pass)
+//   2. LoadCheckpoint     the estimators' state after the checkpoint's samples, which
+//                         experts it estimates, their divergences, the reservoir
+//   3. LoadBackfills      how far the backfill of each expert past the checkpoint got
+//   4. ReplayLogChunks    the samples after the checkpoint (and, for the tails of the
+//                         backfilling experts, since their registration), from the log
+//                         chunks: no model is evaluated
+//   5. RescoreTail        the samples the chunks do not cover, scored by the models again
+//   6. Finish             the reservoir, the batch schedule, the counts
 //   7. LoadPending        the decisions still waiting for their reward
 //   8. LoadEventIds       every stored event id, for Choose's idempotency filter
 //   9. MeasureCosts       the scoring cost of experts stored without one (not written)
+//
+// Steps 4 and 5 cost what was learned since the last checkpoint (a batch boundary: at most
+// about b sqrt(t) samples), not the whole history. A checkpoint written before the
+// estimators' state was (no estimator_state) makes them learn the whole log again.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,9 +46,9 @@ class Recovery {
     DECISION_RETURN_IF_ERROR(LoadExperts());
     DECISION_RETURN_IF_ERROR(LoadCheckpoint());
     DECISION_RETURN_IF_ERROR(LoadBackfills());
-    DECISION_RETURN_IF_ERROR(LoadLogChunks());
+    DECISION_RETURN_IF_ERROR(ReplayLogChunks());
     DECISION_RETURN_IF_ERROR(RescoreTail());
-    DECISION_RETURN_IF_ERROR(BuildEstimator());
+    DECISION_RETURN_IF_ERROR(Finish());
     DECISION_RETURN_IF_ERROR(LoadPending());
     DECISION_RETURN_IF_ERROR(LoadEventIds());
     MeasureCosts();
@@ -126,19 +134,81 @@ class Recovery {
         record.set_status(storage::v1::EXPERT_STATE_ACTIVE);
       }
     }
+    return RestoreEstimator();
+  }
+
+  // D-UCB as the last estimator state written left it, or, for a store written before it
+  // existed, with no samples (the whole log is learned again).
+  absl::Status RestoreEstimator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const EstimatorOptions options = EstimatorOptionsOf(p_.record_);
+    absl::StatusOr<storage::v1::EstimatorStateRecord> stored =
+        store_.GetEstimatorState(index_);
+    if (!stored.ok() && !absl::IsNotFound(stored.status())) return stored.status();
+    if (!stored.ok()) {
+      absl::StatusOr<DUcb> fresh = DUcb::Create(options, n_est_, DUcb::LogMode::kNone);
+      if (!fresh.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", p_.id(), " cannot be served: ", fresh.status().message(),
+            "; its stored data is kept"));
+      }
+      DECISION_RETURN_IF_ERROR(fresh->SetDivergences(divergences_));
+      p_.ducb_ = *std::move(fresh);
+      replay_from_ = 0;
+    } else {
+      const storage::v1::EstimatorStateRecord& state = *stored;
+      absl::StatusOr<DUcb> restored = DUcb::Restore(
+          options, state.state(), {state.times_selected().begin(), state.times_selected().end()});
+      if (!restored.ok()) {
+        return DataLoss(absl::StrCat("estimator state: ", restored.status().message()));
+      }
+      // Written with every checkpoint that follows a change of the experts or divergences.
+      if (restored->num_experts() != n_est_ || restored->num_samples() != state.samples() ||
+          state.samples() > checkpoint_.samples() ||
+          restored->estimator().divergences().m != divergences_.m ||
+          restored->estimator().divergences().sigma != divergences_.sigma ||
+          state.positive_rewards() < 0 || state.positive_rewards() > state.samples()) {
+        return DataLoss(absl::StrCat(
+            "the estimator state covers ", restored->num_experts(), " experts and ",
+            restored->num_samples(), " samples (record: ", state.samples(),
+            "), the checkpoint ", n_est_, " and ", checkpoint_.samples(),
+            " (or its divergences or counts differ)"));
+      }
+      p_.ducb_ = *std::move(restored);
+      replay_from_ = state.samples();
+      positive_ = state.positive_rewards();
+      p_.state_written_ = true;
+      p_.state_samples_ = replay_from_;
+    }
+    for (int k = 0; k < n_est_; ++k) {
+      const ExpertSlot& slot = p_.experts_.at(k);
+      p_.ducb_.SetSelectable(k, slot.failure.empty() &&
+                                    slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE);
+    }
     return absl::OkStatus();
   }
 
+  // The backfill of an expert past the checkpoint resumes after its stored chunks (from
+  // the first gap a crash left, if any).
   absl::Status LoadBackfills() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    columns_.resize(num_experts());
     for (int id = 0; id < num_experts(); ++id) {
-      const int64_t total = p_.experts_.at(id).record.backfill_total();
+      if (p_.experts_.at(id).record.backfill_total() < 0) {
+        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ",
+                                     p_.experts_.at(id).record.backfill_total()));
+      }
+    }
+    // From the start of the chunk the checkpoint is in at least: the samples of the chunk
+    // being filled are kept in memory until it is complete (and written).
+    start_ = replay_from_ / storage::kLogChunkSamples * storage::kLogChunkSamples;
+    for (int id = n_est_; id < num_experts(); ++id) {
+      ExpertSlot& slot = p_.experts_.at(id);
+      const int64_t total = slot.record.backfill_total();
       if (total < 0) {
         return DataLoss(absl::StrCat("expert ", id, " has backfill_total ", total));
       }
-      if (total == 0) continue;
-      std::vector<double>& column = columns_[id];
-      DECISION_RETURN_IF_ERROR(store_.ForEachBackfillChunk(
+      start_ = std::min(start_, total);
+      int64_t backfilled = 0;
+      bool gap = false;
+      DECISION_RETURN_IF_ERROR(Stopped(store_.ForEachBackfillChunk(
           index_, static_cast<uint32_t>(id),
           [&](uint64_t chunk, const storage::v1::BackfillChunk& c) -> absl::Status {
             if (c.values_size() > storage::kBackfillChunkSamples) {
@@ -146,125 +216,160 @@ class Recovery {
                                            c.values_size(), " values"));
             }
             // A gap (a chunk lost in a crash): the rest is backfilled again.
-            if (chunk * storage::kBackfillChunkSamples != column.size()) return absl::OkStatus();
-            column.insert(column.end(), c.values().begin(), c.values().end());
-            return absl::OkStatus();
-          }));
-      if (static_cast<int64_t>(column.size()) > total) column.resize(total);
-    }
-    for (int id = n_est_; id < num_experts(); ++id) p_.experts_.at(id).backfill = columns_[id];
-    return absl::OkStatus();
-  }
-
-  // Appends sample `seq` with row_[k] = pi_k for every expert k (NaN: from its backfill).
-  absl::Status Append(int64_t seq, int chooser, double reward) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (int k = 0; k < num_experts(); ++k) {
-      ExpertSlot& slot = p_.experts_.at(k);
-      if (std::isnan(row_[k]) && seq < static_cast<int64_t>(columns_[k].size())) {
-        row_[k] = columns_[k][seq];
-      }
-      if (k >= n_est_ && seq >= slot.record.backfill_total()) slot.tail.push_back(row_[k]);
-      if (k < n_est_ && std::isnan(row_[k])) {
-        return DataLoss(absl::StrCat("sample ", seq, " has no propensity for expert ", k));
-      }
-    }
-    if (absl::Status s = log_.Append(chooser, reward, absl::MakeConstSpan(row_).subspan(0, n_est_));
-        !s.ok()) {
-      return DataLoss(absl::StrCat("sample ", seq, ": ", s.message()));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status LoadLogChunks() {
-    constexpr int64_t kSamples = storage::kLogChunkSamples;
-    log_ = SampleLog(n_est_);
-    row_.assign(num_experts(), NAN);
-    // A chunk is written by the maintenance round after its last sample: a crash in between
-    // leaves a gap. The log then continues from the samples, and the chunks from the gap on
-    // are written again.
-    bool gap = false;
-    DECISION_RETURN_IF_ERROR(store_.ForEachLogChunk(
-        index_, [&](uint64_t chunk, const storage::v1::LogChunk& c) -> absl::Status {
-          if (gap || static_cast<int64_t>(chunk) * kSamples != log_.size()) {
-            gap = true;
-            return absl::OkStatus();
-          }
-          const int width = c.num_experts();
-          // Experts registered after the chunk was written are not in it (their values are
-          // in their backfill): the width may be anything up to the experts stored.
-          if (c.chooser_size() != kSamples || c.reward_size() != kSamples || width < 0 ||
-              width > num_experts() ||
-              c.propensities_size() != static_cast<int64_t>(kSamples) * width) {
-            return DataLoss(absl::StrCat("log chunk ", chunk, " has ", c.chooser_size(),
-                                         " choosers, ", c.reward_size(), " rewards and ",
-                                         c.propensities_size(), " propensities of ", width,
-                                         " experts; expected ", kSamples,
-                                         " samples of at most ", num_experts(), " experts"));
-          }
-          for (int i = 0; i < kSamples; ++i) {
-            for (int k = 0; k < num_experts(); ++k) {
-              row_[k] = k < width ? c.propensities(i * width + k) : NAN;
+            if (gap || static_cast<int64_t>(chunk) * storage::kBackfillChunkSamples != backfilled) {
+              gap = true;
+              return kStop;
             }
-            DECISION_RETURN_IF_ERROR(Append(log_.size(), c.chooser(i), c.reward(i)));
+            backfilled += c.values_size();
+            return absl::OkStatus();
+          })));
+      slot.backfilled = std::min(backfilled, total);
+    }
+    return absl::OkStatus();
+  }
+
+  // Replays sample `seq` (chooser, reward, row[k] = pi_k for k < width; NaN: unknown):
+  // learns it if it is past the checkpoint, and adds it to the tails of the experts
+  // backfilling since before it. False (nothing done) if a value it needs is unknown.
+  absl::StatusOr<bool> Replay(int64_t seq, int chooser, double reward, const double* row,
+                              int width) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const bool learn = seq >= replay_from_;
+    if (learn) {
+      if (n_est_ > width) return false;
+      for (int k = 0; k < n_est_; ++k) {
+        if (std::isnan(row[k])) return false;
+      }
+    }
+    for (int k = n_est_; k < num_experts(); ++k) {
+      if (seq >= p_.experts_.at(k).record.backfill_total() && (k >= width || std::isnan(row[k]))) {
+        return false;
+      }
+    }
+    if (learn) {
+      if (absl::Status s = p_.ducb_.Learn(chooser, reward, absl::MakeConstSpan(row, n_est_));
+          !s.ok()) {
+        return DataLoss(absl::StrCat("sample ", seq, ": ", s.message()));
+      }
+      positive_ += reward > 0.0;
+    }
+    for (int k = n_est_; k < num_experts(); ++k) {
+      ExpertSlot& slot = p_.experts_.at(k);
+      if (seq >= slot.record.backfill_total()) slot.tail.push_back(row[k]);
+    }
+    return true;
+  }
+
+  absl::Status ReplayLogChunks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    constexpr int64_t kSamples = storage::kLogChunkSamples;
+    next_ = start_;
+    // A chunk is written by the maintenance round after its last sample: a crash in between
+    // leaves a gap. The samples from the gap on are re-scored, and their chunks written
+    // again.
+    return Stopped(store_.ForEachLogChunk(
+        index_,
+        [&](uint64_t chunk, const storage::v1::LogChunk& c) -> absl::Status {
+          if (static_cast<int64_t>(chunk) != next_ / kSamples) return kStop;
+          DECISION_ASSIGN_OR_RETURN(Problem::ChunkRows rows,
+                                    p_.ChunkRowsOf(static_cast<int64_t>(chunk), c, num_experts()));
+          for (int64_t s = next_; s < rows.first() + rows.size(); ++s) {
+            const int64_t i = s - rows.first();
+            DECISION_ASSIGN_OR_RETURN(
+                const bool replayed, Replay(s, rows.chooser[i], rows.reward[i], rows.row(s), rows.width));
+            if (!replayed) {
+              // The rest of this chunk is re-scored: it is rebuilt in memory from here.
+              rows.chooser.resize(i);
+              rows.reward.resize(i);
+              rows.propensities.resize(i * rows.width);
+              partial_ = std::move(rows);
+              return kStop;
+            }
+            ++next_;
           }
           return absl::OkStatus();
-        }));
-    chunks_read_ = log_.size() / kSamples;
-    return absl::OkStatus();
+        },
+        static_cast<uint64_t>(start_ / kSamples)));
   }
 
   absl::Status RescoreTail() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    std::vector<SampleRecord> tail;
+    constexpr int64_t kSamples = storage::kLogChunkSamples;
+    if (next_ > start_) {
+      // The chunks replayed must not cover samples the store does not have.
+      bool last = false;
+      DECISION_RETURN_IF_ERROR(store_.ForEachSample(index_, next_ - 1, 1,
+                                                    [&](int64_t seq, const SampleRecord&) {
+                                                      last = seq == next_ - 1;
+                                                      return absl::OkStatus();
+                                                    }));
+      if (!last) {
+        return DataLoss(absl::StrCat("the log chunks cover ", next_,
+                                     " samples, the store has fewer"));
+      }
+    }
+    if (partial_.has_value()) {
+      p_.current_chunk_ = *std::move(partial_);
+    } else {
+      p_.current_chunk_.chunk = next_ / kSamples;
+    }
+    std::vector<Problem::Unlearned> batch;
+    const auto score = [&]() -> absl::Status {
+      // Scored as the learner scores a batch (Problem::ScoreBatch): the chooser's logged
+      // propensity, a frozen expert's stand-in, and an expert that fails is quarantined.
+      std::vector<ScoringFailure> failures;
+      const std::vector<double> scored =
+          p_.ScoreBatch(batch, p_.experts_.JoinModels(p_.stand_in_), "restart", &failures);
+      for (const ScoringFailure& f : failures) p_.QuarantineLocked(f.expert, f.reason);
+      const int width = num_experts();
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const Problem::Unlearned& u = batch[i];
+        const double* row = &scored[i * width];
+        DECISION_ASSIGN_OR_RETURN(
+            const bool replayed, Replay(u.sequence, u.event.expert_id(), u.reward, row, width));
+        if (!replayed) return DataLoss(absl::StrCat("sample ", u.sequence, " cannot be scored"));
+        p_.current_chunk_.Append(u.event.expert_id(), u.reward, absl::MakeConstSpan(row, width));
+        if (p_.current_chunk_.size() == kSamples) {
+          const int64_t following = p_.current_chunk_.chunk + 1;
+          p_.unwritten_chunks_.push_back(std::move(p_.current_chunk_));
+          p_.current_chunk_ = Problem::ChunkRows();
+          p_.current_chunk_.chunk = following;
+        }
+      }
+      batch.clear();
+      return absl::OkStatus();
+    };
     DECISION_RETURN_IF_ERROR(store_.ForEachSample(
-        index_, log_.size(), 0, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
-          if (seq != log_.size() + static_cast<int64_t>(tail.size())) {
-            return DataLoss(absl::StrCat("sample ", seq, " is out of order"));
-          }
+        index_, next_, 0, [&](int64_t seq, const SampleRecord& s) -> absl::Status {
+          if (seq != next_) return DataLoss(absl::StrCat("sample ", next_, " is missing"));
           if (s.features_size() != p_.record_.num_features() || s.arm() < 0 ||
-              s.arm() >= p_.record_.num_arms()) {
+              s.arm() >= p_.record_.num_arms() || s.expert_id() < 0 ||
+              s.expert_id() >= num_experts()) {
             return DataLoss(absl::StrCat("sample ", seq, " has ", s.features_size(),
-                                         " features and arm ", s.arm()));
+                                         " features, arm ", s.arm(), " and expert ",
+                                         s.expert_id()));
           }
-          tail.push_back(s);
+          Problem::Unlearned u;
+          u.sequence = seq;
+          *u.event.mutable_features() = s.features();
+          u.event.set_arm(s.arm());
+          u.event.set_expert_id(s.expert_id());
+          u.event.set_propensity(s.propensity());
+          u.reward = s.reward();
+          batch.push_back(std::move(u));
+          ++next_;
+          if (static_cast<int64_t>(batch.size()) == kSamples) return score();
           return absl::OkStatus();
         }));
-    // Scored as the learner scores a batch (Problem::ScoreBatch): the chooser's logged
-    // propensity, a frozen expert's stand-in, and an expert that fails is quarantined.
-    std::vector<Problem::Unlearned> batch(tail.size());
-    for (size_t i = 0; i < tail.size(); ++i) {
-      const SampleRecord& s = tail[i];
-      batch[i].sequence = log_.size() + static_cast<int64_t>(i);
-      *batch[i].event.mutable_features() = s.features();
-      batch[i].event.set_arm(s.arm());
-      batch[i].event.set_expert_id(s.expert_id());
-      batch[i].event.set_propensity(s.propensity());
-    }
-    std::vector<ScoringFailure> failures;
-    const std::vector<double> scored =
-        p_.ScoreBatch(batch, p_.experts_.JoinModels(p_.stand_in_), "restart", &failures);
-    for (const ScoringFailure& f : failures) p_.QuarantineLocked(f.expert, f.reason);
-    const int width = num_experts();
-    for (size_t i = 0; i < tail.size(); ++i) {
-      std::copy_n(&scored[i * width], width, row_.begin());
-      DECISION_RETURN_IF_ERROR(Append(log_.size(), tail[i].expert_id(), tail[i].reward()));
+    DECISION_RETURN_IF_ERROR(score());
+    if (next_ < replay_from_) {
+      return DataLoss(absl::StrCat("the checkpoint covers ", replay_from_,
+                                   " samples, the store has ", next_));
     }
     return absl::OkStatus();
   }
 
-  absl::Status BuildEstimator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    DECISION_ASSIGN_OR_RETURN(DUcb ducb, DUcb::FromLog(EstimatorOptionsOf(p_.record_),
-                                                       std::move(log_), divergences_));
-    for (int k = 0; k < n_est_; ++k) {
-      const ExpertSlot& slot = p_.experts_.at(k);
-      ducb.SetSelectable(k, slot.failure.empty() &&
-                                slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE);
-    }
-    p_.ducb_ = std::move(ducb);
-    const int64_t t = p_.ducb_.log().size();
-    for (int64_t s = 0; s < t; ++s) p_.positive_rewards_ += p_.ducb_.log().reward(s) > 0.0;
-    for (int64_t chunk = chunks_read_; (chunk + 1) * storage::kLogChunkSamples <= t; ++chunk) {
-      p_.unwritten_chunks_.push_back(p_.PendingChunkLocked(chunk));
-    }
+  absl::Status Finish() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const int64_t t = p_.ducb_.num_samples();
+    p_.positive_rewards_ = positive_;
+    p_.positive_learned_ = positive_;
     if (checkpoint_.reservoir_size() > 0) {
       p_.reservoir_.Reset(std::vector<double>(checkpoint_.reservoir().begin(),
                                               checkpoint_.reservoir().end()),
@@ -293,7 +398,7 @@ class Recovery {
           return absl::OkStatus();
         }));
     p_.decisions_ =
-        std::max<int64_t>(p_.decisions_, p_.ducb_.log().size() + p_.pending_.answered());
+        std::max<int64_t>(p_.decisions_, p_.ducb_.num_samples() + p_.pending_.answered());
     return absl::OkStatus();
   }
 
@@ -320,13 +425,17 @@ class Recovery {
       slot.metrics.backfill_progress->Set(
           id < n_est_    ? 1.0
           : total == 0   ? 0.0
-                         : static_cast<double>(slot.backfill.size()) / total);
+                         : static_cast<double>(slot.backfilled) / total);
       slot.metrics.score_cost->Set(slot.record.score_cost_us() * 1e-6);
     }
     p_.ExportScoringCostLocked();
     p_.metrics_.pending->Set(static_cast<double>(p_.pending_.answered()));
-    p_.metrics_.samples->Set(static_cast<double>(p_.ducb_.log().size()));
+    p_.metrics_.samples->Set(static_cast<double>(p_.ducb_.num_samples()));
   }
+
+  // Ends a store scan early (ForEach* returns what the callback returns).
+  static inline const absl::Status kStop = absl::CancelledError("recovery: scan ends here");
+  static absl::Status Stopped(absl::Status s) { return s == kStop ? absl::OkStatus() : s; }
 
   Problem& p_;
   const uint32_t index_;
@@ -334,10 +443,11 @@ class Recovery {
   CheckpointRecord checkpoint_;
   int n_est_ = 0;
   DivergenceMatrix divergences_;
-  std::vector<std::vector<double>> columns_;  // backfilled propensities, by expert
-  SampleLog log_;
-  std::vector<double> row_;  // the sample being appended: pi_k for every expert k
-  int64_t chunks_read_ = 0;
+  int64_t replay_from_ = 0;  // the samples the restored estimator has seen
+  int64_t start_ = 0;        // the first sample replayed (for the backfilling experts' tails)
+  int64_t next_ = 0;         // the next sample to replay
+  int64_t positive_ = 0;     // samples with a positive reward among those learned
+  std::optional<Problem::ChunkRows> partial_;  // a stored chunk replayed in part
 };
 
 absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index,
@@ -346,6 +456,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Load(uint32_t index,
   // The record sizes the problem (its reservoir, the experts' shapes, the scoring buffers)
   // and nothing else checks it: a damaged one is refused here, before anything is sized.
   DECISION_RETURN_IF_ERROR(CheckStoredProblem(record));
+  // Replaced by the checkpoint's (LoadCheckpoint); an empty one until then.
   DECISION_ASSIGN_OR_RETURN(DUcb empty, DUcb::Create(EstimatorOptionsOf(record), 0));
   std::unique_ptr<Problem> p(new Problem(index, std::move(record), env, std::move(empty)));
   DECISION_RETURN_IF_ERROR(Recovery(p.get(), index).Run());

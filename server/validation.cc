@@ -143,6 +143,13 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   if (absl::Status s = ValidateEstimatorOptions(o); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.estimator: ", s.message()));
   }
+  if (o.kind == EstimatorKind::kMedianOfMeans &&
+      o.grouping == MedianOfMeansGrouping::kContiguous) {
+    return absl::InvalidArgumentError(
+        "config.estimator.grouping is MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS, which the service "
+        "does not run: it regroups every sample whenever l(t) changes, so it needs the whole "
+        "log in memory; use ROUND_ROBIN (the default; bench/regret runs both)");
+  }
   const v1::AutoTrainConfig& at = c.auto_train();
   DECISION_RETURN_IF_ERROR(CheckExpertCounts(at.tree_experts(), at.linear_experts(),
                                              kMaxExpertsPerTrainingJob, "config.auto_train: "));

@@ -487,13 +487,15 @@ Store::WriteGroup::~WriteGroup() = default;
 absl::Status Store::AddProblem(WriteGroup* group, uint32_t problem,
                                const v1::ProblemRecord& record,
                                const v1::ExpertRecord& first_expert,
-                               const v1::CheckpointRecord& checkpoint) {
+                               const v1::CheckpointRecord& checkpoint,
+                               const v1::EstimatorStateRecord& state) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
   if (db_ == nullptr) return NotOpen();
   rocksdb::WriteBatch& batch = *group->batch_;
   rocksdb::Status s = batch.Put(problems_, Key32(problem), record.SerializeAsString());
   if (s.ok()) s = batch.Put(experts_, Key32x2(problem, 0), first_expert.SerializeAsString());
   if (s.ok()) s = batch.Put(checkpoints_, Key32(problem), checkpoint.SerializeAsString());
+  if (s.ok()) s = batch.Put(checkpoints_, Key32x2(problem, 1), state.SerializeAsString());
   if (!s.ok()) return FromRocks(s, "problem batch");
   ++group->size_;
   return absl::OkStatus();
@@ -600,10 +602,13 @@ absl::Status Store::PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t
 
 absl::Status Store::ForEachBackfillChunk(
     uint32_t problem, uint32_t expert,
-    const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn) {
+    const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn,
+    uint64_t start_chunk) {
   const std::string prefix = Key32x2(problem, expert);
+  std::string start = prefix;
+  AppendU64(&start, start_chunk);
   return Scan<v1::BackfillChunk>(
-      &Store::backfill_, prefix, prefix, 0, 8,
+      &Store::backfill_, prefix, start, 0, 8,
       [&](absl::string_view key, const v1::BackfillChunk& r) { return fn(ReadU64(key), r); });
 }
 
@@ -614,28 +619,74 @@ absl::Status Store::PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogC
 }
 
 absl::Status Store::ForEachLogChunk(
-    uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn) {
+    uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn,
+    uint64_t start_chunk) {
   const std::string prefix = Key32(problem);
+  std::string start = prefix;
+  AppendU64(&start, start_chunk);
   return Scan<v1::LogChunk>(
-      &Store::logchunks_, prefix, prefix, 0, 8,
+      &Store::logchunks_, prefix, start, 0, 8,
       [&](absl::string_view key, const v1::LogChunk& r) { return fn(ReadU64(key), r); });
 }
 
-absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record) {
-  return Put(&Store::checkpoints_, Key32(problem), record, "checkpoint");
+absl::Status Store::PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record,
+                                  const v1::EstimatorStateRecord* state) {
+  if (state == nullptr) return Put(&Store::checkpoints_, Key32(problem), record, "checkpoint");
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s = batch.Put(checkpoints_, Key32(problem), record.SerializeAsString());
+  if (s.ok()) s = batch.Put(checkpoints_, Key32x2(problem, 1), state->SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "checkpoint");
+  lock.unlock();
+  return Write(&batch, "checkpoint");
 }
 
-absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
+absl::Status Store::DeleteEstimatorState(uint32_t problem) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  const rocksdb::Status s = batch.Delete(checkpoints_, Key32x2(problem, 1));
+  if (!s.ok()) return FromRocks(s, "estimator state");
+  lock.unlock();
+  return Write(&batch, "estimator state");
+}
+
+absl::StatusOr<v1::EstimatorStateRecord> Store::GetEstimatorState(uint32_t problem) {
+  return Get<v1::EstimatorStateRecord>(&Store::checkpoints_, Key32x2(problem, 1),
+                                       "estimator state");
+}
+
+template <typename Record>
+absl::StatusOr<Record> Store::Get(rocksdb::ColumnFamilyHandle* Store::*family,
+                                  const std::string& key, absl::string_view what) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return NotOpen();
   std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), checkpoints_, Key32(problem), &value);
-  if (!s.ok()) return FromRocks(s, "checkpoint");
-  v1::CheckpointRecord record;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), this->*family, key, &value);
+  if (!s.ok()) return FromRocks(s, what);
+  Record record;
   if (!record.ParseFromString(value)) {
-    return absl::DataLossError("storage: checkpoint does not parse");
+    return absl::DataLossError(absl::StrCat("storage: ", what, " does not parse"));
   }
   return record;
+}
+
+absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
+  return Get<v1::CheckpointRecord>(&Store::checkpoints_, Key32(problem), "checkpoint");
+}
+
+absl::StatusOr<v1::LogChunk> Store::GetLogChunk(uint32_t problem, uint64_t chunk) {
+  std::string key = Key32(problem);
+  AppendU64(&key, chunk);
+  return Get<v1::LogChunk>(&Store::logchunks_, key, "log chunk");
+}
+
+absl::StatusOr<v1::BackfillChunk> Store::GetBackfillChunk(uint32_t problem, uint32_t expert,
+                                                          uint64_t chunk) {
+  std::string key = Key32x2(problem, expert);
+  AppendU64(&key, chunk);
+  return Get<v1::BackfillChunk>(&Store::backfill_, key, "backfill chunk");
 }
 
 absl::Status Store::AppendAudit(const v1::AuditRecord& record) {

@@ -135,7 +135,8 @@ class Store {
   // leaves either the whole problem or nothing.
   absl::Status AddProblem(WriteGroup* group, uint32_t problem, const v1::ProblemRecord& record,
                           const v1::ExpertRecord& first_expert,
-                          const v1::CheckpointRecord& checkpoint);
+                          const v1::CheckpointRecord& checkpoint,
+                          const v1::EstimatorStateRecord& state);
   // A new pending decision, indexed by its deadline.
   absl::Status AddDecision(WriteGroup* group, uint32_t problem, absl::string_view event_id,
                            const v1::EventRecord& record);
@@ -186,15 +187,30 @@ class Store {
 
   absl::Status PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t chunk,
                                 const v1::BackfillChunk& record);
+  // Backfill chunks of `expert` from chunk `start_chunk` on, in order.
   absl::Status ForEachBackfillChunk(
       uint32_t problem, uint32_t expert,
-      const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn);
+      const std::function<absl::Status(uint64_t, const v1::BackfillChunk&)>& fn,
+      uint64_t start_chunk = 0);
 
   absl::Status PutLogChunk(uint32_t problem, uint64_t chunk, const v1::LogChunk& record);
+  // Log chunks from chunk `start_chunk` on, in order.
   absl::Status ForEachLogChunk(
-      uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn);
+      uint32_t problem, const std::function<absl::Status(uint64_t, const v1::LogChunk&)>& fn,
+      uint64_t start_chunk = 0);
 
-  absl::Status PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record);
+  // NOT_FOUND if absent.
+  absl::StatusOr<v1::LogChunk> GetLogChunk(uint32_t problem, uint64_t chunk);
+  absl::StatusOr<v1::BackfillChunk> GetBackfillChunk(uint32_t problem, uint32_t expert,
+                                                     uint64_t chunk);
+
+  // The checkpoint, and, if not null, the estimators' state, in one write.
+  absl::Status PutCheckpoint(uint32_t problem, const v1::CheckpointRecord& record,
+                             const v1::EstimatorStateRecord* state = nullptr);
+  // NOT_FOUND if the problem has none (a store written before it existed).
+  absl::StatusOr<v1::EstimatorStateRecord> GetEstimatorState(uint32_t problem);
+  // Deletes it: the next restart learns the problem's whole log again (tools, tests).
+  absl::Status DeleteEstimatorState(uint32_t problem);
   // NOT_FOUND if the problem has no checkpoint yet.
   absl::StatusOr<v1::CheckpointRecord> GetCheckpoint(uint32_t problem);
 
@@ -227,6 +243,10 @@ class Store {
   absl::Status Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
                    const google::protobuf::MessageLite& record, absl::string_view what);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
+  // The record at `key`: NOT_FOUND if absent, DATA_LOSS if it does not parse.
+  template <typename Record>
+  absl::StatusOr<Record> Get(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
+                             absl::string_view what);
   // Records whose key starts with `prefix`, from `start`; fn gets the rest of the key, which
   // must have `suffix_bytes` bytes (else DATA_LOSS).
   template <typename Record>

@@ -489,6 +489,11 @@ std::vector<BadCase> BadCases(const Suite& suite) {
          c->mutable_estimator()->set_epsilon_rule(static_cast<v1::EpsilonRule>(7));
        })),
        kInvalid, {"epsilon_rule", "7"}},
+      {"CreateProblem/estimator_grouping_contiguous",
+       create(BadConfig([](auto* c) {
+         c->mutable_estimator()->set_grouping(v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);
+       })),
+       kInvalid, {"CONTIGUOUS", "whole log in memory"}},
       {"CreateProblem/divergence_reservoir_5",
        create(BadConfig([](auto* c) { c->set_divergence_reservoir(5); })), kInvalid,
        {"config.divergence_reservoir is 5"}},

@@ -217,6 +217,7 @@ TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
 // decision_problem_memory_bytes says what a problem keeps: the sample log in whole
 // 4096-row chunks of 4 + 8 + 8 N bytes, and the estimator's state, which more samples do
 // not grow.
+// Neither part grows with the samples: the log is in the store (issue 16).
 TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   CreateProblem("p");
   for (double strength : {4.0, 2.0}) RegisterLinear("p", strength);
@@ -237,6 +238,12 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   EXPECT_LT(estimator, 240.0 * n * (n + 3) * 8 + 64 * 1024);
   PlayRounds("p", 200);
   GetProblem("p");
+  EXPECT_EQ(memory("estimator"), estimator);
+  // Past a chunk: the complete one is written (by the maintenance round) and dropped; only
+  // the chunk being filled stays. Nothing per sample grows.
+  PlayRounds("p", 4096);
+  GetProblem("p");
+  EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
   EXPECT_EQ(memory("estimator"), estimator);
 }
 

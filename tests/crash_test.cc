@@ -426,6 +426,50 @@ TEST_F(ChunkGapTest, ALogChunkLostInACrashIsWrittenAgain) {
   }
 }
 
+// A restart starts from the last checkpoint (the estimators' state at a batch boundary)
+// and learns only the samples after it, from the log chunks or re-scored: after a kill -9
+// the estimates are the same, bit for bit, as before it. Samples past the last boundary
+// make sure there is something after the checkpoint to learn again; an estimated linear
+// expert makes the re-scoring matter.
+TEST_F(ChunkGapTest, AKilledServerLearnsOnlyPastItsCheckpointAndKeepsItsEstimates) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  ASSERT_GRPC_OK(CreateProblem(stub_.get(), kProblem));
+  v1::RegisterExpertRequest request;
+  request.set_problem_id(kProblem);
+  request.set_name("linear");
+  auto* l = request.mutable_model()->mutable_linear_softmax();
+  for (int a = 0; a < kArms; ++a) {
+    for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? 5.0 : 0.0);
+    l->add_bias(0.0);
+  }
+  v1::Expert expert;
+  ASSERT_GRPC_OK(Call(&Stub::RegisterExpert, stub_.get(), request, &expert));
+  ASSERT_NO_FATAL_FAILURE(PlayUntil(4096 + 300));
+  // Until the maintenance thread has passed the boundaries due (its checkpoint is at the
+  // last one), then a few samples more, short of the next boundary.
+  const auto deadline = std::chrono::steady_clock::now() + kPollTimeout;
+  v1::GetProblemRequest get;
+  get.set_problem_id(kProblem);
+  v1::Problem problem;
+  do {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GRPC_OK(Call(&Stub::GetProblem, stub_.get(), get, &problem));
+  } while (problem.next_batch_at() <= problem.samples());
+  ASSERT_GT(problem.next_batch_at(), problem.samples() + 60);
+  ASSERT_NO_FATAL_FAILURE(PlayUntil(problem.samples() + 50));
+  const std::string estimates = Estimates();
+  v1::GetEstimatesRequest request_estimates;
+  request_estimates.set_problem_id(kProblem);
+  v1::Estimates parsed;
+  ASSERT_GRPC_OK(Call(&Stub::GetEstimates, stub_.get(), request_estimates, &parsed));
+  ASSERT_EQ(parsed.n(), 2) << "the linear expert is estimated";
+  process_->Kill();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  EXPECT_EQ(Samples(), problem.samples() + 50);
+  EXPECT_EQ(Estimates(), estimates);
+}
+
 // Issue 14: a kill -9 during TrainExperts lost the job silently (2 of the 4 requested
 // experts existed after the restart, and nothing said so; the RPC had returned OK). The
 // server is killed while the job is RUNNING with some of its experts registered (polled

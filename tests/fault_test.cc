@@ -321,6 +321,21 @@ std::function<absl::Status(storage::Store&)> EditCheckpoint(
   };
 }
 
+// The same for the estimators' state; a null edit deletes it (a store written before it
+// existed).
+std::function<absl::Status(storage::Store&)> EditEstimatorState(
+    std::function<void(storage::v1::EstimatorStateRecord*)> edit) {
+  return [edit](storage::Store& store) -> absl::Status {
+    if (edit == nullptr) return store.DeleteEstimatorState(0);
+    absl::StatusOr<storage::v1::CheckpointRecord> c = store.GetCheckpoint(0);
+    absl::StatusOr<storage::v1::EstimatorStateRecord> state = store.GetEstimatorState(0);
+    if (!c.ok()) return c.status();
+    if (!state.ok()) return state.status();
+    edit(&*state);
+    return store.PutCheckpoint(0, *c, &*state);
+  };
+}
+
 storage::v1::LogChunk FullChunk(int experts) {
   storage::v1::LogChunk c;
   c.set_num_experts(experts);
@@ -351,10 +366,13 @@ TEST_F(CorruptRecordTest, ProblemRecordOutsideWhatCreateProblemAccepts) {
       });
     }
     absl::StatusOr<storage::v1::CheckpointRecord> checkpoint = store.GetCheckpoint(0);
-    if (!read.ok() || !checkpoint.ok()) return absl::InternalError("reading the store");
+    absl::StatusOr<storage::v1::EstimatorStateRecord> state = store.GetEstimatorState(0);
+    if (!read.ok() || !checkpoint.ok() || !state.ok()) {
+      return absl::InternalError("reading the store");
+    }
     problem.set_num_features(1 << 30);
     storage::Store::WriteGroup group;
-    absl::Status added = store.AddProblem(&group, 0, problem, first, *checkpoint);
+    absl::Status added = store.AddProblem(&group, 0, problem, first, *checkpoint, *state);
     return added.ok() ? store.Commit(&group) : added;
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
@@ -410,6 +428,33 @@ TEST_F(CorruptRecordTest, CheckpointMatricesOfTheWrongSize) {
       OpenAfter(EditCheckpoint([](storage::v1::CheckpointRecord* c) { c->mutable_m()->RemoveLast(); }));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("divergence matrices"));
+}
+
+// The estimators' state in a checkpoint is checked like any record: damaged bytes, or a
+// state that does not match the checkpoint around it, are DATA_LOSS naming it.
+TEST_F(CorruptRecordTest, CheckpointWithADamagedEstimatorState) {
+  const absl::Status s = OpenAfter(EditEstimatorState([](storage::v1::EstimatorStateRecord* c) {
+    c->mutable_state()->resize(c->state().size() / 2);
+  }));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("estimator state is damaged"));
+}
+
+TEST_F(CorruptRecordTest, CheckpointWhoseEstimatorStateDoesNotMatchIt) {
+  const absl::Status s = OpenAfter(EditEstimatorState([](storage::v1::EstimatorStateRecord* c) {
+    c->set_samples(c->samples() + 1);
+  }));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("estimator state covers"));
+}
+
+// A store written before the estimators' state was (no EstimatorStateRecord): the restart
+// learns the whole log again from the log chunks and the samples.
+TEST_F(CorruptRecordTest, ACheckpointWithoutEstimatorStateLearnsTheWholeLogAgain) {
+  const absl::Status s = OpenAfter(EditEstimatorState(nullptr));
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(GetProblem("p").samples(), 20);
+  ExpectEstimatesMatchReference("p");
 }
 
 TEST_F(CorruptRecordTest, CheckpointCoveringMoreExpertsThanStored) {

@@ -446,6 +446,41 @@ TEST_F(ServiceTest, RestartDuringBackfillResumesIt) {
   EXPECT_EQ(e.n(), 2);
 }
 
+// Experts whose backfills complete one after the other share one checkpoint (with the
+// estimators' state) after the last. A crash before it: the one completed first is past
+// the last checkpoint, so the restart backfills it again from its stored backfill, and the
+// estimates are exact.
+TEST_F(ServiceTest, AnExpertCompletedAfterTheLastCheckpointIsBackfilledAgainAfterACrash) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // the boundaries due pass
+  ASSERT_GT(GetProblem("p").next_batch_at(), 300);
+  RegisterLinear("p", 4.0);
+  RegisterLinear("p", 2.0);
+  // The first expert's backfill completes; the second's cannot be written.
+  bool second = false;
+  hooks_.after_backfill_scoring = [&](int expert_id) { second = second || expert_id == 2; };
+  fail_writes_ = [&](absl::string_view what) { return second && what == "backfill chunk"; };
+  EXPECT_FALSE(service_->RunMaintenance().ok());
+  std::vector<v1::Expert> experts = Experts();
+  ASSERT_EQ(experts.size(), 3u);
+  ASSERT_EQ(experts[1].status(), v1::EXPERT_STATUS_ACTIVE);
+  ASSERT_EQ(experts[2].status(), v1::EXPERT_STATUS_BACKFILLING);
+  // The crash: the shutdown's checkpoint is never written.
+  fail_writes_ = [](absl::string_view what) { return what == "checkpoint"; };
+  EXPECT_FALSE(service_->Shutdown().ok());
+  service_.reset();
+  fail_writes_ = nullptr;
+  Open();
+  experts = Experts();
+  ASSERT_EQ(experts.size(), 3u);
+  EXPECT_EQ(experts[1].status(), v1::EXPERT_STATUS_BACKFILLING);
+  EXPECT_EQ(experts[1].backfilled(), 300) << "its backfill chunks are kept";
+  RunMaintenanceUntilActive("p");
+  EXPECT_EQ(Estimates("p").n(), 3);
+  ExpectEstimatesMatchReference("p");
+}
+
 TEST_F(ServiceTest, AutoTrainingAddsExpertsFromTheLogAndBoundsTheActiveOnes) {
   inline_maintenance_ = true;  // training runs after each Reward, deterministically
   Reopen();
