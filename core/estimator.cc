@@ -96,6 +96,20 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
   return internal::RoundGroupsToDivisor(MedianOfMeansFineGroups(o), paper, t);
 }
 
+int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts) {
+  const int64_t n = num_experts;
+  if (o.kind == EstimatorKind::kClipped) {
+    // M and 1/M by chooser, the folded sums, the divergences (M, sigma): 5 N^2; the counts,
+    // Z and A; the kept entries.
+    return 8 * (5 * n * n + 3 * n) + 32 * o.max_kept_clipped;
+  }
+  if (o.grouping == MedianOfMeansGrouping::kContiguous) return 8 * 3 * n * n;
+  // The fine groups (S, n, F, D), a full tail (< L samples), the group scratch (at most L
+  // groups) and the divergences.
+  const int64_t fine = MedianOfMeansFineGroups(o);
+  return 8 * (fine * n * (n + 3) + fine * (n + 1) + fine * n + 3 * n * n) + 4 * fine;
+}
+
 absl::Status Estimator::Add(int, double, absl::Span<const double>) {
   return absl::UnimplementedError(
       "this estimator reads its groups from the log: use Update(log)");

@@ -135,6 +135,13 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
 // is >= the paper's l(10^13) (240 for c2 <= 4). Every l(t) divides it.
 int64_t MedianOfMeansFineGroups(const EstimatorOptions& options);
 
+// The most state an estimator of `num_experts` experts holds under `options`, whatever t:
+// round-robin median of means 8 L N (N + 3) bytes and its tail; clipped 48 N^2 bytes and
+// 32 per kept entry (max_kept_clipped of them; without that cap the N-dependent part
+// only). Contiguous median of means keeps prefix sums that grow with t: the N-dependent
+// part only.
+int64_t EstimatorStateBound(const EstimatorOptions& options, int num_experts);
+
 // What an estimator holds, for tests, metrics and capacity planning.
 struct EstimatorStats {
   int64_t state_bytes = 0;      // the estimator's own state (not the log's)

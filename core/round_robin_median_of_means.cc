@@ -208,10 +208,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   // The state at its bound, which depends on L and N alone: the fine groups (S, n, F, D),
   // a full tail (< L samples), the group scratch (at most L groups) and the divergences.
   EstimatorStats Stats() const override {
-    const int64_t n = n_;
     EstimatorStats stats;
-    stats.state_bytes = 8 * (fine_ * n * (n + 3) + fine_ * (n + 1) + fine_ * n + 3 * n * n) +
-                        4 * fine_;
+    stats.state_bytes = EstimatorStateBound(options_, n_);
     return stats;
   }
   int64_t num_samples() const override { return t_; }

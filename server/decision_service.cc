@@ -38,6 +38,7 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.max_pending_decision_bytes = options_.max_pending_decisions_mb << 20;
   env.metrics_pair_experts = options_.metrics_pair_experts;
   env.max_experts = options_.max_experts_per_problem;
+  env.max_memory_bytes = options_.max_problem_memory_mb << 20;
   return env;
 }
 

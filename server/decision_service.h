@@ -88,6 +88,8 @@ struct ServiceOptions {
   // Experts a problem may have registered, retired and failed ones included (Problem::Env);
   // at most kMaxExpertsPerProblem.
   int max_experts_per_problem = 256;
+  // What a problem's estimator state and samples in memory may reach (Problem::Env), MB.
+  int64_t max_problem_memory_mb = 1024;
   // The divergence pair series cover at most this many active experts per problem, those
   // of highest UCB (Problem::Env).
   int metrics_pair_experts = 16;

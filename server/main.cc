@@ -83,6 +83,10 @@ ABSL_FLAG(int, max_experts_per_problem, 256,
           "cap per problem on the experts registered, retired and failed ones included (the "
           "log and the estimator keep their columns); RegisterExpert and training jobs past "
           "it get RESOURCE_EXHAUSTED; at most 256");
+ABSL_FLAG(int64_t, max_problem_memory_mb, 1024,
+          "cap per problem on the memory that grows with its experts (the estimator's state "
+          "and the samples kept in memory: decision_problem_memory_bytes); RegisterExpert and "
+          "training jobs that would pass it get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_pair_experts, 16,
           "the divergence pair series (decision_divergence_mij, _sigmaij) cover at most this many "
           "active experts per problem, those of highest UCB: 2 n (n - 1) series; "
@@ -149,6 +153,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.max_problems = absl::GetFlag(FLAGS_max_problems);
   options.metrics_pair_experts = absl::GetFlag(FLAGS_metrics_pair_experts);
   options.max_experts_per_problem = absl::GetFlag(FLAGS_max_experts_per_problem);
+  options.max_problem_memory_mb = absl::GetFlag(FLAGS_max_problem_memory_mb);
   // An unknown name is refused in main, before anything starts.
   options.background_priority =
       ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
@@ -273,11 +278,12 @@ int Run() {
       options.max_pending_decisions_mb > (int64_t{1} << 30) || options.max_problems < 1 ||
       options.metrics_pair_experts < 0 || options.metrics_pair_experts > 256 ||
       options.max_experts_per_problem < 1 ||
-      options.max_experts_per_problem > kMaxExpertsPerProblem) {
+      options.max_experts_per_problem > kMaxExpertsPerProblem ||
+      options.max_problem_memory_mb < 1 || options.max_problem_memory_mb > (int64_t{1} << 30)) {
     std::fprintf(stderr,
                  "decisiond: --max_pending_decisions and --max_problems must be >= 1, "
-                 "--max_pending_decisions_mb in [1, 1073741824], --metrics_pair_experts in "
-                 "[0, 256] and --max_experts_per_problem in [1, %d]\n",
+                 "--max_pending_decisions_mb and --max_problem_memory_mb in [1, 1073741824], "
+                 "--metrics_pair_experts in [0, 256] and --max_experts_per_problem in [1, %d]\n",
                  kMaxExpertsPerProblem);
     return 2;
   }

@@ -179,7 +179,13 @@ class Problem {
     // the estimator keep their columns) gets RESOURCE_EXHAUSTED; a problem that already
     // has more, from a higher setting, still loads and serves.
     int max_experts = 256;
+    // RegisterExpert that would take MemoryBound past this gets RESOURCE_EXHAUSTED.
+    int64_t max_memory_bytes = int64_t{1} << 30;
   };
+  // The memory that grows with a problem's experts, at `num_experts` experts: the
+  // estimator's state at its bound (EstimatorStateBound) and a log chunk of samples in
+  // memory. What decision_problem_memory_bytes reports, at most.
+  static int64_t MemoryBound(const storage::v1::ProblemRecord& record, int num_experts);
   // The estimated memory of one pending decision: its features, plus its record, event id
   // and index entries.
   static constexpr int64_t PendingDecisionBytes(int num_features) {

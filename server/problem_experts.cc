@@ -194,6 +194,13 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
           " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
           env_.max_experts, ")"));
     }
+    if (const int64_t bytes = MemoryBound(record_, experts_.size() + 1);
+        bytes > env_.max_memory_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "problem ", id(), ": a new expert would take the memory of its ", experts_.size() + 1,
+          " experts' estimator state and samples in memory to ", bytes / 1048576.0,
+          " MB, over the cap (--max_problem_memory_mb=", env_.max_memory_bytes >> 20, ")"));
+    }
     // Under expert_writes_mu_: no other registration can pass this check meanwhile.
     const double budget = record_.scoring_budget_us();
     if (const double total = experts_.ScoringCostUs(); budget > 0.0 && total + cost_us > budget) {
@@ -223,6 +230,8 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
   absl::MutexLock lock(&mu_);
   if (!written.ok()) {
     experts_.DropLast();
+    // Its id may be reused: the chunk being filled must not give its values to the next.
+    current_chunk_.Narrow(experts_.size());
     ExportScoringCostLocked();
     return written;
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "core/status_macros.h"
+#include "server/conversions.h"
 #include "server/problem.h"
 
 namespace decision::server {
@@ -93,6 +94,11 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
   c.set_next_refresh_at(next_refresh_at_);
   c.set_decisions(decisions_);
   return w;
+}
+
+int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_experts) {
+  return EstimatorStateBound(EstimatorOptionsOf(record), num_experts) +
+         storage::kLogChunkSamples * (12 + 8 * int64_t{num_experts});
 }
 
 absl::Status Problem::WriteCheckpoint(const CheckpointWrite& w) {

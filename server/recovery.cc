@@ -202,9 +202,6 @@ class Recovery {
     for (int id = n_est_; id < num_experts(); ++id) {
       ExpertSlot& slot = p_.experts_.at(id);
       const int64_t total = slot.record.backfill_total();
-      if (total < 0) {
-        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ", total));
-      }
       start_ = std::min(start_, total);
       int64_t backfilled = 0;
       bool gap = false;

@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "server/conversions.h"
+#include "server/problem.h"
 #include "tests/service_fixture.h"
 
 namespace decision::server {
@@ -147,6 +149,35 @@ TEST_F(CapsTest, ARegistrationPastTheExpertCapIsRefused) {
   Reopen();
   EXPECT_TRUE(service_->RegisterExpert(req, &e).ok());
   EXPECT_EQ(Experts().size(), 4u);
+}
+
+// --max_problem_memory_mb: the estimator's state grows as N^2 (median of means, 240 fine
+// groups), so at 1 MB the 15th expert is refused: 0.57 MB of state and 0.54 MB of samples
+// in memory (Problem::MemoryBound). Nothing stored changes, and a higher cap lets it in.
+TEST_F(CapsTest, ARegistrationPastTheMemoryBudgetIsRefused) {
+  storage::v1::ProblemRecord defaults;
+  *defaults.mutable_estimator() = EstimatorRecordOf(EstimatorOptions());
+  EXPECT_LE(Problem::MemoryBound(defaults, 14), int64_t{1} << 20);
+  EXPECT_GT(Problem::MemoryBound(defaults, 15), int64_t{1} << 20);
+  max_problem_memory_mb_ = 1;
+  Reopen();
+  CreateProblem("p");
+  absl::Status s;
+  for (int i = 0; i < 20 && s.ok(); ++i) {
+    v1::Expert e;
+    s = service_->RegisterExpert(LinearRequest("p", 1.0 + i), &e);
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_problem_memory_mb=1"));
+  EXPECT_THAT(s.message(), HasSubstr("15 experts"));
+  EXPECT_EQ(Experts().size(), 14u);
+  Reopen();
+  EXPECT_EQ(Experts().size(), 14u);
+  max_problem_memory_mb_ = 2;
+  Reopen();
+  v1::Expert e;
+  EXPECT_TRUE(service_->RegisterExpert(LinearRequest("p", 30.0), &e).ok());
+  EXPECT_EQ(Experts().size(), 15u);
 }
 
 // The divergence pair series cover only the --metrics_pair_experts active experts of highest

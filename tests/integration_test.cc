@@ -785,10 +785,12 @@ TEST_F(IntegrationTest, CapFlagsOutOfRangeRefuseToStart) {
   for (const char* flag :
        {"--max_experts_per_problem=0", "--max_experts_per_problem=257", "--max_problems=0",
         "--max_pending_decisions=0", "--max_pending_decisions_mb=0",
-        "--metrics_pair_experts=-1", "--metrics_pair_experts=257"}) {
+        "--metrics_pair_experts=-1", "--metrics_pair_experts=257",
+        "--max_problem_memory_mb=0"}) {
     EXPECT_FALSE(DecisiondProcess::Start(dir_, {flag}).ok()) << flag;
   }
-  auto p = DecisiondProcess::Start(dir_, {"--max_experts_per_problem=1", "--max_problems=1"});
+  auto p = DecisiondProcess::Start(
+      dir_, {"--max_experts_per_problem=1", "--max_problems=1", "--max_problem_memory_mb=1"});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->Terminate(), 0);
 }

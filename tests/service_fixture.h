@@ -56,6 +56,7 @@ class ServiceTest : public ::testing::Test {
     options.max_problems = max_problems_;
     options.metrics_pair_experts = metrics_pair_experts_;
     options.max_experts_per_problem = max_experts_per_problem_;
+    options.max_problem_memory_mb = max_problem_memory_mb_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -280,6 +281,7 @@ class ServiceTest : public ::testing::Test {
   int64_t max_problems_ = ServiceOptions().max_problems;
   int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
   int max_experts_per_problem_ = ServiceOptions().max_experts_per_problem;
+  int64_t max_problem_memory_mb_ = ServiceOptions().max_problem_memory_mb;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;
