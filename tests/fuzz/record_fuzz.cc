@@ -2,7 +2,7 @@
 // fuzzer's bytes and put, in memory, through what Problem::Load (server/recovery.cc) does
 // with each: fast, no store (recovery_fuzz is the slow, faithful form with a real store).
 //
-// Input: byte 0 % 8 picks the record; then the ProblemRecord of the problem the record
+// Input: byte 0 % 9 picks the record; then the ProblemRecord of the problem the record
 // belongs to (2 length bytes, little-endian, then the bytes), which must pass
 // CheckStoredProblem as at a restart; the rest is the record:
 //   0  ProblemRecord (the rest; the first is ignored): CheckStoredProblem, and for a record
@@ -16,7 +16,9 @@
 //   4  BackfillChunk: LoadBackfills' size check;
 //   5  SampleRecord: RescoreTail's check, then a uniform and a table expert score it;
 //   6  EventRecord: LoadPending's check of a pending event;
-//   7  AuditRecord: ListAuditLog's conversion of the stored status code.
+//   7  AuditRecord: ListAuditLog's conversion of the stored status code;
+//   8  EstimatorStateRecord: RestoreEstimator's DUcb::Restore, then what a restored D-UCB
+//      does (select, learn a sample, save again: the same bytes before the sample).
 // Where recovery.cc checks a record, the same condition is written here (it is inline in
 // the recovery steps): what passes it must then be usable without a crash.
 // Seeds: corpus/record/, written by write_fuzz_seeds.
@@ -140,8 +142,26 @@ void Sample(const rec::ProblemRecord& r, const rec::SampleRecord& s) {
   log.Append(s.expert_id(), s.reward(), {probs.empty() ? 1.0 : probs[0]}).IgnoreError();
 }
 
+void EstimatorState(const rec::ProblemRecord& r, const rec::EstimatorStateRecord& s) {
+  absl::StatusOr<DUcb> ducb =
+      DUcb::Restore(EstimatorOptionsOf(r), s.state(),
+                    {s.times_selected().begin(), s.times_selected().end()});
+  FUZZ_CHECK(ducb.ok() || ducb.status().code() == absl::StatusCode::kDataLoss ||
+                 ducb.status().code() == absl::StatusCode::kInvalidArgument,
+             "%s", ducb.status().ToString().c_str());
+  if (!ducb.ok() || ducb->num_experts() > 64) return;
+  absl::StatusOr<std::string> again = ducb->Snapshot();
+  FUZZ_CHECK(again.ok() && *again == s.state(), "a restored state saves as other bytes");
+  std::mt19937_64 gen(1);
+  ducb->SelectExpert(gen);
+  if (ducb->num_experts() > 0) {
+    ducb->Learn(0, 1.0, std::vector<double>(ducb->num_experts(), 0.5)).IgnoreError();
+    ducb->SelectExpert(gen);
+  }
+}
+
 void Run(uint8_t selector, const rec::ProblemRecord& r, absl::string_view bytes) {
-  switch (selector % 8) {
+  switch (selector % 9) {
     case 0: {
       rec::ProblemRecord record;
       if (Parse(bytes, &record)) Problem(record);
@@ -184,6 +204,11 @@ void Run(uint8_t selector, const rec::ProblemRecord& r, absl::string_view bytes)
       }
       break;
     }
+    case 8: {
+      rec::EstimatorStateRecord record;
+      if (Parse(bytes, &record)) EstimatorState(r, record);
+      break;
+    }
   }
 }
 
@@ -203,7 +228,7 @@ extern "C" int DECISION_FUZZ_ENTRY(const uint8_t* data, size_t size) {
   const absl::Status stored = decision::server::CheckStoredProblem(problem);
   FUZZ_CHECK(stored.ok() || stored.code() == absl::StatusCode::kDataLoss, "%s",
              stored.ToString().c_str());
-  if (!stored.ok() && selector % 8 != 0) return 0;
+  if (!stored.ok() && selector % 9 != 0) return 0;
   decision::server::Run(selector, problem, in.Rest());
   return 0;
 }

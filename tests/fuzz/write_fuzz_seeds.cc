@@ -19,6 +19,7 @@
 
 #include "server/auth.h"
 #include "server/clock.h"
+#include "core/policy.h"
 #include "server/conversions.h"
 #include "server/decision_service.h"
 #include "server/metrics.h"
@@ -200,6 +201,14 @@ void RequestSeeds() {
 
 // ------------------------------------------------------------------------------ record
 
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+
 rec::ProblemRecord ProblemRecord() {
   absl::StatusOr<rec::ProblemRecord> r = ProblemRecordFromConfig("p", Config());
   if (!r.ok()) {
@@ -278,16 +287,25 @@ void RecordSeeds() {
   audit.set_code(3);
   audit.set_message("model: no model kind is set");
   RecordSeed("audit", 7, audit);
+  // The state of a problem's estimator after 20 samples of 2 experts.
+  absl::StatusOr<DUcb> ducb =
+      DUcb::Create(EstimatorOptionsOf(ProblemRecord()), 2, DUcb::LogMode::kNone);
+  Check(ducb.status(), "estimator");
+  for (int t = 0; t < 20; ++t) {
+    Check(ducb->Learn(t % 2, t % 3 == 0 ? 1.0 : 0.0, {0.5, t % 2 == 0 ? 0.25 : 0.75}),
+          "learning");
+  }
+  rec::EstimatorStateRecord state;
+  state.set_samples(20);
+  state.set_state(ducb->Snapshot().value());
+  state.add_times_selected(10);
+  state.add_times_selected(10);
+  state.set_positive_rewards(7);
+  RecordSeed("estimator_state", 8, state);
 }
 
 // ---------------------------------------------------------------------------- recovery
 
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
-}
 
 // Every record of the store at `dir`, in recovery_fuzz.cc's input form.
 std::string Dump(const std::string& dir) {
