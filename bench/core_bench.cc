@@ -23,6 +23,13 @@
 //                                        SwapInEstimator after RebuildEstimator ran on a
 //                                        shared prefix (untimed; counter rebuild_ms) and
 //                                        1000 samples arrived meanwhile (the catch-up).
+//   BM_StateSnapshot/<estimator>/<form>/N  the estimator's state after 10k samples, N
+//                                        experts: "save" is DUcb::Snapshot (what decisiond
+//                                        does under the problem lock when a checkpoint
+//                                        carries the state) into a fresh string,
+//                                        "save_reused" DUcb::SnapshotTo into a kept buffer
+//                                        (what decisiond does), "restore" RestoreEstimator
+//                                        (a restart). Counter state_mb = its size.
 //   BM_ScoreLinearExperts/<form>/32      the propensities of one joined sample under 32
 //                                        linear softmax experts (K = 26, d = 16): "scalar"
 //                                        is the plain loop with std::exp (the baseline),
@@ -364,6 +371,31 @@ void BM_DivergenceRefresh(benchmark::State& state, EstimatorKind kind, int n) {
     which ^= 1;
   }
   state.SetItemsProcessed(state.iterations());
+}
+
+enum class SnapshotForm { kSave, kSaveReused, kRestore };
+
+void BM_StateSnapshot(benchmark::State& state, EstimatorKind kind, SnapshotForm form, int n) {
+  std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, kWarmup, state);
+  if (ducb == nullptr) return;
+  const absl::StatusOr<std::string> saved = ducb->Snapshot();
+  if (!saved.ok()) {
+    state.SkipWithError(std::string(saved.status().message()).c_str());
+    return;
+  }
+  std::string buffer;  // kSaveReused: kept across iterations, as decisiond keeps it
+  for (auto _ : state) {
+    if (form == SnapshotForm::kRestore) {
+      absl::StatusOr<std::unique_ptr<Estimator>> back = RestoreEstimator(Options(kind), *saved);
+      benchmark::DoNotOptimize(back);
+    } else if (form == SnapshotForm::kSaveReused) {
+      benchmark::DoNotOptimize(ducb->SnapshotTo(&buffer));
+    } else {
+      absl::StatusOr<std::string> again = ducb->Snapshot();
+      benchmark::DoNotOptimize(again);
+    }
+  }
+  state.counters["state_mb"] = static_cast<double>(saved->size()) / 1048576.0;
 }
 
 void BM_RefreshLockHold(benchmark::State& state, EstimatorKind kind, bool swap_in,
@@ -786,6 +818,18 @@ void RegisterAll() {
       benchmark::RegisterBenchmark(absl::StrCat("BM_DivergenceRefresh/", k, "/", n).c_str(),
                                    BM_DivergenceRefresh, kind, n)
           ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
+    for (const auto& [form, name] : {std::pair{SnapshotForm::kSave, "save/"},
+                                     std::pair{SnapshotForm::kSaveReused, "save_reused/"},
+                                     std::pair{SnapshotForm::kRestore, "restore/"}}) {
+      for (int n : {32, 160}) {
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_StateSnapshot/", KindName(kind), "/", name, n).c_str(),
+            BM_StateSnapshot, kind, form, n)
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {

@@ -138,8 +138,9 @@ class ClippedEstimator final : public Estimator {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::string> Snapshot() const override {
-    std::string out;
+  absl::Status SnapshotTo(std::string* buffer) const override {
+    std::string& out = *buffer;
+    out.clear();
     out.reserve(8 * (d_.m.size() + d_.sigma.size() + counts_.size() + folded_.size() +
                      z_.size() + a_.size()) +
                 sizeof(Entry) * (waiting_.size() + included_.size()) + 256);
@@ -157,7 +158,7 @@ class ClippedEstimator final : public Estimator {
     w.Array(included_);
     w.Int(dropped_);
     w.Int(folded_early_);
-    return out;
+    return absl::OkStatus();
   }
 
   // The state Snapshot() wrote, checked before anything is sized from it. The levels are
@@ -180,10 +181,25 @@ class ClippedEstimator final : public Estimator {
         !in.Int(&e->folded_early_)) {
       return in.Error("arrays");
     }
+    // The values' domains, which the estimates rely on (a damaged value that passes gives
+    // wrong estimates, never an invalid computation): counts that sum to t, Z > 0 once there
+    // are samples, sums and entries finite and >= 0.
+    double total = 0.0;
+    for (double c : e->counts_) total += c;
+    if (!AllWithin(e->counts_, 0.0, static_cast<double>(t)) || total != static_cast<double>(t) ||
+        !AllWithin(e->z_, t > 0 ? 1e-300 : 0.0, kAnyFinite) ||
+        !AllWithin(e->a_, 0.0, kAnyFinite) || !AllWithin(e->folded_, 0.0, kAnyFinite) ||
+        e->dropped_ < 0 || e->folded_early_ < 0) {
+      return in.Error("a count or sum out of its domain");
+    }
     for (const std::vector<Entry>* heap : {&e->waiting_, &e->included_}) {
       for (const Entry& entry : *heap) {
         if (entry.k < 0 || entry.k >= n || entry.j < 0 || entry.j >= n) {
           return in.Error("a kept entry of an expert out of range");
+        }
+        if (!(entry.test >= 0.0 && entry.test <= kAnyFinite && entry.value >= 0.0 &&
+              entry.value <= kAnyFinite && entry.key >= 0.0 && entry.key <= kAnyFinite)) {
+          return in.Error("a kept entry's value out of its domain");
         }
       }
       if (!std::is_heap(heap->begin(), heap->end(), Later)) return in.Error("a heap out of order");

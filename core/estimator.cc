@@ -125,7 +125,7 @@ absl::Status Estimator::AddExperts(std::unique_ptr<ExpertRows>, const Divergence
       "this estimator reads new experts' rows from the log: use SetDivergences(log, d)");
 }
 
-absl::StatusOr<std::string> Estimator::Snapshot() const {
+absl::Status Estimator::SnapshotTo(std::string*) const {
   return absl::UnimplementedError("this estimator's state is its log: it has no snapshot");
 }
 

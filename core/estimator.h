@@ -219,7 +219,15 @@ class Estimator {
   // The whole state as bytes, from which RestoreEstimator makes an estimator that goes on
   // bit for bit as this one would. Round-robin: 8 L N (N + 3) bytes and the tail; clipped:
   // 16 N^2 bytes and 32 per kept entry. UNIMPLEMENTED for contiguous median of means.
-  virtual absl::StatusOr<std::string> Snapshot() const;
+  absl::StatusOr<std::string> Snapshot() const {
+    std::string out;
+    if (absl::Status s = SnapshotTo(&out); !s.ok()) return s;
+    return out;
+  }
+  // The same into *out, replaced, reusing its capacity: a caller that snapshots often
+  // keeps one buffer and spares the page faults of a fresh large allocation each time
+  // (48 MB at N = 160: 31 ms against a few, bench/core_bench BM_StateSnapshot).
+  virtual absl::Status SnapshotTo(std::string* out) const;
 
   virtual EstimatorStats Stats() const = 0;
   virtual int64_t num_samples() const = 0;

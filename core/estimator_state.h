@@ -89,6 +89,15 @@ class StateReader {
   std::string error_;
 };
 
+// Whether every value of `v` is finite and in [low, high].
+inline bool AllWithin(const std::vector<double>& v, double low, double high) {
+  for (double x : v) {
+    if (!(x >= low && x <= high)) return false;  // NaN fails too
+  }
+  return true;
+}
+inline constexpr double kAnyFinite = 1.7976931348623157e308;
+
 // The most experts a state may say it has: bounds what a damaged count can make a reader
 // expect (the service allows 256).
 inline constexpr int64_t kMaxStateExperts = 1 << 14;

@@ -122,6 +122,7 @@ class DUcb {
   absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& divergences);
   // The estimator's state (Estimator::Snapshot); with counts(), what Restore needs.
   absl::StatusOr<std::string> Snapshot() const { return estimator_->Snapshot(); }
+  absl::Status SnapshotTo(std::string* out) const { return estimator_->SnapshotTo(out); }
 
   // Retired or not-yet-backfilled experts keep being estimated but are never selected.
   // REQUIRES: 0 <= k < num_experts().

@@ -130,8 +130,9 @@ class RoundRobinMedianOfMeans final : public Estimator {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::string> Snapshot() const override {
-    std::string out;
+  absl::Status SnapshotTo(std::string* buffer) const override {
+    std::string& out = *buffer;
+    out.clear();
     out.reserve(8 * (d_.m.size() + d_.sigma.size() + tail_chooser_.size() +
                      tail_reward_.size() + tail_propensities_.size() + sums_.size() +
                      counts_.size() + weighted_.size() + weights_.size() + effective_.size()) +
@@ -155,7 +156,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
     w.Int(cached_paper_);
     w.Int(cached_groups_);
     w.Int(groups_);
-    return out;
+    return absl::OkStatus();
   }
 
   // The state Snapshot() wrote, checked before anything is sized from it.
@@ -188,6 +189,17 @@ class RoundRobinMedianOfMeans final : public Estimator {
     }
     for (int j : e->tail_chooser_) {
       if (j < 0 || j >= n) return in.Error("a chooser out of range");
+    }
+    // The values' domains, which the estimates rely on (a damaged value that passes gives
+    // wrong estimates, never an invalid computation).
+    double grouped = 0.0;
+    for (double c : e->counts_) grouped += c;
+    if (!AllWithin(e->counts_, 0.0, static_cast<double>(used)) ||
+        grouped != static_cast<double>(used) || !AllWithin(e->tail_reward_, 0.0, 1.0) ||
+        !AllWithin(e->tail_propensities_, 1e-300, 1.0) || !AllWithin(e->sums_, 0.0, kAnyFinite) ||
+        !AllWithin(e->weighted_, 0.0, kAnyFinite) || !AllWithin(e->weights_, 0.0, kAnyFinite) ||
+        !AllWithin(e->effective_, 0.0, kAnyFinite)) {
+      return in.Error("a count, sum or sample out of its domain");
     }
     if (t > 0 && (e->groups_ < 1 || fine % e->groups_ != 0 || e->cached_groups_ < 1 ||
                   fine % e->cached_groups_ != 0)) {

@@ -75,12 +75,12 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
   // was last written, or a restart would learn too many samples again.
   if (with_state || !state_written_ || state_generation_ != estimator_generation_ ||
       ducb_.num_samples() - state_samples_ >= kMaxReplaySamples) {
-    absl::StatusOr<std::string> state = ducb_.Snapshot();
     // Always available: the estimators decisiond runs keep no log (DUcb::LogMode::kNone).
-    if (state.ok()) {
+    // Into the buffer of the last state written (WriteCheckpoint gives it back).
+    if (ducb_.SnapshotTo(&state_buffer_).ok()) {
       w.state.emplace();
       w.state->set_samples(ducb_.num_samples());
-      w.state->set_state(*std::move(state));
+      w.state->mutable_state()->swap(state_buffer_);
       *w.state->mutable_times_selected() = {ducb_.counts().begin(), ducb_.counts().end()};
       w.state->set_positive_rewards(positive_learned_);
     }
@@ -97,21 +97,25 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
 }
 
 int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_experts) {
-  return EstimatorStateBound(EstimatorOptionsOf(record), num_experts) +
+  // The state, and the buffer its checkpoints are written from.
+  return 2 * EstimatorStateBound(EstimatorOptionsOf(record), num_experts) +
          storage::kLogChunkSamples * (12 + 8 * int64_t{num_experts});
 }
 
-absl::Status Problem::WriteCheckpoint(const CheckpointWrite& w) {
-  DECISION_RETURN_IF_ERROR(Timed([&] {
+absl::Status Problem::WriteCheckpoint(CheckpointWrite& w) {
+  const absl::Status written = Timed([&] {
     return env_.store->PutCheckpoint(index_, w.checkpoint, w.state ? &*w.state : nullptr);
-  }));
-  if (w.state.has_value()) {
-    absl::MutexLock lock(&mu_);
-    if (!state_written_ || w.state->samples() >= state_samples_) {
-      state_written_ = true;
-      state_generation_ = w.generation;
-      state_samples_ = w.state->samples();
-    }
+  });
+  if (!w.state.has_value()) return written;
+  absl::MutexLock lock(&mu_);
+  if (w.state->state().capacity() > state_buffer_.capacity()) {
+    state_buffer_.swap(*w.state->mutable_state());
+  }
+  DECISION_RETURN_IF_ERROR(written);
+  if (!state_written_ || w.state->samples() >= state_samples_) {
+    state_written_ = true;
+    state_generation_ = w.generation;
+    state_samples_ = w.state->samples();
   }
   return absl::OkStatus();
 }
@@ -319,11 +323,12 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     // What is kept per sample: the log chunk being filled, the complete ones not written
     // yet, and the tails of the experts still backfilling.
     log_bytes = current_chunk_.memory_bytes();
+    estimator_bytes = static_cast<int64_t>(state_buffer_.capacity());
     for (const ChunkRows& c : unwritten_chunks_) log_bytes += c.memory_bytes();
     for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
       log_bytes += static_cast<int64_t>(8 * experts_.at(k).tail.capacity());
     }
-    estimator_bytes = ducb_.estimator().Stats().state_bytes;
+    estimator_bytes += ducb_.estimator().Stats().state_bytes;
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
   metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));

@@ -152,13 +152,14 @@ TEST_F(CapsTest, ARegistrationPastTheExpertCapIsRefused) {
 }
 
 // --max_problem_memory_mb: the estimator's state grows as N^2 (median of means, 240 fine
-// groups), so at 1 MB the 15th expert is refused: 0.57 MB of state and 0.54 MB of samples
-// in memory (Problem::MemoryBound). Nothing stored changes, and a higher cap lets it in.
+// groups), so at 1 MB the 11th expert is refused: twice 0.34 MB of state (it and the buffer
+// it is checkpointed from) and 0.41 MB of samples in memory (Problem::MemoryBound).
+// Nothing stored changes, and a higher cap lets it in.
 TEST_F(CapsTest, ARegistrationPastTheMemoryBudgetIsRefused) {
   storage::v1::ProblemRecord defaults;
   *defaults.mutable_estimator() = EstimatorRecordOf(EstimatorOptions());
-  EXPECT_LE(Problem::MemoryBound(defaults, 14), int64_t{1} << 20);
-  EXPECT_GT(Problem::MemoryBound(defaults, 15), int64_t{1} << 20);
+  EXPECT_LE(Problem::MemoryBound(defaults, 10), int64_t{1} << 20);
+  EXPECT_GT(Problem::MemoryBound(defaults, 11), int64_t{1} << 20);
   max_problem_memory_mb_ = 1;
   Reopen();
   CreateProblem("p");
@@ -169,15 +170,15 @@ TEST_F(CapsTest, ARegistrationPastTheMemoryBudgetIsRefused) {
   }
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr("--max_problem_memory_mb=1"));
-  EXPECT_THAT(s.message(), HasSubstr("15 experts"));
-  EXPECT_EQ(Experts().size(), 14u);
+  EXPECT_THAT(s.message(), HasSubstr("11 experts"));
+  EXPECT_EQ(Experts().size(), 10u);
   Reopen();
-  EXPECT_EQ(Experts().size(), 14u);
+  EXPECT_EQ(Experts().size(), 10u);
   max_problem_memory_mb_ = 2;
   Reopen();
   v1::Expert e;
   EXPECT_TRUE(service_->RegisterExpert(LinearRequest("p", 30.0), &e).ok());
-  EXPECT_EQ(Experts().size(), 15u);
+  EXPECT_EQ(Experts().size(), 11u);
 }
 
 // The divergence pair series cover only the --metrics_pair_experts active experts of highest
@@ -263,19 +264,22 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   const int n = static_cast<int>(Experts().size());
   ASSERT_EQ(n, 3);  // the uniform expert and the two linear ones
   EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
+  // Round-robin median of means: 240 fine groups of N (N + 3) doubles, and a little more;
+  // once a checkpoint carried it, as much again for the buffer it is written from.
+  const double state = 240.0 * n * (n + 3) * 8;
   const double estimator = memory("estimator");
-  // Round-robin median of means: 240 fine groups of N (N + 3) doubles, and a little more.
-  EXPECT_GE(estimator, 240.0 * n * (n + 3) * 8);
-  EXPECT_LT(estimator, 240.0 * n * (n + 3) * 8 + 64 * 1024);
+  EXPECT_GE(estimator, state);
+  EXPECT_LT(estimator, 2 * state + 64 * 1024);
   PlayRounds("p", 200);
   GetProblem("p");
-  EXPECT_EQ(memory("estimator"), estimator);
+  EXPECT_GE(memory("estimator"), state);
+  EXPECT_LT(memory("estimator"), 2 * state + 64 * 1024);
   // Past a chunk: the complete one is written (by the maintenance round) and dropped; only
   // the chunk being filled stays. Nothing per sample grows.
   PlayRounds("p", 4096);
   GetProblem("p");
   EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
-  EXPECT_EQ(memory("estimator"), estimator);
+  EXPECT_LT(memory("estimator"), 2 * state + 64 * 1024);
 }
 
 }  // namespace decision::server

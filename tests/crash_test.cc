@@ -96,6 +96,19 @@ struct ClientStream {
 };
 
 // The problem both tests use; its reward wait time (60 s) is longer than a test.
+// A linear softmax expert that prefers arm = argmax of the first features.
+v1::RegisterExpertRequest LinearExpertRequest(const std::string& problem) {
+  v1::RegisterExpertRequest request;
+  request.set_problem_id(problem);
+  request.set_name("linear");
+  auto* l = request.mutable_model()->mutable_linear_softmax();
+  for (int a = 0; a < kArms; ++a) {
+    for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? 5.0 : 0.0);
+    l->add_bias(0.0);
+  }
+  return request;
+}
+
 grpc::Status CreateProblem(Stub* stub, const std::string& id) {
   v1::CreateProblemRequest request;
   request.set_problem_id(id);
@@ -221,16 +234,9 @@ TEST_P(CrashTest, AcknowledgedRewardsSurviveSigkillExactlyOnce) {
       }
       // An expert registered after the first kill: its backfill runs among the kills.
       if (round == 1) {
-        v1::RegisterExpertRequest request;
-        request.set_problem_id(kProblem);
-        request.set_name("linear");
-        auto* l = request.mutable_model()->mutable_linear_softmax();
-        for (int a = 0; a < kArms; ++a) {
-          for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? 5.0 : 0.0);
-          l->add_bias(0.0);
-        }
         v1::Expert expert;
-        ASSERT_GRPC_OK(Call(&Stub::RegisterExpert, stub_.get(), request, &expert));
+        ASSERT_GRPC_OK(
+            Call(&Stub::RegisterExpert, stub_.get(), LinearExpertRequest(kProblem), &expert));
         EXPECT_EQ(expert.expert_id(), 1);
       }
     }
@@ -434,16 +440,9 @@ TEST_F(ChunkGapTest, ALogChunkLostInACrashIsWrittenAgain) {
 TEST_F(ChunkGapTest, AKilledServerLearnsOnlyPastItsCheckpointAndKeepsItsEstimates) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   ASSERT_GRPC_OK(CreateProblem(stub_.get(), kProblem));
-  v1::RegisterExpertRequest request;
-  request.set_problem_id(kProblem);
-  request.set_name("linear");
-  auto* l = request.mutable_model()->mutable_linear_softmax();
-  for (int a = 0; a < kArms; ++a) {
-    for (int f = 0; f < kFeatures; ++f) l->add_weights(a == f ? 5.0 : 0.0);
-    l->add_bias(0.0);
-  }
   v1::Expert expert;
-  ASSERT_GRPC_OK(Call(&Stub::RegisterExpert, stub_.get(), request, &expert));
+  ASSERT_GRPC_OK(
+      Call(&Stub::RegisterExpert, stub_.get(), LinearExpertRequest(kProblem), &expert));
   ASSERT_NO_FATAL_FAILURE(PlayUntil(4096 + 300));
   // Until the maintenance thread has passed the boundaries due (its checkpoint is at the
   // last one), then a few samples more, short of the next boundary.
