@@ -339,7 +339,9 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   {
     absl::MutexLock lock(&mu_);
     for (const v1::ExpertEstimate& e : estimates.experts()) {
-      if (e.expert_id() >= ducb_.num_experts()) continue;
+      // The experts `estimates` has estimates and matrix entries for: a backfill may have
+      // completed since it was taken (the expert-pool thread), so not ducb_'s count now.
+      if (e.expert_id() >= estimates.n()) continue;
       const ExpertSlot& slot = experts_.at(e.expert_id());
       slot.metrics.estimate->Set(e.estimate());
       slot.metrics.ucb->Set(e.ucb());

@@ -19,6 +19,7 @@
 // Steps 4 and 5 cost what was learned since the last checkpoint (a batch boundary: at most
 // about b sqrt(t) samples), not the whole history. A checkpoint written before the
 // estimators' state was (no estimator_state) makes them learn the whole log again.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -43,16 +44,34 @@ class Recovery {
   Recovery(Problem* p, uint32_t index) : p_(*p), index_(index), store_(*p->env_.store) {}
 
   absl::Status Run() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // p_ is not shared yet
+    const auto start = std::chrono::steady_clock::now();
     DECISION_RETURN_IF_ERROR(LoadExperts());
     DECISION_RETURN_IF_ERROR(LoadCheckpoint());
     DECISION_RETURN_IF_ERROR(LoadBackfills());
+    const auto replay = std::chrono::steady_clock::now();
     DECISION_RETURN_IF_ERROR(ReplayLogChunks());
+    const int64_t from_chunks = next_ - start_;
     DECISION_RETURN_IF_ERROR(RescoreTail());
     DECISION_RETURN_IF_ERROR(Finish());
     DECISION_RETURN_IF_ERROR(LoadPending());
+    const auto event_ids = std::chrono::steady_clock::now();
     DECISION_RETURN_IF_ERROR(LoadEventIds());
+    const auto end = std::chrono::steady_clock::now();
     MeasureCosts();
     SetMetrics();
+    // What a slow load spent its time on (the operator's question at a slow restart).
+    const auto seconds = [](auto d) { return std::chrono::duration<double>(d).count(); };
+    if (seconds(end - start) >= 1.0) {
+      std::fprintf(stderr,
+                   "decisiond: problem %s loaded in %.2f s: %.2f s replaying %lld samples (%lld "
+                   "from log chunks, %lld scored again; %lld learned past its estimator "
+                   "state), %.2f s reading its event ids\n",
+                   p_.id().c_str(), seconds(end - start), seconds(event_ids - replay),
+                   static_cast<long long>(next_ - start_), static_cast<long long>(from_chunks),
+                   static_cast<long long>(next_ - start_ - from_chunks),
+                   static_cast<long long>(p_.ducb_.num_samples() - replay_from_),
+                   seconds(end - event_ids));
+    }
     return absl::OkStatus();
   }
 
