@@ -11,7 +11,8 @@
 //   problem.cc              creation, Choose, Reward, the read-only queries
 //   problem_commit.cc       the join writer: group commits on the writer executor
 //   problem_learn.cc        the learner: joined samples scored in batches and learned
-//   problem_experts.cc      registration, retirement, backfill, divergence refresh
+//   problem_experts.cc      registration, retirement, quarantine, divergence refresh
+//   problem_backfill.cc     the backfill of a new expert, and its estimator rows
 //   problem_maintenance.cc  expiry, checkpoints, log chunks, training sets, metrics
 //   recovery.cc             Load: the problem rebuilt from the store, in named steps
 //
@@ -388,6 +389,8 @@ class Problem {
     const double* row(int64_t s) const { return &propensities[(s - first()) * width]; }
     // Appends a sample; a wider row widens the chunk (NaN for the earlier samples).
     void Append(int chooser_id, double reward_value, absl::Span<const double> p);
+    // At least `n` experts' columns: NaN for the ones added.
+    void Widen(int n);
     // Keeps the first `n` experts' columns.
     void Narrow(int n);
     int64_t memory_bytes() const {
@@ -592,6 +595,10 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes it; gives its state's buffer back to state_buffer_ for the next.
   absl::Status WriteCheckpoint(CheckpointWrite& w) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends a learned sample to the log chunk being filled (`p`: every expert of the pool);
+  // a complete chunk, cut to the durable experts, waits in unwritten_chunks_.
+  void AppendToLogChunkLocked(int chooser, double reward, absl::Span<const double> p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stored form, built outside the lock (about 1 MB of fresh memory per chunk).
   static storage::v1::LogChunk BuildLogChunk(const ChunkRows& rows);
   // A stored chunk as rows; DATA_LOSS if its sizes do not fit `max_width` experts.

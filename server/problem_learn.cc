@@ -85,16 +85,7 @@ absl::Status Problem::LearnOneLocked(const Unlearned& sample,
   for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
     experts_.at(k).tail.push_back(propensities[k]);
   }
-  current_chunk_.Append(sample.event.expert_id(), sample.reward, propensities);
-  if (current_chunk_.size() == storage::kLogChunkSamples) {
-    // Written by WriteLogChunks, outside the lock. Experts whose registration is not
-    // written yet are left out: their ids may be reused.
-    current_chunk_.Narrow(experts_.durable_size());
-    const int64_t next = current_chunk_.chunk + 1;
-    unwritten_chunks_.push_back(std::move(current_chunk_));
-    current_chunk_ = ChunkRows();
-    current_chunk_.chunk = next;
-  }
+  AppendToLogChunkLocked(sample.event.expert_id(), sample.reward, propensities);
   return absl::OkStatus();
 }
 

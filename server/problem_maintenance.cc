@@ -131,18 +131,20 @@ absl::Status Problem::Checkpoint() {
 
 // --------------------------------------------------------------------------- Log chunks
 
+void Problem::ChunkRows::Widen(int n) {
+  if (n <= width) return;
+  std::vector<double> widened(chooser.size() * n, NAN);
+  for (size_t i = 0; i < chooser.size(); ++i) {
+    std::copy_n(&propensities[i * width], width, &widened[i * n]);
+  }
+  propensities.swap(widened);
+  width = n;
+}
+
 void Problem::ChunkRows::Append(int chooser_id, double reward_value,
                                 absl::Span<const double> p) {
-  if (static_cast<int>(p.size()) > width) {
-    // An expert registered meanwhile: the earlier samples have no value of it here.
-    const int wider = static_cast<int>(p.size());
-    std::vector<double> widened(chooser.size() * wider, NAN);
-    for (size_t i = 0; i < chooser.size(); ++i) {
-      std::copy_n(&propensities[i * width], width, &widened[i * wider]);
-    }
-    propensities.swap(widened);
-    width = wider;
-  }
+  // An expert registered meanwhile: the earlier samples have no value of it here.
+  Widen(static_cast<int>(p.size()));
   if (propensities.capacity() == 0) {
     propensities.reserve(storage::kLogChunkSamples * std::max(width, 1));
     chooser.reserve(storage::kLogChunkSamples);
@@ -161,6 +163,18 @@ void Problem::ChunkRows::Narrow(int n) {
   }
   propensities.resize(chooser.size() * n);
   width = n;
+}
+
+void Problem::AppendToLogChunkLocked(int chooser, double reward, absl::Span<const double> p) {
+  current_chunk_.Append(chooser, reward, p);
+  if (current_chunk_.size() < storage::kLogChunkSamples) return;
+  // Written by WriteLogChunks, outside the lock. Experts whose registration is not written
+  // yet are left out: their ids may be reused.
+  current_chunk_.Narrow(experts_.durable_size());
+  const int64_t next = current_chunk_.chunk + 1;
+  unwritten_chunks_.push_back(std::move(current_chunk_));
+  current_chunk_ = ChunkRows();
+  current_chunk_.chunk = next;
 }
 
 storage::v1::LogChunk Problem::BuildLogChunk(const ChunkRows& rows) {
@@ -225,17 +239,8 @@ absl::StatusOr<Problem::ChunkRows> Problem::ReadChunkRows(int64_t chunk, int wid
   }
   // Values the chunk lacks (experts registered after its samples were learned) from the
   // experts' backfill chunks, which cover the same samples.
-  if (rows->width < width) {
-    const int narrow = rows->width;
-    std::vector<double> widened(rows->chooser.size() * width, NAN);
-    for (size_t i = 0; i < rows->chooser.size(); ++i) {
-      std::copy_n(&rows->propensities[i * narrow], narrow, &widened[i * width]);
-    }
-    rows->propensities.swap(widened);
-    rows->width = width;
-  }
-  const int have = std::min(width, rows->width);
-  for (int k = 0; k < std::min<int>(have, backfill_totals.size()); ++k) {
+  rows->Widen(width);
+  for (int k = 0; k < static_cast<int>(backfill_totals.size()); ++k) {
     bool missing = false;
     for (int64_t i = 0; i < rows->size() && !missing; ++i) {
       missing = std::isnan(rows->propensities[i * rows->width + k]);
@@ -323,12 +328,13 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     // What is kept per sample: the log chunk being filled, the complete ones not written
     // yet, and the tails of the experts still backfilling.
     log_bytes = current_chunk_.memory_bytes();
-    estimator_bytes = static_cast<int64_t>(state_buffer_.capacity());
     for (const ChunkRows& c : unwritten_chunks_) log_bytes += c.memory_bytes();
     for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
       log_bytes += static_cast<int64_t>(8 * experts_.at(k).tail.capacity());
     }
-    estimator_bytes += ducb_.estimator().Stats().state_bytes;
+    // The state, and the buffer checkpoints write it from.
+    estimator_bytes = ducb_.estimator().Stats().state_bytes +
+                      static_cast<int64_t>(state_buffer_.capacity());
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
   metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));

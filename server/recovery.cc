@@ -341,13 +341,8 @@ class Recovery {
         DECISION_ASSIGN_OR_RETURN(
             const bool replayed, Replay(u.sequence, u.event.expert_id(), u.reward, row, width));
         if (!replayed) return DataLoss(absl::StrCat("sample ", u.sequence, " cannot be scored"));
-        p_.current_chunk_.Append(u.event.expert_id(), u.reward, absl::MakeConstSpan(row, width));
-        if (p_.current_chunk_.size() == kSamples) {
-          const int64_t following = p_.current_chunk_.chunk + 1;
-          p_.unwritten_chunks_.push_back(std::move(p_.current_chunk_));
-          p_.current_chunk_ = Problem::ChunkRows();
-          p_.current_chunk_.chunk = following;
-        }
+        p_.AppendToLogChunkLocked(u.event.expert_id(), u.reward,
+                                  absl::MakeConstSpan(row, width));
       }
       batch.clear();
       return absl::OkStatus();
