@@ -100,9 +100,14 @@ class ClippedEstimator final : public Estimator {
     }
     return best;
   }
-  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const override {
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
+                                                            int64_t first) const override {
     if (count < 1) {
       return absl::InvalidArgumentError(absl::StrCat("cannot add ", count, " experts"));
+    }
+    if (first != 0) {
+      return absl::UnimplementedError(
+          "the clipped estimator has no windows: new experts' rows cover every sample");
     }
     return std::make_unique<Rows>(options_, n_, count, fold_level_);
   }

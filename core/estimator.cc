@@ -96,7 +96,7 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
   return internal::RoundGroupsToDivisor(MedianOfMeansFineGroups(o), paper, t);
 }
 
-int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts) {
+int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts, int num_windows) {
   const int64_t n = num_experts;
   if (o.kind == EstimatorKind::kClipped) {
     // M and 1/M by chooser, the folded sums, the divergences (M, sigma): 5 N^2; the counts,
@@ -107,7 +107,8 @@ int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts) {
   // The fine groups (S, n, F, D), a full tail (< L samples), the group scratch (at most L
   // groups) and the divergences.
   const int64_t fine = MedianOfMeansFineGroups(o);
-  return 8 * (fine * n * (n + 3) + fine * (n + 1) + fine * n + 3 * n * n) + 4 * fine;
+  return 8 * (fine * n * (n + 3) + fine * (n + 1) + fine * n + 3 * n * n) + 4 * fine +
+         8 * fine * (n + 1) * std::max(num_windows, 0);
 }
 
 absl::Status Estimator::Add(int, double, absl::Span<const double>) {
@@ -115,7 +116,7 @@ absl::Status Estimator::Add(int, double, absl::Span<const double>) {
       "this estimator reads its groups from the log: use Update(log)");
 }
 
-absl::StatusOr<std::unique_ptr<ExpertRows>> Estimator::NewExpertRows(int) const {
+absl::StatusOr<std::unique_ptr<ExpertRows>> Estimator::NewExpertRows(int, int64_t) const {
   return absl::UnimplementedError(
       "this estimator reads new experts' rows from the log: use SetDivergences(log, d)");
 }
@@ -135,7 +136,10 @@ absl::StatusOr<std::unique_ptr<Estimator>> RestoreEstimator(const EstimatorOptio
   internal::StateReader in(state);
   char magic[4];
   uint8_t kind;
-  if (!in.Raw(magic, 4) || std::memcmp(magic, internal::kStateMagic, 4) != 0 ||
+  const bool header = in.Raw(magic, 4);
+  if (header && std::memcmp(magic, internal::kStateMagicV1, 4) == 0) in.set_version(1);
+  if (!header ||
+      (std::memcmp(magic, internal::kStateMagic, 4) != 0 && in.version() != 1) ||
       !in.Raw(&kind, 1)) {
     return absl::DataLossError("the estimator state is damaged: it has no valid header");
   }

@@ -136,11 +136,13 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
 int64_t MedianOfMeansFineGroups(const EstimatorOptions& options);
 
 // The most state an estimator of `num_experts` experts holds under `options`, whatever t:
-// round-robin median of means 8 L N (N + 3) bytes and its tail; clipped 48 N^2 bytes and
-// 32 per kept entry (max_kept_clipped of them; without that cap the N-dependent part
-// only). Contiguous median of means keeps prefix sums that grow with t: the N-dependent
-// part only.
-int64_t EstimatorStateBound(const EstimatorOptions& options, int num_experts);
+// round-robin median of means 8 L N (N + 3) bytes and its tail, and 8 L (N + 1) per
+// window (NewExpertRows with a first sample: at most `num_windows` of them); clipped
+// 48 N^2 bytes and 32 per kept entry (max_kept_clipped of them; without that cap the
+// N-dependent part only). Contiguous median of means keeps prefix sums that grow with t:
+// the N-dependent part only.
+int64_t EstimatorStateBound(const EstimatorOptions& options, int num_experts,
+                            int num_windows = 0);
 
 // What an estimator holds, for tests, metrics and capacity planning.
 struct EstimatorStats {
@@ -207,7 +209,23 @@ class Estimator {
   // O(L N count) values (round-robin) or the clipped entries they cannot fold yet (at most
   // about max_kept_clipped), whatever t, and read nothing of this estimator afterwards: they
   // may be fed while it keeps learning. UNIMPLEMENTED for contiguous median of means.
-  virtual absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const;
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const {
+    return NewExpertRows(count, 0);
+  }
+  // The same over a window: the rows are fed samples [first_sample, t) only (the samples a
+  // store still keeps), and the new experts' estimates count only the samples from
+  // first_sample on. Round-robin median of means only (the definition: docs/ENGINE.md,
+  // "Windows"): a windowed expert's group r holds its window's samples s < u with
+  // s mod l = r, groups without any are left out of its median, and its width is
+  //   1/W_k * sqrt(c3 log(1/delta(t)) / t_k),  t_k = t - first_sample,
+  // with W_k over its non-empty groups. INVALID_ARGUMENT if first_sample is negative or
+  // past the samples already in groups (u(t), at most l(t) - 1 behind t); UNIMPLEMENTED
+  // with first_sample > 0 for the clipped estimator. The window costs 8 L N bytes (one per
+  // AddExperts, shared by the experts it adds).
+  virtual absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
+                                                                    int64_t first_sample) const;
+  // The first sample expert k's estimate counts (0 unless it was added with a window).
+  virtual int64_t WindowStart(int k) const { return 0; }
   // Appends the experts of `rows`, which must have been fed exactly the samples this
   // estimator has seen, and replaces the divergences with `d` (old and new experts): the
   // same estimates as SetDivergences(log, d) over the log widened by their columns (to

@@ -19,8 +19,10 @@
 
 namespace decision::internal {
 
-// "DES" + format version; then one byte of EstimatorKind.
-inline constexpr char kStateMagic[4] = {'D', 'E', 'S', '1'};
+// "DES" + format version; then one byte of EstimatorKind. Version 2 added round-robin
+// median of means' windows; version 1 states (no windows) are still read.
+inline constexpr char kStateMagic[4] = {'D', 'E', 'S', '2'};
+inline constexpr char kStateMagicV1[4] = {'D', 'E', 'S', '1'};
 
 class StateWriter {
  public:
@@ -77,6 +79,9 @@ class StateReader {
     return false;
   }
   bool AtEnd() const { return in_.empty(); }
+  // The format version of the header (1 or 2), set by the reader of the header.
+  int version() const { return version_; }
+  void set_version(int version) { version_ = version; }
 
   // DATA_LOSS naming the first failure (or trailing bytes).
   absl::Status Error(absl::string_view what) const {
@@ -87,6 +92,7 @@ class StateReader {
  private:
   absl::string_view in_;
   std::string error_;
+  int version_ = 2;
 };
 
 // Whether every value of `v` is finite and in [low, high].

@@ -83,11 +83,12 @@ absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> pr
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ExpertRows>> DUcb::NewExpertRows(int count) const {
+absl::StatusOr<std::unique_ptr<ExpertRows>> DUcb::NewExpertRows(int count,
+                                                                int64_t first_sample) const {
   if (mode_ == LogMode::kKeep) {
     return absl::FailedPreconditionError("this D-UCB keeps a log: use AddExperts(backfill, d)");
   }
-  return estimator_->NewExpertRows(count);
+  return estimator_->NewExpertRows(count, first_sample);
 }
 
 absl::Status DUcb::AddExperts(std::unique_ptr<ExpertRows> rows,

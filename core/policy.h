@@ -117,8 +117,11 @@ class DUcb {
   // Without a log (LogMode::kNone): the rows of `count` new experts over the samples
   // learnt so far, to be fed by the caller (Estimator::NewExpertRows), then appended with
   // divergences covering old and new experts (Estimator::AddExperts); the new experts are
-  // selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)).
-  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const;
+  // selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)). With
+  // first_sample > 0 the rows cover samples [first_sample, t) only (a window:
+  // Estimator::NewExpertRows).
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
+                                                            int64_t first_sample = 0) const;
   absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& divergences);
   // The estimator's state (Estimator::Snapshot); with counts(), what Restore needs.
   absl::StatusOr<std::string> Snapshot() const { return estimator_->Snapshot(); }

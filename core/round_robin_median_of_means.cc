@@ -74,18 +74,38 @@ class RoundRobinMedianOfMeans final : public Estimator {
 
   ExpertEstimate Estimate(int k) const override {
     if (t_ == 0) return {0.0, std::numeric_limits<double>::infinity()};
-    return {mean_[k], WidthFactor() * inv_min_weight_[k]};
+    return {mean_[k], WidthFactor(k) * inv_min_weight_[k]};
   }
 
   int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
-    return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
+    if (windows_.empty()) {
+      return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
+    }
+    int best = -1, ties = 0;
+    double best_value = 0.0;
+    for (int k = 0; k < n_; ++k) {
+      if (!selectable[k]) continue;
+      OfferCandidate(k, mean_[k] + WidthFactor(k) * inv_min_weight_[k], gen, &best,
+                     &best_value, &ties);
+    }
+    return best;
   }
 
-  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count) const override {
+  int64_t WindowStart(int k) const override {
+    return window_of_[k] < 0 ? 0 : windows_[window_of_[k]].start;
+  }
+
+  absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
+                                                            int64_t first) const override {
     if (count < 1) {
       return absl::InvalidArgumentError(absl::StrCat("cannot add ", count, " experts"));
     }
-    return std::make_unique<Rows>(fine_, n_, count);
+    if (first < 0 || first > used_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a window from sample ", first, ": it must start at or before sample ", used_,
+          ", the end of the samples in groups"));
+    }
+    return std::make_unique<Rows>(fine_, n_, count, first);
   }
 
   absl::Status AddExperts(std::unique_ptr<ExpertRows> rows,
@@ -96,13 +116,33 @@ class RoundRobinMedianOfMeans final : public Estimator {
     }
     if (r->old_n != n_ || r->fine != fine_ || r->seen != t_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the rows were started for ", r->old_n, " experts and cover ", r->seen,
-          " samples; the estimator has ", n_, " and ", t_));
+          "the rows were started for ", r->old_n, " experts and cover the samples up to ",
+          r->seen, "; the estimator has ", n_, " and ", t_));
     }
     if (absl::Status s = ValidateDivergenceMatrix(d, n_ + r->m); !s.ok()) return s;
     const int old_n = n_;
     const int m = r->m;
+    const int64_t first = r->seen - static_cast<int64_t>(r->chooser.size());
+    if (r->first > 0) {
+      // The window's counts before its start, per fine group and chooser: the grouped
+      // samples' counts less those of the samples the rows were fed that are grouped.
+      Window w;
+      w.start = r->first;
+      w.n = old_n;
+      w.before = counts_;
+      for (size_t i = 0; i < r->chooser.size(); ++i) {
+        const int64_t s = first + static_cast<int64_t>(i);
+        if (s < used_) r->counts[static_cast<size_t>(s % fine_) * old_n + r->chooser[i]] += 1.0;
+      }
+      for (size_t c = 0; c < w.before.size(); ++c) w.before[c] -= r->counts[c];
+      SetWindowTotals(&w);
+      window_of_.resize(n_, -1);
+      windows_.push_back(std::move(w));
+    }
     Widen(n_ + m);
+    if (r->first > 0) {
+      for (int e = 0; e < m; ++e) window_of_[old_n + e] = static_cast<int>(windows_.size()) - 1;
+    }
     // The committed samples' sums, then the last (at most L) samples in order: those below
     // u join their fine groups as AddExpertRows adds them, the others are in the tail.
     for (int64_t f = 0; f < fine_; ++f) {
@@ -111,7 +151,6 @@ class RoundRobinMedianOfMeans final : public Estimator {
                     &sums_[Cell(f, j) + old_n]);
       }
     }
-    const int64_t first = r->seen - static_cast<int64_t>(r->chooser.size());
     for (size_t i = 0; i < r->chooser.size(); ++i) {
       const int64_t s = first + static_cast<int64_t>(i);
       const double* p = &r->propensities[i * m];
@@ -156,6 +195,13 @@ class RoundRobinMedianOfMeans final : public Estimator {
     w.Int(cached_paper_);
     w.Int(cached_groups_);
     w.Int(groups_);
+    w.Int(static_cast<int64_t>(windows_.size()));
+    for (const Window& window : windows_) {
+      w.Int(window.start);
+      w.Int(window.n);
+      w.Array(window.before);
+    }
+    w.Array(window_of_);
     return absl::OkStatus();
   }
 
@@ -205,6 +251,34 @@ class RoundRobinMedianOfMeans final : public Estimator {
                   fine % e->cached_groups_ != 0)) {
       return in.Error("a group count that does not divide the fine groups");
     }
+    if (in.version() >= 2) {  // version 1 had no windows
+      int64_t count;
+      if (!in.Int(&count) || count < 0 || count > n) return in.Error("the window count");
+      e->windows_.resize(count);
+      for (Window& w : e->windows_) {
+        int64_t wn;
+        if (!in.Int(&w.start) || !in.Int(&wn) || w.start < 1 || w.start > used || wn < 1 ||
+            wn > n || !in.Array(&w.before, fine * wn)) {
+          return in.Error("a window");
+        }
+        w.n = static_cast<int>(wn);
+        for (int64_t f = 0; f < fine; ++f) {
+          for (int j = 0; j < w.n; ++j) {
+            const double b = w.before[static_cast<size_t>(f) * w.n + j];
+            if (!(b >= 0.0 && b <= e->counts_[static_cast<size_t>(f) * n + j])) {
+              return in.Error("a window's count out of its domain");
+            }
+          }
+        }
+        SetWindowTotals(&w);
+      }
+      if (!in.Array(&e->window_of_, n)) return in.Error("the experts' windows");
+      for (int w : e->window_of_) {
+        if (w < -1 || w >= count) return in.Error("an expert's window out of range");
+      }
+    } else {
+      e->window_of_.assign(n, -1);
+    }
     e->d_ = std::move(d);
     e->n_ = static_cast<int>(n);
     e->t_ = t;
@@ -234,11 +308,14 @@ class RoundRobinMedianOfMeans final : public Estimator {
   // they came (the ones below u when they are added join the fine groups, the others the
   // tail). O(L N m) values.
   struct Rows final : public ExpertRows {
-    Rows(int64_t fine_groups, int old_experts, int new_experts)
+    Rows(int64_t fine_groups, int old_experts, int new_experts, int64_t first_sample)
         : fine(fine_groups),
           old_n(old_experts),
           m(new_experts),
-          sums(static_cast<size_t>(fine_groups) * old_experts * new_experts, 0.0) {}
+          first(first_sample),
+          seen(first_sample),
+          sums(static_cast<size_t>(fine_groups) * old_experts * new_experts, 0.0),
+          counts(first_sample > 0 ? static_cast<size_t>(fine_groups) * old_experts : 0, 0.0) {}
 
     absl::Status Add(int j, double y, double pj, absl::Span<const double> p) override {
       if (absl::Status s = CheckRowSample(j, y, pj, p, old_n, m); !s.ok()) return s;
@@ -249,6 +326,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
       if (static_cast<int64_t>(chooser.size()) > fine) {
         // The oldest is more than L back: below u for good.
         const int64_t s = seen - static_cast<int64_t>(chooser.size());
+        if (first > 0) counts[static_cast<size_t>(s % fine) * old_n + chooser.front()] += 1.0;
         if (scaled_reward.front() != 0.0) {
           double* row = &sums[(static_cast<size_t>(s % fine) * old_n + chooser.front()) * m];
           for (int e = 0; e < m; ++e) row[e] += scaled_reward.front() * propensities[e];
@@ -264,8 +342,10 @@ class RoundRobinMedianOfMeans final : public Estimator {
     const int64_t fine;
     const int old_n;
     const int m;
-    int64_t seen = 0;
-    std::vector<double> sums;  // [f][j][e]
+    const int64_t first;  // the window's first sample (0: all of them)
+    int64_t seen;         // fed the samples [first, seen)
+    std::vector<double> sums;    // [f][j][e]
+    std::vector<double> counts;  // [f][j] of the samples folded into sums, if first > 0
     std::deque<int> chooser;   // the last samples, at most L
     std::deque<double> scaled_reward;  // Y / pi_j
     std::deque<double> propensities;   // [sample][e]
@@ -275,6 +355,29 @@ class RoundRobinMedianOfMeans final : public Estimator {
   double WidthFactor() const {
     const double tt = static_cast<double>(t_);
     return std::sqrt(options_.constants.c3 * (2.0 * std::log(tt)) / tt);
+  }
+  // Expert k's: sqrt(c3 log(1/delta(t)) / t_k), t_k = the samples of its window.
+  double WidthFactor(int k) const {
+    if (window_of_[k] < 0) return WidthFactor();
+    const double tk = static_cast<double>(t_ - windows_[window_of_[k]].start);
+    if (tk <= 0.0) return std::numeric_limits<double>::infinity();
+    return std::sqrt(options_.constants.c3 * (2.0 * std::log(static_cast<double>(t_))) / tk);
+  }
+
+  // A window (experts added with rows from sample `start` on): the grouped samples before
+  // it, per fine group and chooser j < n (later experts chose only later samples).
+  struct Window {
+    int64_t start = 0;
+    int n = 0;
+    std::vector<double> before;        // [f][j]
+    std::vector<double> before_total;  // [f]: sum over j
+  };
+  static void SetWindowTotals(Window* w) {
+    const size_t fine = w->before.size() / w->n;
+    w->before_total.assign(fine, 0.0);
+    for (size_t f = 0; f < fine; ++f) {
+      for (int j = 0; j < w->n; ++j) w->before_total[f] += w->before[f * w->n + j];
+    }
   }
 
   void Learn(int j, double reward, const double* p) {
@@ -337,6 +440,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
     effective_.resize(n, 0.0);
     mean_.resize(n, 0.0);
     inv_min_weight_.resize(n, 0.0);
+    window_of_.resize(n, -1);
     n_ = n;
   }
 
@@ -387,6 +491,17 @@ class RoundRobinMedianOfMeans final : public Estimator {
           den[k] += inv_sigma[k] * count;
         }
       }
+      // A windowed expert's D counts only its window's samples (exactly 0 if none).
+      for (int k = 0; k < n_ && !windows_.empty(); ++k) {
+        if (window_of_[k] < 0) continue;
+        const Window& w = windows_[window_of_[k]];
+        den[k] = 0.0;
+        for (int j = 0; j < n_; ++j) {
+          double count = counts_[static_cast<size_t>(f) * n_ + j];
+          if (j < w.n) count -= w.before[static_cast<size_t>(f) * w.n + j];
+          if (count != 0.0) den[k] += inv_sigma_by_chooser_[static_cast<size_t>(j) * n_ + k] * count;
+        }
+      }
       for (int k = 0; k < n_; ++k) effective_[k] += den[k];
     }
     for (int j : tail_chooser_) {
@@ -424,17 +539,22 @@ class RoundRobinMedianOfMeans final : public Estimator {
     used_ += count;
   }
 
-  // Group means and widths for l groups over the used prefix [0, used_).
+  // Group means and widths for l groups over the used prefix [0, used_). A windowed
+  // expert's groups hold its window's samples only; those with none are left out of its
+  // median (none at all: mean 0, width +inf).
   void Regroup(int64_t l) {
     groups_ = l;
     grouped_used_ = used_;
     group_num_.assign(static_cast<size_t>(n_), 0.0);
     group_den_.assign(static_cast<size_t>(n_), 0.0);
     group_means_.resize(static_cast<size_t>(n_) * l);
+    group_filled_.assign(static_cast<size_t>(n_), 0);
+    window_sizes_.assign(windows_.size(), 0.0);
     std::fill(inv_min_weight_.begin(), inv_min_weight_.end(), 0.0);
     for (int64_t r = 0; r < l; ++r) {
       std::fill(group_num_.begin(), group_num_.end(), 0.0);
       std::fill(group_den_.begin(), group_den_.end(), 0.0);
+      std::fill(window_sizes_.begin(), window_sizes_.end(), 0.0);
       for (int64_t f = r; f < fine_; f += l) {
         const double* num = &weighted_[static_cast<size_t>(f) * n_];
         const double* den = &weights_[static_cast<size_t>(f) * n_];
@@ -442,16 +562,31 @@ class RoundRobinMedianOfMeans final : public Estimator {
           group_num_[k] += num[k];
           group_den_[k] += den[k];
         }
+        if (windows_.empty()) continue;
+        double total = 0.0;
+        for (int j = 0; j < n_; ++j) total += counts_[static_cast<size_t>(f) * n_ + j];
+        for (size_t w = 0; w < windows_.size(); ++w) {
+          window_sizes_[w] += total - windows_[w].before_total[f];
+        }
       }
       // |group r| = the number of s < u with s mod l = r.
       const double size = static_cast<double>(used_ / l + (r < used_ % l ? 1 : 0));
       for (int k = 0; k < n_; ++k) {
-        group_means_[static_cast<size_t>(k) * l + r] = group_num_[k] / group_den_[k];
-        inv_min_weight_[k] = std::max(inv_min_weight_[k], size / group_den_[k]);
+        const double size_k = window_of_[k] < 0 ? size : window_sizes_[window_of_[k]];
+        if (size_k == 0.0) continue;
+        group_means_[static_cast<size_t>(k) * l + group_filled_[k]++] =
+            group_num_[k] / group_den_[k];
+        inv_min_weight_[k] = std::max(inv_min_weight_[k], size_k / group_den_[k]);
       }
     }
     for (int k = 0; k < n_; ++k) {
-      mean_[k] = MedianInPlace(absl::MakeSpan(&group_means_[static_cast<size_t>(k) * l], l));
+      if (group_filled_[k] == 0) {
+        mean_[k] = 0.0;
+        inv_min_weight_[k] = std::numeric_limits<double>::infinity();
+        continue;
+      }
+      mean_[k] = MedianInPlace(
+          absl::MakeSpan(&group_means_[static_cast<size_t>(k) * l], group_filled_[k]));
     }
   }
 
@@ -480,6 +615,10 @@ class RoundRobinMedianOfMeans final : public Estimator {
   std::vector<double> group_num_;       // scratch
   std::vector<double> group_den_;       // scratch
   std::vector<double> group_means_;     // scratch: [k][r]
+  std::vector<int64_t> group_filled_;   // scratch: [k] groups with samples of k
+  std::vector<double> window_sizes_;    // scratch: [w] samples of window w in a group
+  std::vector<Window> windows_;
+  std::vector<int> window_of_;  // [k]: expert k's window in windows_, or -1 (all samples)
 };
 
 }  // namespace

@@ -553,6 +553,205 @@ TEST_P(EstimatorEquivalence, WithoutALogNewRowsAndSnapshotsMatchTheReference) {
   }
 }
 
+// The top-left n x n block of d.
+DivergenceMatrix Block(const DivergenceMatrix& d, int n) {
+  DivergenceMatrix b = DivergenceMatrix::Identity(n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      b.m[i * n + j] = d.M(i, j);
+      b.sigma[i * n + j] = d.Sigma(i, j);
+    }
+  }
+  return b;
+}
+
+// Experts added with a window (rows from a first sample on, as a store that keeps only
+// the recent log feeds them) against the literal reference of the windowed definition:
+// mid-stream, while samples keep coming, with windows that leave groups empty, next to
+// unwindowed experts, across refreshes and snapshots.
+TEST(Estimator, WindowedExpertsMatchTheReference) {
+  EstimatorOptions wide;
+  wide.constants.c2 = 8.0;
+  for (const EstimatorOptions& o : {EstimatorOptions{}, wide}) {
+    constexpr int kMax = 7;
+    Stream stream(6, 17);
+    SampleLog log(kMax);  // every expert's column from the start: the reference's
+    DivergenceMatrix full = RandomDivergences(kMax, stream.gen());
+    int n = 2;
+    auto made = MakeEstimator(o, n);
+    ASSERT_TRUE(made.ok());
+    std::unique_ptr<Estimator> e = *std::move(made);
+    ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(full, n)).ok());
+    std::vector<int64_t> first(kMax, 0);
+    std::unique_ptr<Estimator> restored;
+    const auto compare = [&](const std::string& where) {
+      ASSERT_EQ(e->num_samples(), log.size());
+      std::vector<double> ucb;
+      for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(e->WindowStart(k), first[k]) << where;
+        const ExpertEstimate inc = e->Estimate(k);
+        const ExpertEstimate ref =
+            reference::MedianOfMeans(log, log.size(), full, o, k, first[k]);
+        ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
+        ExpectClose(inc.width, ref.width, where + " width of expert " + std::to_string(k));
+        ucb.push_back(ref.mean + ref.width);
+      }
+      std::mt19937_64 gen(log.size());
+      const int chosen = e->ArgmaxUcb(std::vector<bool>(n, true), gen);
+      ASSERT_GE(chosen, 0);
+      ExpectClose(ucb[chosen], *std::max_element(ucb.begin(), ucb.end()), where + " argmax");
+    };
+    // (when started, when added, how many, window start; -1: t - 70, -2: the newest
+    // sample in groups)
+    struct Plan {
+      int start, add, count;
+      int64_t first;
+    };
+    const Plan plans[] = {{300, 340, 1, 180}, {700, 703, 2, -2}, {900, 950, 1, 0},
+                          {1000, 1090, 1, -1}};
+    std::unique_ptr<ExpertRows> rows;
+    int64_t fed = 0, window = 0;
+    const Plan* adding = nullptr;
+    const auto feed = [&](int64_t to) {
+      for (; fed < to; ++fed) {
+        std::vector<double> q;
+        for (int i = 0; i < adding->count; ++i) q.push_back(log.propensity(n + i, fed));
+        const int j = log.chooser(fed);
+        ASSERT_TRUE(rows->Add(j, log.reward(fed), log.propensity(j, fed), q).ok());
+      }
+    };
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double reward;
+    for (int t = 1; t <= 1500; ++t) {
+      const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
+      stream.Next(kMax, chooser, &p, &reward, &dists);
+      ASSERT_TRUE(log.Append(chooser, reward, p).ok());
+      const std::vector<double> seen(p.begin(), p.begin() + n);
+      ASSERT_TRUE(e->Add(chooser, reward, seen).ok());
+      if (restored != nullptr) {
+        ASSERT_TRUE(restored->Add(chooser, reward, seen).ok());
+        for (int k = 0; k < n; ++k) {
+          ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean) << "t=" << t;
+          ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width) << "t=" << t;
+        }
+      }
+      for (const Plan& plan : plans) {
+        if (t == plan.start) {
+          // A window may start anywhere up to the samples in groups, not past them.
+          EXPECT_EQ(e->NewExpertRows(1, log.size() + 1).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+          EXPECT_EQ(e->NewExpertRows(1, -1).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+          window = plan.first >= 0 ? plan.first : plan.first == -1 ? t - 70 : -1;
+          if (window < 0) {  // the last sample a window may start at
+            window = log.size();
+            while (!e->NewExpertRows(1, window).ok()) --window;
+          }
+          auto started = e->NewExpertRows(plan.count, window);
+          ASSERT_TRUE(started.ok()) << started.status();
+          rows = *std::move(started);
+          adding = &plan;
+          fed = window;
+          feed(log.size() - 1);  // the newest one later, after more samples came
+        }
+        if (t == plan.add) {
+          feed(log.size());
+          ASSERT_TRUE(e->AddExperts(std::move(rows), Block(full, n + plan.count)).ok());
+          for (int i = 0; i < plan.count; ++i) first[n + i] = window;
+          n += plan.count;
+          restored = nullptr;
+          compare("after adding experts at t=" + std::to_string(t));
+        }
+      }
+      if (t == 500 || t == 1200) {
+        full = RandomDivergences(kMax, stream.gen());
+        ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(full, n)).ok());
+        if (restored != nullptr) {
+          ASSERT_TRUE(restored->SetDivergences(SampleLog(n), Block(full, n)).ok());
+        }
+        compare("after a refresh at t=" + std::to_string(t));
+      }
+      if (t == 800 || t == 1300) {
+        auto state = e->Snapshot();
+        ASSERT_TRUE(state.ok()) << state.status();
+        auto back = RestoreEstimator(o, *state);
+        ASSERT_TRUE(back.ok()) << back.status();
+        restored = *std::move(back);
+        auto again = restored->Snapshot();
+        ASSERT_TRUE(again.ok());
+        EXPECT_EQ(*again, *state) << "a restored state saves as the same bytes";
+        for (int k = 0; k < n; ++k) EXPECT_EQ(restored->WindowStart(k), first[k]);
+        // The windows are part of what a damaged state is checked for.
+        for (size_t len = 0; len < state->size(); len += 1 + len / 8) {
+          ASSERT_EQ(RestoreEstimator(o, state->substr(0, len)).status().code(),
+                    absl::StatusCode::kDataLoss)
+              << len;
+        }
+        std::mt19937_64 gen(t);
+        for (int trial = 0; trial < 500; ++trial) {
+          std::string damaged = *state;
+          damaged[absl::Uniform<size_t>(gen, damaged.size() / 2, damaged.size())] ^=
+              static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
+          auto bad = RestoreEstimator(o, damaged);
+          if (!bad.ok()) {
+            ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+            continue;
+          }
+          (*bad)->ArgmaxUcb(std::vector<bool>((*bad)->num_experts(), true), gen);
+        }
+      }
+      if (t % 7 == 0 && (t < 120 || t % 29 == 0 || (t > 700 && t < 760))) {
+        compare("t=" + std::to_string(t));
+      }
+      if (HasFailure()) return;
+    }
+    ASSERT_EQ(n, kMax);
+    compare("at the end");
+    // The windows changed what the experts' estimates count: without them they differ.
+    bool differs = false;
+    for (int k = 0; k < n; ++k) {
+      if (first[k] == 0) continue;
+      differs |= e->Estimate(k).mean !=
+                 reference::MedianOfMeans(log, log.size(), full, o, k, 0).mean;
+    }
+    EXPECT_TRUE(differs);
+  }
+}
+
+// A state saved before windows existed (format version 1) still restores.
+TEST(Estimator, StatesWithoutWindowsFromTheFirstFormatRestore) {
+  auto e = MakeEstimator(EstimatorOptions{}, 3);
+  ASSERT_TRUE(e.ok());
+  Stream stream(4, 3);
+  std::vector<double> p;
+  std::vector<std::vector<double>> dists;
+  double y;
+  for (int t = 0; t < 700; ++t) {
+    stream.Next(3, t % 3, &p, &y, &dists);
+    ASSERT_TRUE((*e)->Add(t % 3, y, p).ok());
+  }
+  auto state = (*e)->Snapshot();
+  ASSERT_TRUE(state.ok());
+  // Version 1: the header's "DES1", and no window count and experts' windows at the end.
+  std::string v1 = state->substr(0, state->size() - (8 + 8 + 3 * sizeof(int)));
+  v1[3] = '1';
+  auto back = RestoreEstimator(EstimatorOptions{}, v1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ((*back)->Estimate(k).mean, (*e)->Estimate(k).mean);
+    EXPECT_EQ((*back)->WindowStart(k), 0);
+  }
+  auto again = (*back)->Snapshot();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *state);
+  // A version 1 state with the window section is damaged (trailing bytes).
+  std::string wrong = *state;
+  wrong[3] = '1';
+  EXPECT_EQ(RestoreEstimator(EstimatorOptions{}, wrong).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(Estimator, ExpertRowsRefuseBadSamplesAndForeignRows) {
   EstimatorOptions mom, clipped;
   clipped.kind = EstimatorKind::kClipped;

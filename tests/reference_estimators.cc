@@ -96,7 +96,7 @@ int64_t RoundRobinGroups(const EstimatorOptions& o, int64_t t) {
 }  // namespace
 
 ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
-                             const EstimatorOptions& o, int k) {
+                             const EstimatorOptions& o, int k, int64_t first) {
   if (t == 0) return {0.0, std::numeric_limits<double>::infinity()};
   const double tt = static_cast<double>(t);
   const double delta = 1.0 / (tt * tt);
@@ -119,10 +119,12 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
   for (int64_t r = 0; r < l; ++r) {
     // Group r: contiguous samples r*m .. r*m + m - 1 (m = t / l), or round-robin: the
     // samples s < u with s mod l = r.
+    // A window keeps only its samples (s >= first) in each group.
     std::vector<int64_t> members;
-    for (int64_t s = 0; s < used; ++s) {
+    for (int64_t s = first; s < used; ++s) {
       if (round_robin ? s % l == r : s / (used / l) == r) members.push_back(s);
     }
+    if (members.empty()) continue;  // a window's group without samples: not in its median
     std::vector<int64_t> n_r(log.num_experts(), 0);
     double numerator = 0.0;
     for (int64_t s : members) {
@@ -135,10 +137,14 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
     group_means.push_back(numerator / w);
     min_weight = std::min(min_weight, w / static_cast<double>(members.size()));
   }
+  if (group_means.empty()) return {0.0, std::numeric_limits<double>::infinity()};
   std::sort(group_means.begin(), group_means.end());
-  const double median = l % 2 == 1 ? group_means[l / 2]
-                                   : 0.5 * (group_means[l / 2 - 1] + group_means[l / 2]);
-  const double width = (1.0 / min_weight) * std::sqrt(o.constants.c3 * std::log(1.0 / delta) / tt);
+  const size_t g = group_means.size();
+  const double median = g % 2 == 1 ? group_means[g / 2]
+                                   : 0.5 * (group_means[g / 2 - 1] + group_means[g / 2]);
+  // t_k = t - first: the samples of the window (all t without one).
+  const double tk = static_cast<double>(t - first);
+  const double width = (1.0 / min_weight) * std::sqrt(o.constants.c3 * std::log(1.0 / delta) / tk);
   return {median, width};
 }
 

@@ -19,8 +19,11 @@ ExpertEstimate Clipped(const SampleLog& log, int64_t t, const DivergenceMatrix& 
                        const EstimatorOptions& options, int k);
 
 // Median-of-means estimator (eq. est2) of expert k from samples [0, t), with its width.
+// With first > 0, the estimate of an expert whose window starts at sample `first`: its
+// groups keep only samples s >= first, groups left empty are not in the median, and the
+// width's t is t - first (Estimator::NewExpertRows).
 ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
-                             const EstimatorOptions& options, int k);
+                             const EstimatorOptions& options, int k, int64_t first = 0);
 
 // Dispatches on options.kind.
 ExpertEstimate Estimate(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
