@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "storage/format.h"
+#include "storage/retention.h"
 
 namespace decision::storage {
 namespace {
@@ -210,6 +211,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   store->options_ = options;
   store->health_ = std::make_shared<StoreHealthTracker>(
       options.now_ms ? options.now_ms : std::function<int64_t()>(SystemNowMs));
+  store->cuts_ = std::make_shared<RetentionCuts>();
+  store->event_filter_ = NewEventRetentionFilter(store->cuts_);
   std::unique_lock<std::shared_mutex> lock(store->db_mu_);
   if (absl::Status s = store->OpenDbLocked(); !s.ok()) return s;
   std::unique_ptr<rocksdb::Iterator> last(
@@ -259,6 +262,8 @@ absl::Status Store::OpenDbLocked() {
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, family_options);
   for (const char* name : kFamilyNames) families.emplace_back(name, family_options);
+  // Retention drops old events as the events family compacts (retention.h).
+  families[3].options.compaction_filter = event_filter_.get();
   rocksdb::Status s = rocksdb::DB::Open(db_options, path_, families, &handles_, &db_);
   if (!s.ok()) {
     db_ = nullptr;
@@ -280,6 +285,22 @@ absl::Status Store::OpenDbLocked() {
   logchunks_ = handles_[8];
   audit_ = handles_[9];
   training_jobs_ = handles_[10];
+  // The problems' retention cuts, for the compaction filter (before this, compactions keep
+  // every event: the filter errs on keeping).
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), checkpoints_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    if (it->key().size() != 8 || ReadU32(absl::string_view(it->key().data() + 4, 4)) != 2) {
+      continue;
+    }
+    v1::RetentionRecord cut;
+    if (!cut.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      continue;  // reported by GetRetention, where the problem loads
+    }
+    cuts_->Set(ReadU32(absl::string_view(it->key().data(), 4)), cut.events_before_ms());
+  }
+  if (!it->status().ok()) {
+    return OpenFailure(path_, absl::StrCat("reading the retention cuts: ", it->status().ToString()));
+  }
   return absl::OkStatus();
 }
 
@@ -674,6 +695,54 @@ absl::StatusOr<Record> Store::Get(rocksdb::ColumnFamilyHandle* Store::*family,
 
 absl::StatusOr<v1::CheckpointRecord> Store::GetCheckpoint(uint32_t problem) {
   return Get<v1::CheckpointRecord>(&Store::checkpoints_, Key32(problem), "checkpoint");
+}
+
+absl::Status Store::PutProblem(uint32_t problem, const v1::ProblemRecord& record) {
+  return Put(&Store::problems_, Key32(problem), record, "problem");
+}
+
+absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
+                                   const v1::RetentionRecord& cut) {
+  if (cut.first_sample() < 0 || cut.first_sample() % kLogChunkSamples != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention cut at sample ", cut.first_sample(), ": not a multiple of ",
+        kLogChunkSamples));
+  }
+  absl::StatusOr<v1::RetentionRecord> stored = GetRetention(problem);
+  if (!stored.ok() && !absl::IsNotFound(stored.status())) return stored.status();
+  if (stored.ok() && (cut.first_sample() < stored->first_sample() ||
+                      cut.events_before_ms() < stored->events_before_ms())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention cut (sample ", cut.first_sample(), ", events before ",
+        cut.events_before_ms(), " ms) moves back from the stored one (",
+        stored->first_sample(), ", ", stored->events_before_ms(), ")"));
+  }
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  const auto range = [&](rocksdb::ColumnFamilyHandle* family, const std::string& prefix,
+                         uint64_t end) {
+    std::string from = prefix, to = prefix;
+    AppendU64(&from, 0);
+    AppendU64(&to, end);
+    return batch.DeleteRange(family, from, to);
+  };
+  const uint64_t chunks = static_cast<uint64_t>(cut.first_sample() / kLogChunkSamples);
+  rocksdb::Status s = range(samples_, Key32(problem), static_cast<uint64_t>(cut.first_sample()));
+  if (s.ok()) s = range(logchunks_, Key32(problem), chunks);
+  for (int e = 0; s.ok() && e < num_experts; ++e) {
+    s = range(backfill_, Key32x2(problem, static_cast<uint32_t>(e)), chunks);
+  }
+  if (s.ok()) s = batch.Put(checkpoints_, Key32x2(problem, 2), cut.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "retention");
+  lock.unlock();
+  if (absl::Status w = Write(&batch, "retention"); !w.ok()) return w;
+  cuts_->Set(problem, cut.events_before_ms());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RetentionRecord> Store::GetRetention(uint32_t problem) {
+  return Get<v1::RetentionRecord>(&Store::checkpoints_, Key32x2(problem, 2), "retention");
 }
 
 absl::StatusOr<v1::LogChunk> Store::GetLogChunk(uint32_t problem, uint64_t chunk) {

@@ -46,6 +46,7 @@
 
 namespace rocksdb {
 class ColumnFamilyHandle;
+class CompactionFilter;
 class DB;
 class Env;
 class WriteBatch;
@@ -82,6 +83,7 @@ struct StoreHealth {
 };
 
 class StoreHealthTracker;  // store.cc: RocksDB's background errors, seen by a listener
+class RetentionCuts;       // retention.h: the events' cut per problem, for compactions
 
 class Store {
  public:
@@ -214,6 +216,21 @@ class Store {
   // NOT_FOUND if the problem has no checkpoint yet.
   absl::StatusOr<v1::CheckpointRecord> GetCheckpoint(uint32_t problem);
 
+  // Rewrites a problem's record (its settings changed at runtime: retention).
+  absl::Status PutProblem(uint32_t problem, const v1::ProblemRecord& record);
+
+  // Retention: in one write, deletes the problem's samples before cut.first_sample, its log
+  // chunks and the backfill chunks of experts [0, num_experts) wholly before it (range
+  // deletions: no scan, whatever their number), and stores `cut` (RetentionRecord). From
+  // then on compactions of the events family drop the problem's events decided before
+  // cut.events_before_ms that are not pending (a compaction filter: nothing on the request
+  // path reads or deletes them). RocksDB reclaims the space as it compacts (Compact() to
+  // force it). INVALID_ARGUMENT if first_sample is not a multiple of kLogChunkSamples, or
+  // if the cut moves back from the stored one (nothing is written).
+  absl::Status ApplyRetention(uint32_t problem, int num_experts, const v1::RetentionRecord& cut);
+  // The last cut applied; NOT_FOUND if none.
+  absl::StatusOr<v1::RetentionRecord> GetRetention(uint32_t problem);
+
   // The audit log: appends `record` at the next sequence (from 0).
   absl::Status AppendAudit(const v1::AuditRecord& record);
   // Audit records with sequence >= start, in order, at most `limit` (0: no limit).
@@ -265,6 +282,8 @@ class Store {
   std::string path_;
   StoreOptions options_;
   std::shared_ptr<StoreHealthTracker> health_;  // shared with RocksDB's listener
+  std::shared_ptr<RetentionCuts> cuts_;         // shared with the events' compaction filter
+  std::shared_ptr<rocksdb::CompactionFilter> event_filter_;  // outlives the database
   // Held shared by every call that uses db_ or the family handles, exclusively by Recover
   // (which may close and reopen the database) and Close. A shared_mutex (glibc: readers
   // first) because the callbacks of a scan may call the store again.

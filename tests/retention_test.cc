@@ -1,0 +1,242 @@
+// Retention in the store (Store::ApplyRetention): the range deletions remove what they
+// should and nothing else, the events' compaction filter drops only old events that are
+// not pending, the cut survives a reopen, and a kill -9 during compaction loses nothing
+// that was kept.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "storage/format.h"
+#include "storage/store.h"
+
+namespace decision::storage {
+namespace {
+
+constexpr int64_t kChunk = kLogChunkSamples;
+constexpr int64_t kSamples = 3 * kChunk + 100;  // three whole chunks and part of one
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/retention_", name, "_", getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+std::string EventId(int64_t i) { return absl::StrCat("event-", i); }
+
+// Problems 0 and 1, each with kSamples joined samples (event i decided at time i ms), their
+// log chunks, two experts' backfill chunks, and three pending decisions decided at 0 ms.
+void Fill(Store& store) {
+  for (uint32_t problem : {0u, 1u}) {
+    Store::WriteGroup group;
+    for (int64_t i = 0; i < kSamples; ++i) {
+      v1::EventRecord event;
+      event.set_state(v1::EVENT_STATE_JOINED);
+      event.set_decided_at_ms(i);
+      event.set_sequence(i);
+      v1::SampleRecord sample;
+      sample.set_event_id(EventId(i));
+      sample.set_reward(static_cast<double>(i % 2));
+      sample.set_decided_at_ms(i);
+      ASSERT_TRUE(store.AddJoin(&group, problem, EventId(i), event, i, sample, false).ok());
+    }
+    for (int i = 0; i < 3; ++i) {
+      v1::EventRecord pending;
+      pending.set_state(v1::EVENT_STATE_PENDING);
+      pending.set_decided_at_ms(0);
+      pending.set_deadline_ms(1000000 + i);
+      ASSERT_TRUE(store.AddDecision(&group, problem, absl::StrCat("pending-", i), pending).ok());
+    }
+    ASSERT_TRUE(store.Commit(&group).ok());
+    for (int64_t c = 0; c * kChunk < kSamples; ++c) {
+      v1::LogChunk chunk;
+      chunk.set_num_experts(static_cast<int>(c));
+      ASSERT_TRUE(store.PutLogChunk(problem, c, chunk).ok());
+      for (uint32_t e : {0u, 1u}) {
+        v1::BackfillChunk b;
+        b.add_values(0.5);
+        ASSERT_TRUE(store.PutBackfillChunk(problem, e, c, b).ok());
+      }
+    }
+  }
+}
+
+std::set<int64_t> Samples(Store& store, uint32_t problem) {
+  std::set<int64_t> seen;
+  EXPECT_TRUE(store
+                  .ForEachSample(problem, 0, 0,
+                                 [&](int64_t seq, const v1::SampleRecord& s) {
+                                   EXPECT_EQ(s.event_id(), EventId(seq));
+                                   seen.insert(seq);
+                                   return absl::OkStatus();
+                                 })
+                  .ok());
+  return seen;
+}
+std::set<uint64_t> LogChunks(Store& store, uint32_t problem) {
+  std::set<uint64_t> seen;
+  EXPECT_TRUE(store
+                  .ForEachLogChunk(problem,
+                                   [&](uint64_t c, const v1::LogChunk& r) {
+                                     EXPECT_EQ(r.num_experts(), static_cast<int>(c));
+                                     seen.insert(c);
+                                     return absl::OkStatus();
+                                   })
+                  .ok());
+  return seen;
+}
+std::set<uint64_t> BackfillChunks(Store& store, uint32_t problem, uint32_t expert) {
+  std::set<uint64_t> seen;
+  EXPECT_TRUE(store
+                  .ForEachBackfillChunk(problem, expert,
+                                        [&](uint64_t c, const v1::BackfillChunk&) {
+                                          seen.insert(c);
+                                          return absl::OkStatus();
+                                        })
+                  .ok());
+  return seen;
+}
+int64_t Events(Store& store, uint32_t problem, int64_t* oldest_joined) {
+  int64_t count = 0;
+  *oldest_joined = -1;
+  EXPECT_TRUE(store
+                  .ForEachEventId(problem,
+                                  [&](absl::string_view id) {
+                                    ++count;
+                                    auto e = store.GetEvent(problem, id);
+                                    ASSERT_TRUE(e.ok());
+                                    if (e->state() == v1::EVENT_STATE_JOINED &&
+                                        (*oldest_joined < 0 ||
+                                         e->decided_at_ms() < *oldest_joined)) {
+                                      *oldest_joined = e->decided_at_ms();
+                                    }
+                                  })
+                  .ok());
+  return count;
+}
+
+// What problem 0 must hold after a cut at sample 2 * kChunk with events before 2 * kChunk
+// ms, and problem 1 untouched; `compacted`: the events filter has run.
+void ExpectCut(Store& store, bool compacted) {
+  std::set<int64_t> kept = Samples(store, 0);
+  ASSERT_EQ(kept.size(), static_cast<size_t>(kSamples - 2 * kChunk));
+  EXPECT_EQ(*kept.begin(), 2 * kChunk);
+  EXPECT_EQ(*kept.rbegin(), kSamples - 1);
+  EXPECT_EQ(LogChunks(store, 0), (std::set<uint64_t>{2, 3}));
+  for (uint32_t e : {0u, 1u}) EXPECT_EQ(BackfillChunks(store, 0, e), (std::set<uint64_t>{2, 3}));
+  EXPECT_EQ(Samples(store, 1).size(), static_cast<size_t>(kSamples));
+  EXPECT_EQ(LogChunks(store, 1).size(), 4u);
+  EXPECT_EQ(BackfillChunks(store, 1, 1).size(), 4u);
+  int64_t oldest;
+  const int64_t events = Events(store, 0, &oldest);
+  if (compacted) {
+    EXPECT_EQ(events, kSamples - 2 * kChunk + 3) << "old joined events go, pending ones stay";
+    EXPECT_EQ(oldest, 2 * kChunk);
+  } else {
+    EXPECT_GE(events, kSamples - 2 * kChunk + 3);
+  }
+  EXPECT_EQ(Events(store, 1, &oldest), kSamples + 3);
+  EXPECT_EQ(oldest, 0);
+  int pending = 0;
+  EXPECT_TRUE(store
+                  .ForEachPending(0,
+                                  [&](int64_t, absl::string_view id) {
+                                    ++pending;
+                                    EXPECT_TRUE(store.GetEvent(0, id).ok()) << id;
+                                    return absl::OkStatus();
+                                  })
+                  .ok());
+  EXPECT_EQ(pending, 3);
+}
+
+v1::RetentionRecord Cut(int64_t first_sample, int64_t events_before_ms) {
+  v1::RetentionRecord cut;
+  cut.set_first_sample(first_sample);
+  cut.set_events_before_ms(events_before_ms);
+  return cut;
+}
+
+TEST(Retention, DeletesWhatItShouldAndNothingElse) {
+  const std::string dir = TempDir("deletes");
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    Fill(**store);
+    EXPECT_TRUE(absl::IsNotFound((*store)->GetRetention(0).status()));
+    // Refused: a cut inside a chunk; nothing is deleted.
+    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(kChunk + 1, 0)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Samples(**store, 0).size(), static_cast<size_t>(kSamples));
+    ASSERT_TRUE((*store)->ApplyRetention(0, 2, Cut(kChunk, kChunk)).ok());
+    ASSERT_TRUE((*store)->ApplyRetention(0, 2, Cut(2 * kChunk, 2 * kChunk)).ok());
+    // Refused: a cut that moves back.
+    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(kChunk, 2 * kChunk)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(2 * kChunk, kChunk)).code(),
+              absl::StatusCode::kInvalidArgument);
+    ExpectCut(**store, /*compacted=*/false);
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  // The cut is kept, and compactions after the reopen apply it to the events.
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto cut = (*store)->GetRetention(0);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->first_sample(), 2 * kChunk);
+  ASSERT_TRUE((*store)->Compact().ok());
+  ExpectCut(**store, /*compacted=*/true);
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetEvent(0, EventId(0)).status()));
+  EXPECT_TRUE((*store)->GetEvent(0, EventId(2 * kChunk)).ok());
+  EXPECT_TRUE((*store)->GetEvent(1, EventId(0)).ok());
+}
+
+// A kill -9 at any point of a compaction that applies the cut: the reopened store holds
+// what was kept, intact, and compacting again finishes the deletion.
+TEST(Retention, AKillDuringCompactionLosesNothingKept) {
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::string dir = TempDir(absl::StrCat("kill", trial));
+    {
+      auto store = Store::Open(dir, StoreOptions());
+      ASSERT_TRUE(store.ok());
+      Fill(**store);
+      ASSERT_TRUE((*store)->Flush().ok());  // so that compactions have files to rewrite
+      ASSERT_TRUE((*store)->Close().ok());
+    }
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      dup2(ready[1], 1);
+      const std::string first = absl::StrCat(2 * kChunk);
+      execl(RETENTION_COMPACTOR_PATH, RETENTION_COMPACTOR_PATH, dir.c_str(), first.c_str(),
+            first.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(ready[1]);
+    char byte = 0;
+    ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the helper could not apply the cut";
+    close(ready[0]);
+    // Where it dies varies (the helper compacts in a loop); any point must do.
+    usleep(static_cast<useconds_t>(trial * 30000));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    ExpectCut(**store, /*compacted=*/false);
+    ASSERT_TRUE((*store)->Compact().ok());
+    ExpectCut(**store, /*compacted=*/true);
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace decision::storage
