@@ -148,6 +148,16 @@ absl::StatusOr<v1::Expert> DecisionClient::RetireExpert(const std::string& probl
   });
 }
 
+absl::StatusOr<v1::Problem> DecisionClient::SetRetention(const std::string& problem_id,
+                                                         const v1::RetentionConfig& retention) {
+  v1::SetRetentionRequest request;
+  request.set_problem_id(problem_id);
+  *request.mutable_retention() = retention;
+  return Unary<v1::Problem>(1, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+    return stub_->SetRetention(ctx, request, r);
+  });
+}
+
 absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(const std::string& problem_id,
                                                           absl::Span<const double> features,
                                                           std::string event_id) {

@@ -62,6 +62,9 @@ class DecisionClient {
                                             const v1::ExpertModel& model);
   absl::StatusOr<v1::ListExpertsResponse> ListExperts(const std::string& problem_id);
   absl::StatusOr<v1::Expert> RetireExpert(const std::string& problem_id, int expert_id);
+  // Not retried (an admin change: the caller reads the problem back if unsure).
+  absl::StatusOr<v1::Problem> SetRetention(const std::string& problem_id,
+                                           const v1::RetentionConfig& retention);
   // An empty event_id is replaced by a random one, so that retries stay idempotent.
   absl::StatusOr<v1::ChooseResponse> Choose(const std::string& problem_id,
                                             absl::Span<const double> features,

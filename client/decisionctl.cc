@@ -6,6 +6,9 @@
 //   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
 //                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
+//                  [--retention_max_samples=N] [--retention_max_age_ms=MS]
+//   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
+//       what the store keeps of the problem's history (0: no limit; both 0: keep all)
 //   list-problems
 //   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
 //                  | --uniform) [--smoothing=ETA]
@@ -93,6 +96,10 @@ ABSL_FLAG(double, divergence_refresh_turnover, -1.0,
           "create-problem: fraction of the divergence reservoir replaced that makes a batch "
           "boundary re-estimate the divergences of the experts already estimated (0: every "
           "boundary; negative: the server default, 0.5)");
+ABSL_FLAG(int64_t, retention_max_samples, 0,
+          "create-problem, set-retention: the most joined samples the store keeps (0: all)");
+ABSL_FLAG(int64_t, retention_max_age_ms, 0,
+          "create-problem, set-retention: the oldest sample or event kept, in ms (0: any)");
 ABSL_FLAG(bool, wait, false, "train: poll the job until it ends; exit 0 if it SUCCEEDED");
 ABSL_FLAG(std::string, name, "", "register-expert: expert name");
 ABSL_FLAG(std::string, xgboost, "", "register-expert: XGBoost model file");
@@ -230,6 +237,8 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {
     config.set_divergence_refresh_turnover(turnover);
   }
+  config.mutable_retention()->set_max_samples(absl::GetFlag(FLAGS_retention_max_samples));
+  config.mutable_retention()->set_max_age_ms(absl::GetFlag(FLAGS_retention_max_age_ms));
   auto p = c.CreateProblem(args[0], config);
   if (!p.ok()) return Fail(p.status());
   std::printf("created problem %s: %d arms, %d features, wait %lld ms", p->problem_id().c_str(),
@@ -319,6 +328,23 @@ int ListExperts(DecisionClient& c, const std::vector<char*>& args) {
                 static_cast<long long>(e.backfill_total()), e.score_cost_us());
     if (!e.error().empty()) std::printf("        why FAILED: %s\n", e.error().c_str());
   }
+  return 0;
+}
+
+int SetRetention(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("set-retention needs PROBLEM");
+  v1::RetentionConfig retention;
+  retention.set_max_samples(absl::GetFlag(FLAGS_retention_max_samples));
+  retention.set_max_age_ms(absl::GetFlag(FLAGS_retention_max_age_ms));
+  auto p = c.SetRetention(args[0], retention);
+  if (!p.ok()) return Fail(p.status());
+  const v1::RetentionConfig& r = p->config().retention();
+  std::printf("problem %s keeps %s samples and %s; the store has the samples from %lld\n",
+              p->problem_id().c_str(),
+              r.max_samples() > 0 ? absl::StrCat("at most ", r.max_samples()).c_str() : "all",
+              r.max_age_ms() > 0 ? absl::StrCat("the last ", r.max_age_ms(), " ms").c_str()
+                                 : "any age",
+              static_cast<long long>(p->retained_from()));
   return 0;
 }
 
@@ -736,7 +762,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, set-retention, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -767,6 +793,7 @@ int main(int argc, char** argv) {
   if (command == "register-expert") return RegisterExpert(client, args);
   if (command == "list-experts") return ListExperts(client, args);
   if (command == "retire-expert") return RetireExpert(client, args);
+  if (command == "set-retention") return SetRetention(client, args);
   if (command == "estimates") return Estimates(client, args);
   if (command == "choose") return Choose(client, args);
   if (command == "reward") return Reward(client, args);

@@ -263,7 +263,6 @@ absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& r
   DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Problem> p,
                             Problem::Create(index, std::move(record), ProblemEnv()));
   *response = p->Summary();
-  *response->mutable_config() = ConfigFromRecord(p->record());
   absl::MutexLock lock(&mu_);
   next_index_ = index + 1;
   problems_[request.problem_id()] = std::move(p);
@@ -297,7 +296,6 @@ void DecisionService::GetProblem(const v1::GetProblemRequest& request, v1::Probl
       request.problem_id(),
       [response](const Problem& p) {
         *response = p.Summary();
-        *response->mutable_config() = ConfigFromRecord(p.record());
         return absl::OkStatus();
       },
       std::move(done));
@@ -324,7 +322,6 @@ absl::Status DecisionService::ListProblems(const v1::ListProblemsRequest&,
   }
   for (Problem* p : serving) {
     listed.emplace_back(p->Summary());
-    *listed.back().mutable_config() = ConfigFromRecord(p->record());
   }
   std::sort(listed.begin(), listed.end(), [](const v1::Problem& a, const v1::Problem& b) {
     return a.problem_id() < b.problem_id();
@@ -392,6 +389,23 @@ absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& reques
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("changes to experts"));
   DECISION_ASSIGN_OR_RETURN(*response, p->RetireExpert(request.expert_id()));
   return absl::OkStatus();
+}
+
+absl::Status DecisionService::SetRetention(const v1::SetRetentionRequest& request,
+                                           v1::Problem* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(ValidateRetention(
+      request.retention(), EstimatorOptionsOf(p->record()).kind, "retention"));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("changes to problems"));
+  DECISION_RETURN_IF_ERROR(p->SetRetention(request.retention()));
+  *response = p->Summary();
+  return absl::OkStatus();
+}
+
+void DecisionService::SetRetention(const v1::SetRetentionRequest& request,
+                                   v1::Problem* response, Done done) {
+  OffReactor([this, &request, response] { return SetRetention(request, response); },
+             std::move(done));
 }
 
 void DecisionService::RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response,

@@ -26,8 +26,9 @@ Hashes HashId(absl::string_view id) {
 
 }  // namespace
 
-EventIdFilter::EventIdFilter(int64_t first_capacity) {
-  AddFilter(std::max<int64_t>(first_capacity, 64));
+EventIdFilter::EventIdFilter(int64_t first_capacity)
+    : first_capacity_(std::max<int64_t>(first_capacity, 64)) {
+  AddFilter(first_capacity_);
 }
 
 void EventIdFilter::AddFilter(int64_t capacity) {
@@ -40,11 +41,12 @@ void EventIdFilter::AddFilter(int64_t capacity) {
   filters_.push_back(std::move(f));
 }
 
-void EventIdFilter::Insert(absl::string_view event_id) {
+void EventIdFilter::Insert(absl::string_view event_id, int64_t now_ms) {
   if (filters_.back().count >= filters_.back().capacity) {
-    AddFilter(kGrowth * filters_.back().capacity);
+    AddFilter(dropped_ ? std::max(first_capacity_, size_) : kGrowth * filters_.back().capacity);
   }
   Filter& f = filters_.back();
+  f.newest_ms = std::max(f.newest_ms, now_ms);
   const Hashes h = HashId(event_id);
   const uint64_t blocks = f.words.size() / kWordsPerBlock;
   uint64_t* block = &f.words[(h.h1 & (blocks - 1)) * kWordsPerBlock];
@@ -70,6 +72,23 @@ bool EventIdFilter::MayContain(absl::string_view event_id) const {
     if (all) return true;
   }
   return false;
+}
+
+int64_t EventIdFilter::DropBefore(int64_t before_ms) {
+  int64_t forgot = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < filters_.size(); ++i) {
+    if (i + 1 < filters_.size() && filters_[i].newest_ms < before_ms) {
+      forgot += filters_[i].count;
+      continue;
+    }
+    if (kept != i) filters_[kept] = std::move(filters_[i]);
+    ++kept;
+  }
+  filters_.resize(kept);
+  size_ -= forgot;
+  if (forgot > 0) dropped_ = true;
+  return forgot;
 }
 
 int64_t EventIdFilter::memory_bytes() const {

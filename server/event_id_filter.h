@@ -11,8 +11,13 @@
 // It grows without rebuilding: when the newest filter holds its capacity, a new one four
 // times its size is added, and a lookup probes each (4 filters at 1M ids, 8 at 10^9).
 // Memory: about 1.25 MB per million ids, plus the newest filter's spare room (up to four
-// times that). Ids are never removed (event records are kept forever). Not persisted: the
-// owner refills it from the store on start.
+// times that). Not persisted: the owner refills it from the store on start.
+//
+// Retention: each filter remembers the newest insertion time among its ids, and
+// DropBefore forgets the filters whose ids are all older than a cut (the store deletes
+// those events). From the first drop on, a new filter is sized to the ids still held
+// rather than four times the last, so that the filters stay a few generations of the
+// retention window: memory about 1.25 MB per million ids of the window, times 2 to 3.
 //
 // Thread safety: not thread-safe (the Problem holds its lock).
 #ifndef DECISION_SERVER_EVENT_ID_FILTER_H_
@@ -30,9 +35,13 @@ class EventIdFilter {
   // `first_capacity`: ids the first filter holds before a larger one is added.
   explicit EventIdFilter(int64_t first_capacity = 1 << 16);
 
-  void Insert(absl::string_view event_id);
-  // False only if `event_id` was never inserted.
+  // `now_ms`: when (the owner's clock), for DropBefore.
+  void Insert(absl::string_view event_id, int64_t now_ms = 0);
+  // False only if `event_id` was never inserted (or was dropped).
   bool MayContain(absl::string_view event_id) const;
+  // Forgets the filters (not the newest) whose ids were all inserted before `before_ms`.
+  // Returns how many ids it forgot.
+  int64_t DropBefore(int64_t before_ms);
 
   int64_t size() const { return size_; }
   int64_t memory_bytes() const;
@@ -42,6 +51,7 @@ class EventIdFilter {
     std::vector<uint64_t> words;  // a power of two of 64-bit words
     int64_t capacity = 0;
     int64_t count = 0;
+    int64_t newest_ms = 0;  // the latest insertion time among its ids
   };
   static constexpr int kProbes = 7;
   static constexpr int64_t kGrowth = 4;
@@ -50,6 +60,8 @@ class EventIdFilter {
 
   std::vector<Filter> filters_;
   int64_t size_ = 0;
+  int64_t first_capacity_ = 0;
+  bool dropped_ = false;  // DropBefore forgot some: new filters follow the window
 };
 
 }  // namespace decision::server

@@ -81,9 +81,11 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
     e.set_error(slot.failure);
   }
   e.set_smoothing(slot.failure.empty() ? slot.model->smoothing() : slot.record.smoothing());
-  e.set_backfill_total(slot.record.backfill_total());
-  e.set_backfilled(estimated ? slot.record.backfill_total()
-                             : slot.backfilled);
+  // Counted from its window's start (retention): the samples it has and will have.
+  const int64_t first = slot.record.backfill_first();
+  e.set_window_start(first);
+  e.set_backfill_total(slot.record.backfill_total() - first);
+  e.set_backfilled((estimated ? slot.record.backfill_total() : slot.backfilled) - first);
   e.set_score_cost_us(slot.record.score_cost_us());
   return e;
 }

@@ -79,7 +79,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"ExportLog", Role::kExport},        {"CreateProblem", Role::kAdmin},
     {"RegisterExpert", Role::kAdmin},    {"RetireExpert", Role::kAdmin},
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
-    {"GetTrainingJob", Role::kObserve},
+    {"GetTrainingJob", Role::kObserve},  {"SetRetention", Role::kAdmin},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -309,6 +309,21 @@ grpc::ServerUnaryReactor* GrpcDecisionService::RetireExpert(grpc::CallbackServer
       },
       [this](const Grant&, DECISION_CALL(RetireExpertRequest, Expert), Done done) {
         service_->RetireExpert(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::SetRetention(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::SetRetentionRequest, v1::Problem>(
+      ctx, "SetRetention", in, out,
+      [](const v1::SetRetentionRequest& r, const auto&) {
+        return Call{"SetRetention", r.problem_id(), [&r] {
+                      return absl::StrCat("max_samples ", r.retention().max_samples(),
+                                          ", max_age_ms ", r.retention().max_age_ms());
+                    }};
+      },
+      [this](const Grant&, DECISION_CALL(SetRetentionRequest, Problem), Done done) {
+        service_->SetRetention(call->request, &call->response, std::move(done));
       });
 }
 

@@ -52,6 +52,8 @@ Problem::Problem(uint32_t index, storage::v1::ProblemRecord record, const Env& e
       ducb_(std::move(ducb)),
       reservoir_(record_.num_features(), record_.divergence_reservoir()),
       reservoir_predictions_(env.reservoir_predictions_bytes),
+      retention_max_samples_(record_.retention_max_samples()),
+      retention_max_age_ms_(record_.retention_max_age_ms()),
       gen_(env.seed ^ (static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL)),
       // The record is valid (Create's caller and Load check it), so this cannot fail.
       stand_in_(MakeUniformExpert(record_.num_arms(), record_.num_features()).value()) {}
@@ -293,7 +295,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     // Answered once written (ApplyLocked), with the Choose calls that wait for it.
     {
       absl::MutexLock lock(&mu_);
-      event_ids_.Insert(event_id);
+      event_ids_.Insert(event_id, now);
       pending_.Decide(event_id, event, DecisionState::kWriting, now);
     }
     WriteOp op;
@@ -308,7 +310,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   std::vector<ChooseWaiter> waiters;
   {
     absl::MutexLock lock(&mu_);
-    event_ids_.Insert(event_id);
+    event_ids_.Insert(event_id, now);
     waiters = pending_.Decide(event_id, event, DecisionState::kUnwritten, now);
     pending_.Find(event_id)->deliveries = 1 + static_cast<int>(waiters.size());
     ++decisions_;
@@ -525,6 +527,11 @@ v1::Problem Problem::Summary() const {
   p.set_pending(pending_.answered());
   p.set_experts(experts_.size());
   p.set_next_batch_at(next_refresh_at_);
+  p.set_retained_from(retained_from_);
+  *p.mutable_config() = ConfigFromRecord(record_);
+  // Changed at runtime (SetRetention) since the record was loaded.
+  p.mutable_config()->mutable_retention()->set_max_samples(retention_max_samples_);
+  p.mutable_config()->mutable_retention()->set_max_age_ms(retention_max_age_ms_);
   return p;
 }
 

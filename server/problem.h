@@ -14,6 +14,7 @@
 //   problem_experts.cc      registration, retirement, quarantine, divergence refresh
 //   problem_backfill.cc     the backfill of a new expert, and its estimator rows
 //   problem_maintenance.cc  expiry, checkpoints, log chunks, training sets, metrics
+//   problem_retention.cc    retention: what the store keeps of the history
 //   recovery.cc             Load: the problem rebuilt from the store, in named steps
 //
 // Locking. mu_ guards the in-memory state. The rule: no store I/O and no model evaluation
@@ -274,6 +275,7 @@ class Problem {
   // Whether some sample of the log has a positive reward (what training learns from).
   bool HasPositiveReward() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Its counters and its configuration (with the retention it has now).
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks
   // (a store scan).
@@ -341,6 +343,26 @@ class Problem {
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.
   absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Retention (problem_retention.cc; ProblemConfig.retention in the API).
+  v1::RetentionConfig Retention() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether ApplyRetention would check the age against the store at `now_ms` (retention
+  // by age moves without traffic).
+  bool RetentionDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return retention_max_age_ms_ > 0 && now_ms >= next_age_check_ms_;
+  }
+  // Changes it and rewrites the problem's record; learning goes on unchanged. REQUIRES: a
+  // valid setting for this problem (ValidateRetention). Blocks (a store write).
+  absl::Status SetRetention(const v1::RetentionConfig& retention)
+      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // Maintenance: deletes from the store what the setting no longer keeps (Store::
+  // ApplyRetention), in whole log chunks, never past what still needs the samples: the
+  // last two log chunks (the one being filled and the one before), a backfilling expert's
+  // window, and the estimators' state a restart starts from (when that holds retention
+  // back by more than an eighth of what it keeps, it writes the state first). The age is
+  // checked against the store at most once per second. Blocks (store reads and writes).
+  absl::Status ApplyRetention() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
 
  private:
   friend class Recovery;
@@ -678,6 +700,13 @@ class Problem {
   // a large state (48 MB at N = 160) costs its page faults under mu_ (31 ms).
   mutable std::string state_buffer_ ABSL_GUARDED_BY(mu_);
   int64_t last_refresh_ms_ ABSL_GUARDED_BY(mu_) = 0;  // clock time of the last refresh
+  // Retention: the setting (0: off), the first sample the store keeps, the time before
+  // which its events are deleted, and when the age is next checked against the store.
+  int64_t retention_max_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retention_max_age_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retained_from_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t events_cut_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_age_check_ms_ ABSL_GUARDED_BY(mu_) = 0;
   // Set when a written sample could not be learned: the estimator no longer matches the
   // store, so every later join fails with it (nothing more is written at that position)
   // until a restart reloads the problem.

@@ -104,8 +104,9 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
   }));
   absl::MutexLock lock(&mu_);
   ExpertSlot& slot = experts_.at(expert_id);
-  if (from == 0 && slot.rows == nullptr && ducb_.num_experts() == expert_id) {
-    absl::StatusOr<std::unique_ptr<ExpertRows>> started = ducb_.NewExpertRows(1);
+  const int64_t first = slot.record.backfill_first();
+  if (from == first && slot.rows == nullptr && ducb_.num_experts() == expert_id) {
+    absl::StatusOr<std::unique_ptr<ExpertRows>> started = ducb_.NewExpertRows(1, first);
     if (started.ok()) slot.rows = *std::move(started);
   }
   if (slot.rows != nullptr && slot.rows->num_samples() == from &&
@@ -118,7 +119,8 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
     }
   }
   slot.backfilled += chunk.values_size();
-  slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfilled) / total);
+  slot.metrics.backfill_progress->Set(static_cast<double>(slot.backfilled - first) /
+                                      static_cast<double>(total - first));
   return absl::OkStatus();
 }
 
@@ -215,7 +217,7 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
     total = slot.record.backfill_total();
     rows = std::move(slot.rows);
     if (rows == nullptr || rows->num_samples() > total) {
-      DECISION_ASSIGN_OR_RETURN(rows, ducb_.NewExpertRows(1));
+      DECISION_ASSIGN_OR_RETURN(rows, ducb_.NewExpertRows(1, slot.record.backfill_first()));
     }
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,

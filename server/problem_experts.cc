@@ -211,10 +211,14 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     record.set_smoothing(smoothing);
     record.set_status(storage::v1::EXPERT_STATE_BACKFILLING);
     record.set_backfill_total(ducb_.num_samples());
+    // Its window: the samples retention kept (ApplyRetention moves retained_from_ under
+    // expert_writes_mu_ too, so it cannot delete them before the backfill pins them).
+    record.set_backfill_first(std::min(retained_from_, record.backfill_total()));
     record.set_registered_at_ms(env_.clock->NowMs());
     record.set_score_cost_us(cost_us);
     ExpertSlot slot;
     slot.record = record;
+    slot.backfilled = record.backfill_first();
     slot.model = std::move(built);
     slot.metrics = env_.metrics->ForExpert(id(), expert_id);
     slot.metrics.backfill_progress->Set(0.0);

@@ -97,8 +97,11 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
 }
 
 int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_experts) {
-  // The state, and the buffer its checkpoints are written from.
-  return 2 * EstimatorStateBound(EstimatorOptionsOf(record), num_experts) +
+  // The state, and the buffer its checkpoints are written from. Under retention every
+  // expert may come with a window of its own (EstimatorStateBound).
+  const bool retention = record.retention_max_samples() > 0 || record.retention_max_age_ms() > 0;
+  return 2 * EstimatorStateBound(EstimatorOptionsOf(record), num_experts,
+                                 retention ? num_experts : 0) +
          storage::kLogChunkSamples * (12 + 8 * int64_t{num_experts});
 }
 
@@ -288,8 +291,11 @@ absl::Status Problem::WriteLogChunks() {
 absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   TrainingSet set;
   set.num_features = record_.num_features();
-  DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
-      index_, 0, samples, [&](int64_t, const storage::v1::SampleRecord& s) {
+  // The samples retention kept, of the first `samples` (0: all).
+  const absl::Status enough = absl::CancelledError("the first samples are read");
+  absl::Status read = env_.store->ForEachSample(
+      index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) {
+        if (samples > 0 && seq >= samples) return enough;
         if (s.features_size() != set.num_features) {
           return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
                                                   s.features_size(), " features"));
@@ -297,7 +303,9 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
         set.Add(absl::MakeConstSpan(s.features().data(), s.features_size()), s.arm(),
                 s.reward(), s.propensity());
         return absl::OkStatus();
-      }));
+      });
+  if (read.ok() || read == enough) read = absl::OkStatus();
+  DECISION_RETURN_IF_ERROR(read);
   if (set.size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "problem ", id(), " has no joined sample with a positive reward to train on"));

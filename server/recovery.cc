@@ -6,17 +6,18 @@
 //   1. LoadExperts        expert records and models, ids dense from 0
 //   2. LoadCheckpoint     the estimators' state after the checkpoint's samples, which
 //                         experts it estimates, their divergences, the reservoir
-//   3. LoadBackfills      how far the backfill of each expert past the checkpoint got
-//   4. ReplayLogChunks    the samples after the checkpoint (and, for the tails of the
+//   3. LoadRetention      what retention deleted (the first sample kept)
+//   4. LoadBackfills      how far the backfill of each expert past the checkpoint got
+//   5. ReplayLogChunks    the samples after the checkpoint (and, for the tails of the
 //                         backfilling experts, since their registration), from the log
 //                         chunks: no model is evaluated
-//   5. RescoreTail        the samples the chunks do not cover, scored by the models again
-//   6. Finish             the reservoir, the batch schedule, the counts
-//   7. LoadPending        the decisions still waiting for their reward
-//   8. LoadEventIds       every stored event id, for Choose's idempotency filter
-//   9. MeasureCosts       the scoring cost of experts stored without one (not written)
+//   6. RescoreTail        the samples the chunks do not cover, scored by the models again
+//   7. Finish             the reservoir, the batch schedule, the counts
+//   8. LoadPending        the decisions still waiting for their reward
+//   9. LoadEventIds       every stored event id, for Choose's idempotency filter
+//  10. MeasureCosts       the scoring cost of experts stored without one (not written)
 //
-// Steps 4 and 5 cost what was learned since the last checkpoint (a batch boundary: at most
+// Steps 5 and 6 cost what was learned since the last checkpoint (a batch boundary: at most
 // about b sqrt(t) samples), not the whole history. A checkpoint written before the
 // estimators' state was (no estimator_state) makes them learn the whole log again.
 #include <chrono>
@@ -47,6 +48,7 @@ class Recovery {
     const auto start = std::chrono::steady_clock::now();
     DECISION_RETURN_IF_ERROR(LoadExperts());
     DECISION_RETURN_IF_ERROR(LoadCheckpoint());
+    DECISION_RETURN_IF_ERROR(LoadRetention());
     DECISION_RETURN_IF_ERROR(LoadBackfills());
     const auto replay = std::chrono::steady_clock::now();
     DECISION_RETURN_IF_ERROR(ReplayLogChunks());
@@ -206,13 +208,45 @@ class Recovery {
     return absl::OkStatus();
   }
 
+  absl::Status LoadRetention() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    absl::StatusOr<storage::v1::RetentionRecord> cut = store_.GetRetention(index_);
+    if (absl::IsNotFound(cut.status())) return absl::OkStatus();
+    if (!cut.ok()) return cut.status();
+    if (cut->first_sample() < 0 || cut->first_sample() % storage::kLogChunkSamples != 0 ||
+        cut->first_sample() > checkpoint_.samples()) {
+      return DataLoss(absl::StrCat("retention kept the samples from ", cut->first_sample(),
+                                   ", the checkpoint covers ", checkpoint_.samples()));
+    }
+    // The restart learns from the estimators' state on: retention waits for it (Problem::
+    // ApplyRetention), so a state before the cut means a store written otherwise.
+    if (replay_from_ / storage::kLogChunkSamples * storage::kLogChunkSamples <
+        cut->first_sample()) {
+      return DataLoss(absl::StrCat("retention deleted the samples before ", cut->first_sample(),
+                                   ", but the estimators' state covers only ", replay_from_,
+                                   " (was the state deleted?)"));
+    }
+    p_.retained_from_ = cut->first_sample();
+    p_.events_cut_ms_ = cut->events_before_ms();
+    return absl::OkStatus();
+  }
+
   // The backfill of an expert past the checkpoint resumes after its stored chunks (from
   // the first gap a crash left, if any).
   absl::Status LoadBackfills() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int id = 0; id < num_experts(); ++id) {
-      if (p_.experts_.at(id).record.backfill_total() < 0) {
-        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ",
-                                     p_.experts_.at(id).record.backfill_total()));
+      const ExpertRecord& r = p_.experts_.at(id).record;
+      if (r.backfill_total() < 0 || r.backfill_first() < 0 ||
+          r.backfill_first() > r.backfill_total() ||
+          r.backfill_first() % storage::kLogChunkSamples != 0) {
+        return DataLoss(absl::StrCat("expert ", id, " has backfill_total ", r.backfill_total(),
+                                     " and backfill_first ", r.backfill_first()));
+      }
+      // A backfilling expert's window is kept (retention waits for its backfill).
+      if (id >= n_est_ && r.backfill_first() < p_.retained_from_ &&
+          r.backfill_total() > r.backfill_first()) {
+        return DataLoss(absl::StrCat("expert ", id, " backfills from sample ",
+                                     r.backfill_first(), ", but retention kept the samples from ",
+                                     p_.retained_from_));
       }
     }
     // From the start of the chunk the checkpoint is in at least: the samples of the chunk
@@ -221,8 +255,9 @@ class Recovery {
     for (int id = n_est_; id < num_experts(); ++id) {
       ExpertSlot& slot = p_.experts_.at(id);
       const int64_t total = slot.record.backfill_total();
+      const int64_t first = slot.record.backfill_first();
       start_ = std::min(start_, total);
-      int64_t backfilled = 0;
+      int64_t backfilled = first;
       bool gap = false;
       DECISION_RETURN_IF_ERROR(Stopped(store_.ForEachBackfillChunk(
           index_, static_cast<uint32_t>(id),
@@ -238,7 +273,8 @@ class Recovery {
             }
             backfilled += c.values_size();
             return absl::OkStatus();
-          })));
+          },
+          static_cast<uint64_t>(first / storage::kBackfillChunkSamples))));
       slot.backfilled = std::min(backfilled, total);
     }
     return absl::OkStatus();
@@ -413,9 +449,12 @@ class Recovery {
     return absl::OkStatus();
   }
 
+  // Stamped with the load time (only keys are read): under retention the filter forgets
+  // them one window after the restart, not at their own age.
   absl::Status LoadEventIds() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const int64_t now_ms = p_.env_.clock->NowMs();
     return store_.ForEachEventId(
-        index_, [&](absl::string_view event_id) { p_.event_ids_.Insert(event_id); });
+        index_, [&](absl::string_view event_id) { p_.event_ids_.Insert(event_id, now_ms); });
   }
 
   // Experts stored before costs were (score_cost_us 0) are measured over the reservoir, as
@@ -432,11 +471,12 @@ class Recovery {
   void SetMetrics() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int id = 0; id < num_experts(); ++id) {
       const ExpertSlot& slot = p_.experts_.at(id);
-      const int64_t total = slot.record.backfill_total();
+      const int64_t first = slot.record.backfill_first();
+      const int64_t total = slot.record.backfill_total() - first;
       slot.metrics.backfill_progress->Set(
           id < n_est_    ? 1.0
           : total == 0   ? 0.0
-                         : static_cast<double>(slot.backfilled) / total);
+                         : static_cast<double>(slot.backfilled - first) / total);
       slot.metrics.score_cost->Set(slot.record.score_cost_us() * 1e-6);
     }
     p_.ExportScoringCostLocked();

@@ -56,6 +56,9 @@ absl::Status DecisionService::RunWriteRound() {
     absl::Status s = MaintainWrites(p);
     if (status.ok()) status = s;
     if (export_metrics) ExportProblemMetrics(p);
+    // Retention by age moves on without traffic: an idle problem with it is visited by the
+    // expert-pool round once its age check is due (once a second).
+    if (p->RetentionDue(clock_->NowMs())) p->MarkPoolWork();
   }
   if (export_metrics) {
     last_metrics_export_ = now;
@@ -144,6 +147,7 @@ absl::Status DecisionService::MaintainPool(Problem* p,
                       .status());
     }
   }
+  errors.Keep("retention", p->ApplyRetention());
   // Work left (a backfill beyond the budget, a boundary the throttle delays, a failed
   // task retried): the next round visits again.
   if (!errors.status().ok() || p->PoolWorkRemains()) p->MarkPoolWork();

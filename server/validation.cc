@@ -170,8 +170,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
                                                    c.divergence_refresh_turnover(),
                                                    "; it must be in [0, 1] (unset for 0.5)"));
   }
+  DECISION_RETURN_IF_ERROR(
+      ValidateRetention(c.retention(), o.kind, "config.retention"));
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
+  r.set_retention_max_samples(c.retention().max_samples());
+  r.set_retention_max_age_ms(c.retention().max_age_ms());
   r.set_auto_train(at.enabled());
   const bool default_counts = at.tree_experts() == 0 && at.linear_experts() == 0;
   r.set_auto_train_trees(default_counts ? 3 : at.tree_experts());
@@ -243,6 +247,28 @@ absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertReq
   if (!request.model().has_smoothing()) return default_smoothing;
   DECISION_RETURN_IF_ERROR(CheckSmoothing(request.model().smoothing(), "model.smoothing"));
   return request.model().smoothing();
+}
+
+absl::Status ValidateRetention(const v1::RetentionConfig& retention, EstimatorKind estimator,
+                               absl::string_view field) {
+  const int64_t n = retention.max_samples(), age = retention.max_age_ms();
+  if (n != 0 && (n < kMinRetentionSamples || n > kMaxRetentionSamples)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".max_samples is ", n, "; it must be 0 (keep all) or in [",
+        kMinRetentionSamples, ", 2^53]"));
+  }
+  if (age != 0 && (age < kMinRetentionAgeMs || age > kMaxRetentionAgeMs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".max_age_ms is ", age, "; it must be 0 (no limit) or in [",
+        kMinRetentionAgeMs, ", ", kMaxRetentionAgeMs, "] (100 years)"));
+  }
+  if ((n != 0 || age != 0) && estimator == EstimatorKind::kClipped) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is set, but the problem's estimator is ESTIMATOR_KIND_CLIPPED, which cannot "
+        "estimate an expert over the samples retention keeps (docs/ENGINE.md, \"Windows\"); "
+        "use the median-of-means estimator (the default)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest&) {

@@ -15,6 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/estimator.h"
 #include "decision/v1/decision.pb.h"
 #include "storage/records.pb.h"
 
@@ -54,6 +56,14 @@ absl::Status ValidateRewardRequest(const v1::RewardRequest& request);
 absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertRequest& request,
                                                      double default_smoothing);
 absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request);
+// A retention setting (ProblemConfig.retention, SetRetention) for a problem whose
+// estimator is `estimator`; `field` names it in the message.
+absl::Status ValidateRetention(const v1::RetentionConfig& retention, EstimatorKind estimator,
+                               absl::string_view field);
+inline constexpr int64_t kMinRetentionSamples = 8192;
+inline constexpr int64_t kMinRetentionAgeMs = 1000;
+inline constexpr int64_t kMaxRetentionAgeMs = 100LL * 365 * 24 * 3600 * 1000;
+inline constexpr int64_t kMaxRetentionSamples = int64_t{1} << 53;
 // TrainExperts: counts >= 0, at most kMaxExpertsPerTrainingJob in all (no overflow).
 absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request);
 // ExportLog: start and limit >= 0.

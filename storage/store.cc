@@ -720,18 +720,23 @@ absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
   std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
   if (db_ == nullptr) return NotOpen();
   rocksdb::WriteBatch batch;
+  // Only what the last cut did not delete: every range tombstone stays until compactions
+  // drop it, and reads pay for the ones they cross.
+  const uint64_t from = stored.ok() ? static_cast<uint64_t>(stored->first_sample()) : 0;
+  const uint64_t to = static_cast<uint64_t>(cut.first_sample());
   const auto range = [&](rocksdb::ColumnFamilyHandle* family, const std::string& prefix,
-                         uint64_t end) {
-    std::string from = prefix, to = prefix;
-    AppendU64(&from, 0);
-    AppendU64(&to, end);
-    return batch.DeleteRange(family, from, to);
+                         uint64_t begin, uint64_t end) {
+    if (begin == end) return rocksdb::Status::OK();
+    std::string a = prefix, b = prefix;
+    AppendU64(&a, begin);
+    AppendU64(&b, end);
+    return batch.DeleteRange(family, a, b);
   };
-  const uint64_t chunks = static_cast<uint64_t>(cut.first_sample() / kLogChunkSamples);
-  rocksdb::Status s = range(samples_, Key32(problem), static_cast<uint64_t>(cut.first_sample()));
-  if (s.ok()) s = range(logchunks_, Key32(problem), chunks);
+  const uint64_t c0 = from / kLogChunkSamples, c1 = to / kLogChunkSamples;
+  rocksdb::Status s = range(samples_, Key32(problem), from, to);
+  if (s.ok()) s = range(logchunks_, Key32(problem), c0, c1);
   for (int e = 0; s.ok() && e < num_experts; ++e) {
-    s = range(backfill_, Key32x2(problem, static_cast<uint32_t>(e)), chunks);
+    s = range(backfill_, Key32x2(problem, static_cast<uint32_t>(e)), c0, c1);
   }
   if (s.ok()) s = batch.Put(checkpoints_, Key32x2(problem, 2), cut.SerializeAsString());
   if (!s.ok()) return FromRocks(s, "retention");

@@ -41,3 +41,35 @@ TEST(EventIdFilter, EmptyContainsNothing) {
 
 }  // namespace
 }  // namespace decision::server
+
+// Retention: the filters whose ids are all older than a cut are forgotten, no id inserted
+// at or after the cut is, and the filters then stay a few generations of the window.
+namespace decision::server {
+namespace {
+
+TEST(EventIdFilter, DropsWhatRetentionDeletedAndNothingNewer) {
+  EventIdFilter filter(1000);
+  int64_t now = 0;
+  for (int round = 0; round < 40; ++round) {
+    // 5000 ids a "second"; retention keeps the last 3 seconds.
+    for (int i = 0; i < 5000; ++i) filter.Insert(absl::StrCat(round, "-", i), ++now);
+    filter.DropBefore(now - 15000);
+    for (int back = 0; back < 3 && back <= round; ++back) {
+      for (int i = 0; i < 5000; i += 97) {
+        ASSERT_TRUE(filter.MayContain(absl::StrCat(round - back, "-", i)))
+            << "round " << round << " lost an id inside the window";
+      }
+    }
+  }
+  // 40 rounds of 5000 ids inserted, 15000 in the window: at most a few windows are held.
+  EXPECT_LE(filter.size(), 4 * 15000);
+  EXPECT_GE(filter.size(), 15000);
+  EXPECT_LE(filter.memory_bytes(), 4 * 15000 * 10 / 8 * 2 + 8192);
+  // Ids of the first rounds are gone (the filter answers for almost all of them).
+  int present = 0;
+  for (int i = 0; i < 5000; ++i) present += filter.MayContain(absl::StrCat(0, "-", i));
+  EXPECT_LT(present, 250);
+}
+
+}  // namespace
+}  // namespace decision::server

@@ -1,0 +1,123 @@
+// Problem: retention. What the store keeps of a problem's history follows its setting
+// (ProblemConfig.retention): the maintenance deletes whole log chunks of samples, with
+// their log and backfill chunks, by range deletions, and sets the time before which the
+// events family's compactions drop its events (Store::ApplyRetention). The estimators are
+// not touched: they learned those samples already.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/problem.h"
+
+namespace decision::server {
+
+namespace {
+constexpr int64_t kChunk = storage::kLogChunkSamples;
+constexpr int64_t kAgeCheckIntervalMs = 1000;
+}  // namespace
+
+v1::RetentionConfig Problem::Retention() const {
+  absl::MutexLock lock(&mu_);
+  v1::RetentionConfig r;
+  r.set_max_samples(retention_max_samples_);
+  r.set_max_age_ms(retention_max_age_ms_);
+  return r;
+}
+
+absl::Status Problem::SetRetention(const v1::RetentionConfig& retention) {
+  absl::MutexLock writes(&expert_writes_mu_);
+  storage::v1::ProblemRecord record = record_;
+  record.set_retention_max_samples(retention.max_samples());
+  record.set_retention_max_age_ms(retention.max_age_ms());
+  DECISION_RETURN_IF_ERROR(Timed([&] { return env_.store->PutProblem(index_, record); }));
+  absl::MutexLock lock(&mu_);
+  retention_max_samples_ = retention.max_samples();
+  retention_max_age_ms_ = retention.max_age_ms();
+  next_age_check_ms_ = 0;
+  MarkPoolWork();  // applied by the next round
+  return absl::OkStatus();
+}
+
+absl::Status Problem::ApplyRetention() {
+  absl::MutexLock writes(&expert_writes_mu_);
+  const int64_t now_ms = env_.clock->NowMs();
+  int64_t t, retained, events_cut, max_samples, max_age_ms, limit;
+  int experts;
+  bool check_age;
+  // The first sample a restart or a backfill still reads.
+  const auto pin_locked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t pin = state_written_ ? state_samples_ / kChunk * kChunk : 0;
+    for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
+      pin = std::min(pin, experts_.at(k).record.backfill_first());
+    }
+    return pin;
+  };
+  int64_t pin;
+  {
+    absl::MutexLock lock(&mu_);
+    max_samples = retention_max_samples_;
+    max_age_ms = retention_max_age_ms_;
+    if (max_samples == 0 && max_age_ms == 0) return absl::OkStatus();
+    t = ducb_.num_samples();
+    retained = retained_from_;
+    events_cut = events_cut_ms_;
+    // Never the chunk being filled, nor the one before it (a new expert's window must
+    // start below the samples its estimator has grouped), nor one not written yet.
+    limit = std::max<int64_t>(0, current_chunk_.chunk - 1) * kChunk;
+    if (!unwritten_chunks_.empty()) limit = std::min(limit, unwritten_chunks_.front().first());
+    pin = pin_locked();
+    experts = experts_.size();
+    check_age = max_age_ms > 0 && now_ms >= next_age_check_ms_;
+    if (check_age) next_age_check_ms_ = now_ms + kAgeCheckIntervalMs;
+  }
+  int64_t target = retained;
+  if (max_samples > 0 && t - max_samples > target) {
+    target = (t - max_samples) / kChunk * kChunk;
+  }
+  target = std::min(target, limit);
+  int64_t events_before = events_cut;
+  if (check_age) {
+    // The first chunk whose first sample joined within the age: one read per chunk passed.
+    const int64_t young = now_ms - max_age_ms;
+    events_before = std::max(events_before, young);
+    for (int64_t c = target; c < limit; c += kChunk) {
+      bool old = false;
+      DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+          index_, c, 1, [&](int64_t seq, const storage::v1::SampleRecord& s) {
+            old = seq == c && s.joined_at_ms() < young;
+            return absl::OkStatus();
+          }));
+      if (!old) break;
+      target = c + kChunk;
+    }
+  }
+  if (target > pin && target - pin >= std::max(kChunk, (t - target) / 8)) {
+    // The estimators' state a restart would start from holds retention back: write it now
+    // (the next checkpoint would only write it 2^20 samples after the last).
+    DECISION_RETURN_IF_ERROR(Checkpoint());
+    absl::MutexLock lock(&mu_);
+    pin = pin_locked();
+  }
+  const int64_t cut = std::max(retained, std::min(target, pin));
+  if (cut > retained) {
+    // Count-based retention also ends the events of the samples it deletes.
+    DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+        index_, cut, 1, [&](int64_t, const storage::v1::SampleRecord& s) {
+          if (max_samples > 0) events_before = std::max(events_before, s.decided_at_ms());
+          return absl::OkStatus();
+        }));
+  }
+  if (cut == retained && events_before == events_cut) return absl::OkStatus();
+  storage::v1::RetentionRecord record;
+  record.set_first_sample(cut);
+  record.set_events_before_ms(events_before);
+  DECISION_RETURN_IF_ERROR(
+      Timed([&] { return env_.store->ApplyRetention(index_, experts, record); }));
+  absl::MutexLock lock(&mu_);
+  retained_from_ = cut;
+  events_cut_ms_ = events_before;
+  event_ids_.DropBefore(events_before);
+  return absl::OkStatus();
+}
+
+}  // namespace decision::server

@@ -1,0 +1,199 @@
+// Retention through the service (ProblemConfig.retention, SetRetention): the store keeps
+// what the setting says, in whole log chunks; learning is not reset; a new expert is
+// backfilled over the samples kept and its estimate is the literal reference's over its
+// window; what a backfill or a restart still needs is kept until it is not; bad settings
+// are refused with nothing changed.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/estimator.h"
+#include "server/decision_service.h"
+#include "storage/format.h"
+#include "tests/reference_estimators.h"
+#include "tests/service_fixture.h"
+
+namespace decision::server {
+namespace {
+
+using ::testing::HasSubstr;
+constexpr int64_t kChunk = storage::kLogChunkSamples;
+
+class RetentionTest : public ServiceTest {
+ protected:
+  absl::Status SetRetention(int64_t max_samples, int64_t max_age_ms, v1::Problem* out = nullptr,
+                            const std::string& problem = "p") {
+    v1::SetRetentionRequest req;
+    req.set_problem_id(problem);
+    req.mutable_retention()->set_max_samples(max_samples);
+    req.mutable_retention()->set_max_age_ms(max_age_ms);
+    v1::Problem p;
+    absl::Status s = service_->SetRetention(req, &p);
+    if (out != nullptr) *out = p;
+    return s;
+  }
+
+  // Expert k's estimate equals the literal reference over its window: the exported log
+  // (the samples kept), the samples before it standing in as rows its estimate ignores.
+  void ExpectWindowedEstimateMatchesReference(int k) {
+    const v1::Estimates e = Estimates("p");
+    const std::vector<v1::Expert> experts = Experts();
+    const int64_t first = experts[k].window_start();
+    const auto log = Export("p");
+    ASSERT_FALSE(log.empty());
+    ASSERT_LE(log.front().sequence(), first);
+    ASSERT_EQ(log.back().sequence() + 1, e.samples());
+    SampleLog rebuilt(e.n());
+    const std::vector<double> stand_in(e.n(), 1.0);
+    for (int64_t s = 0; s < log.front().sequence(); ++s) {
+      ASSERT_TRUE(rebuilt.Append(0, 0.0, stand_in).ok());
+    }
+    for (const v1::LoggedSample& s : log) {
+      ASSERT_EQ(s.expert_propensities_size(), e.n()) << "sample " << s.sequence();
+      const std::vector<double> row(s.expert_propensities().begin(),
+                                    s.expert_propensities().end());
+      ASSERT_TRUE(rebuilt.Append(s.expert_id(), s.reward(), row).ok());
+    }
+    DivergenceMatrix d;
+    d.num_experts = e.n();
+    d.m.assign(e.m().begin(), e.m().end());
+    d.sigma.assign(e.sigma().begin(), e.sigma().end());
+    const ExpertEstimate ref =
+        reference::MedianOfMeans(rebuilt, rebuilt.size(), d, EstimatorOptions(), k, first);
+    EXPECT_NEAR(e.experts(k).estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
+    EXPECT_NEAR(e.experts(k).width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
+  }
+};
+
+TEST_F(RetentionTest, KeepsTheNewestSamplesAndBackfillsANewExpertOverThem) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int early = RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 6 * kChunk + 100);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Estimates before = Estimates("p");
+  ASSERT_EQ(GetProblem("p").retained_from(), 0);
+
+  // Set at runtime: learning goes on unchanged, the next rounds delete.
+  v1::Problem p;
+  ASSERT_TRUE(SetRetention(2 * kChunk, 0, &p).ok());
+  EXPECT_EQ(p.config().retention().max_samples(), 2 * kChunk);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const int64_t t = 6 * kChunk + 100;
+  // The newest 2 * kChunk samples, from a chunk boundary: (t - 2 kChunk) rounded down.
+  EXPECT_EQ(GetProblem("p").retained_from(), 4 * kChunk);
+  const v1::Estimates after = Estimates("p");
+  ASSERT_EQ(after.experts_size(), before.experts_size());
+  for (int k = 0; k < after.experts_size(); ++k) {
+    EXPECT_EQ(after.experts(k).estimate(), before.experts(k).estimate()) << k;
+    EXPECT_EQ(after.experts(k).width(), before.experts(k).width()) << k;
+  }
+  const auto log = Export("p");
+  ASSERT_EQ(static_cast<int64_t>(log.size()), t - 4 * kChunk);
+  EXPECT_EQ(log.front().sequence(), 4 * kChunk);
+
+  // A new expert: its window is what the store kept.
+  const int late = RegisterLinear("p", 8.0);
+  std::vector<v1::Expert> experts = Experts();
+  EXPECT_EQ(experts[late].window_start(), 4 * kChunk);
+  EXPECT_EQ(experts[late].backfill_total(), t - 4 * kChunk);
+  EXPECT_EQ(experts[early].window_start(), 0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  ExpectWindowedEstimateMatchesReference(late);
+  const v1::Estimates e = Estimates("p");
+  EXPECT_GT(e.experts(late).estimate(), e.experts(0).estimate() + 0.3);
+
+  // A restart restores the same estimates, window included.
+  Reopen();
+  const v1::Estimates restarted = Estimates("p");
+  for (int k = 0; k < e.experts_size(); ++k) {
+    EXPECT_EQ(restarted.experts(k).estimate(), e.experts(k).estimate()) << k;
+    EXPECT_EQ(restarted.experts(k).width(), e.experts(k).width()) << k;
+  }
+  EXPECT_EQ(GetProblem("p").retained_from(), 4 * kChunk);
+  EXPECT_EQ(GetProblem("p").config().retention().max_samples(), 2 * kChunk);
+  EXPECT_EQ(Experts()[late].window_start(), 4 * kChunk);
+  ExpectWindowedEstimateMatchesReference(late);
+  // The log goes on past the cut, and retention follows it.
+  PlayRounds("p", 2 * kChunk);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").retained_from(), 6 * kChunk);
+}
+
+// Retention by age: the chunks whose samples all joined before now - max_age go; the
+// clock, not the traffic, moves the cut.
+TEST_F(RetentionTest, KeepsTheSamplesOfTheLastMaxAge) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 3 * kChunk);
+  clock_.AdvanceMs(10'000);
+  PlayRounds("p", 3 * kChunk + 10);
+  ASSERT_TRUE(SetRetention(0, 5000).ok());
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").retained_from(), 3 * kChunk);
+  EXPECT_EQ(Export("p").front().sequence(), 3 * kChunk);
+  // Without traffic, once the rest is old too: all but the last two chunks (the one being
+  // filled, 6, and the one before it are always kept).
+  clock_.AdvanceMs(10'000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").retained_from(), 5 * kChunk);
+}
+
+// A backfilling expert's window is kept until its backfill completes.
+TEST_F(RetentionTest, WaitsForABackfillThatReadsTheSamples) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 5 * kChunk);
+  const int linear = RegisterLinear("p", 8.0);  // window from 0
+  fail_writes_ = [](absl::string_view what) { return what == "backfill chunk"; };
+  ASSERT_TRUE(SetRetention(2 * kChunk, 0).ok());
+  EXPECT_FALSE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").retained_from(), 0) << "the backfill still reads sample 0";
+  fail_writes_ = nullptr;
+  RunMaintenanceUntilActive("p");
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").retained_from(), 3 * kChunk);
+  EXPECT_EQ(Experts()[linear].window_start(), 0);
+  const v1::Estimates e = Estimates("p");
+  EXPECT_GT(e.experts(linear).estimate(), e.experts(0).estimate() + 0.3);
+}
+
+TEST_F(RetentionTest, BadSettingsAreRefusedAndChangeNothing) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  ASSERT_TRUE(SetRetention(3 * kChunk, 60'000).ok());
+  for (const auto& [samples, age] : std::vector<std::pair<int64_t, int64_t>>{
+           {-1, 0}, {100, 0}, {0, -5}, {0, 10}, {int64_t{1} << 60, 0}, {0, int64_t{1} << 62}}) {
+    const absl::Status s = SetRetention(samples, age);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << samples << " " << age;
+    EXPECT_THAT(s.message(), HasSubstr("retention.max_"));
+  }
+  EXPECT_EQ(SetRetention(0, 0, nullptr, "nope").code(), absl::StatusCode::kNotFound);
+  const v1::Problem p = GetProblem("p");
+  EXPECT_EQ(p.config().retention().max_samples(), 3 * kChunk);
+  EXPECT_EQ(p.config().retention().max_age_ms(), 60'000);
+  // The clipped estimator cannot estimate over a window: refused at creation and later.
+  v1::CreateProblemRequest req;
+  req.set_problem_id("clipped");
+  req.mutable_config()->set_num_arms(kArms);
+  req.mutable_config()->set_num_features(kFeatures);
+  req.mutable_config()->mutable_estimator()->set_kind(v1::ESTIMATOR_KIND_CLIPPED);
+  req.mutable_config()->mutable_retention()->set_max_samples(kChunk * 4);
+  v1::Problem created;
+  absl::Status s = service_->CreateProblem(req, &created);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("CLIPPED"));
+  req.mutable_config()->clear_retention();
+  ASSERT_TRUE(service_->CreateProblem(req, &created).ok());
+  s = SetRetention(kChunk * 4, 0, nullptr, "clipped");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SetRetention(0, 0, nullptr, "clipped").ok()) << "keeping all is always allowed";
+  // The setting survives a restart.
+  Reopen();
+  EXPECT_EQ(GetProblem("p").config().retention().max_samples(), 3 * kChunk);
+}
+
+}  // namespace
+}  // namespace decision::server
