@@ -164,6 +164,13 @@ class ExpertRows {
   // (0, 1] or not one per new expert.
   virtual absl::Status Add(int chooser, double reward, double chooser_propensity,
                            absl::Span<const double> propensities) = 0;
+  // The next sample, chosen by `chooser`, is left out of the new experts' estimates (its
+  // context was deleted: they cannot score it). Round-robin median of means only: its
+  // window then excludes the sample (Estimator::NewExpertRows). UNIMPLEMENTED for the
+  // clipped estimator; INVALID_ARGUMENT for a chooser that is not one of its experts.
+  virtual absl::Status Skip(int chooser) {
+    return absl::UnimplementedError("this estimator's new experts cover every sample");
+  }
   virtual int64_t num_samples() const = 0;
 };
 
@@ -214,10 +221,11 @@ class Estimator {
   }
   // The same over a window: the rows are fed samples [first_sample, t) only (the samples a
   // store still keeps), and the new experts' estimates count only the samples from
-  // first_sample on. Round-robin median of means only (the definition: docs/ENGINE.md,
-  // "Windows"): a windowed expert's group r holds its window's samples s < u with
-  // s mod l = r, groups without any are left out of its median, and its width is
-  //   1/W_k * sqrt(c3 log(1/delta(t)) / t_k),  t_k = t - first_sample,
+  // first_sample on, less those the rows were told to skip (ExpertRows::Skip). Round-robin
+  // median of means only (the definition: docs/ENGINE.md, "Windows"): a windowed expert's
+  // group r holds its window's samples s < u with s mod l = r, groups without any are left
+  // out of its median, and its width is
+  //   1/W_k * sqrt(c3 log(1/delta(t)) / t_k),  t_k = its window's samples,
   // with W_k over its non-empty groups. INVALID_ARGUMENT if first_sample is negative or
   // past the samples already in groups (u(t), at most l(t) - 1 behind t); UNIMPLEMENTED
   // with first_sample > 0 for the clipped estimator. The window costs 8 L N bytes (one per

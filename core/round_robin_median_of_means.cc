@@ -123,24 +123,33 @@ class RoundRobinMedianOfMeans final : public Estimator {
     const int old_n = n_;
     const int m = r->m;
     const int64_t first = r->seen - static_cast<int64_t>(r->chooser.size());
-    if (r->first > 0) {
-      // The window's counts before its start, per fine group and chooser: the grouped
+    const bool windowed = r->first > 0 || r->skipped_total > 0;
+    if (windowed) {
+      // The window's grouped samples left out, per fine group and chooser: the grouped
       // samples' counts less those of the samples the rows were fed that are grouped.
+      // Skipped ones still in the tail are left out as they are grouped (FoldTail).
       Window w;
       w.start = r->first;
       w.n = old_n;
+      w.skipped = r->skipped_total;
       w.before = counts_;
+      const int index = static_cast<int>(windows_.size());
       for (size_t i = 0; i < r->chooser.size(); ++i) {
         const int64_t s = first + static_cast<int64_t>(i);
-        if (s < used_) r->counts[static_cast<size_t>(s % fine_) * old_n + r->chooser[i]] += 1.0;
+        if (s >= used_) {
+          if (r->skipped[i]) excluded_tail_.push_back({s, index});
+        } else if (!r->skipped[i]) {
+          r->counts[static_cast<size_t>(s % fine_) * old_n + r->chooser[i]] += 1.0;
+        }
       }
+      std::sort(excluded_tail_.begin(), excluded_tail_.end());
       for (size_t c = 0; c < w.before.size(); ++c) w.before[c] -= r->counts[c];
       SetWindowTotals(&w);
       window_of_.resize(n_, -1);
       windows_.push_back(std::move(w));
     }
     Widen(n_ + m);
-    if (r->first > 0) {
+    if (windowed) {
       for (int e = 0; e < m; ++e) window_of_[old_n + e] = static_cast<int>(windows_.size()) - 1;
     }
     // The committed samples' sums, then the last (at most L) samples in order: those below
@@ -199,9 +208,17 @@ class RoundRobinMedianOfMeans final : public Estimator {
     for (const Window& window : windows_) {
       w.Int(window.start);
       w.Int(window.n);
+      w.Int(window.skipped);
       w.Array(window.before);
     }
     w.Array(window_of_);
+    std::vector<int64_t> excluded_samples, excluded_windows;
+    for (const auto& [s, wi] : excluded_tail_) {
+      excluded_samples.push_back(s);
+      excluded_windows.push_back(wi);
+    }
+    w.Array(excluded_samples);
+    w.Array(excluded_windows);
     return absl::OkStatus();
   }
 
@@ -257,8 +274,9 @@ class RoundRobinMedianOfMeans final : public Estimator {
       e->windows_.resize(count);
       for (Window& w : e->windows_) {
         int64_t wn;
-        if (!in.Int(&w.start) || !in.Int(&wn) || w.start < 1 || w.start > used || wn < 1 ||
-            wn > n || !in.Array(&w.before, fine * wn)) {
+        if (!in.Int(&w.start) || !in.Int(&wn) || !in.Int(&w.skipped) || w.start < 0 ||
+            w.start > used || wn < 1 || wn > n || w.skipped < 0 || w.skipped > t - w.start ||
+            !in.Array(&w.before, fine * wn)) {
           return in.Error("a window");
         }
         w.n = static_cast<int>(wn);
@@ -275,6 +293,17 @@ class RoundRobinMedianOfMeans final : public Estimator {
       if (!in.Array(&e->window_of_, n)) return in.Error("the experts' windows");
       for (int w : e->window_of_) {
         if (w < -1 || w >= count) return in.Error("an expert's window out of range");
+      }
+      std::vector<int64_t> samples, windows;
+      if (!in.ArrayUpTo(&samples, t - used) || !in.Array(&windows, samples.size())) {
+        return in.Error("the excluded samples of the tail");
+      }
+      for (size_t i = 0; i < samples.size(); ++i) {
+        if (samples[i] < used || samples[i] >= t || windows[i] < 0 || windows[i] >= count ||
+            (i > 0 && samples[i] < samples[i - 1])) {
+          return in.Error("an excluded sample of the tail");
+        }
+        e->excluded_tail_.push_back({samples[i], static_cast<int>(windows[i])});
       }
     } else {
       e->window_of_.assign(n, -1);
@@ -315,27 +344,48 @@ class RoundRobinMedianOfMeans final : public Estimator {
           first(first_sample),
           seen(first_sample),
           sums(static_cast<size_t>(fine_groups) * old_experts * new_experts, 0.0),
-          counts(first_sample > 0 ? static_cast<size_t>(fine_groups) * old_experts : 0, 0.0) {}
+          counts(static_cast<size_t>(fine_groups) * old_experts, 0.0) {}
+
+    absl::Status Skip(int j) override {
+      if (j < 0 || j >= old_n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chooser ", j, " is not one of the ", old_n, " experts"));
+      }
+      chooser.push_back(j);
+      scaled_reward.push_back(0.0);
+      propensities.insert(propensities.end(), m, 0.0);  // adds nothing to the sums
+      skipped.push_back(true);
+      ++skipped_total;
+      ++seen;
+      FoldOldest();
+      return absl::OkStatus();
+    }
 
     absl::Status Add(int j, double y, double pj, absl::Span<const double> p) override {
       if (absl::Status s = CheckRowSample(j, y, pj, p, old_n, m); !s.ok()) return s;
       chooser.push_back(j);
       scaled_reward.push_back(y == 0.0 ? 0.0 : y / pj);
       propensities.insert(propensities.end(), p.begin(), p.end());
+      skipped.push_back(false);
       ++seen;
-      if (static_cast<int64_t>(chooser.size()) > fine) {
-        // The oldest is more than L back: below u for good.
-        const int64_t s = seen - static_cast<int64_t>(chooser.size());
-        if (first > 0) counts[static_cast<size_t>(s % fine) * old_n + chooser.front()] += 1.0;
+      FoldOldest();
+      return absl::OkStatus();
+    }
+    // The oldest sample, once more than L back (below u for good), into the sums.
+    void FoldOldest() {
+      if (static_cast<int64_t>(chooser.size()) <= fine) return;
+      const int64_t s = seen - static_cast<int64_t>(chooser.size());
+      if (!skipped.front()) {
+        counts[static_cast<size_t>(s % fine) * old_n + chooser.front()] += 1.0;
         if (scaled_reward.front() != 0.0) {
           double* row = &sums[(static_cast<size_t>(s % fine) * old_n + chooser.front()) * m];
           for (int e = 0; e < m; ++e) row[e] += scaled_reward.front() * propensities[e];
         }
-        chooser.pop_front();
-        scaled_reward.pop_front();
-        propensities.erase(propensities.begin(), propensities.begin() + m);
       }
-      return absl::OkStatus();
+      chooser.pop_front();
+      scaled_reward.pop_front();
+      propensities.erase(propensities.begin(), propensities.begin() + m);
+      skipped.pop_front();
     }
     int64_t num_samples() const override { return seen; }
 
@@ -344,8 +394,10 @@ class RoundRobinMedianOfMeans final : public Estimator {
     const int m;
     const int64_t first;  // the window's first sample (0: all of them)
     int64_t seen;         // fed the samples [first, seen)
+    int64_t skipped_total = 0;   // samples skipped (left out of the window)
     std::vector<double> sums;    // [f][j][e]
-    std::vector<double> counts;  // [f][j] of the samples folded into sums, if first > 0
+    std::vector<double> counts;  // [f][j] of the samples folded into sums (not skipped)
+    std::deque<bool> skipped;    // per sample of the deques
     std::deque<int> chooser;   // the last samples, at most L
     std::deque<double> scaled_reward;  // Y / pi_j
     std::deque<double> propensities;   // [sample][e]
@@ -359,7 +411,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   // Expert k's: sqrt(c3 log(1/delta(t)) / t_k), t_k = the samples of its window.
   double WidthFactor(int k) const {
     if (window_of_[k] < 0) return WidthFactor();
-    const double tk = static_cast<double>(t_ - windows_[window_of_[k]].start);
+    const Window& w = windows_[window_of_[k]];
+    const double tk = static_cast<double>(t_ - w.start - w.skipped);
     if (tk <= 0.0) return std::numeric_limits<double>::infinity();
     return std::sqrt(options_.constants.c3 * (2.0 * std::log(static_cast<double>(t_))) / tk);
   }
@@ -369,7 +422,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   struct Window {
     int64_t start = 0;
     int n = 0;
-    std::vector<double> before;        // [f][j]
+    int64_t skipped = 0;               // samples of [start, t) left out (ExpertRows::Skip)
+    std::vector<double> before;        // [f][j]: grouped samples left out (s < start, skipped)
     std::vector<double> before_total;  // [f]: sum over j
   };
   static void SetWindowTotals(Window* w) {
@@ -508,6 +562,13 @@ class RoundRobinMedianOfMeans final : public Estimator {
       const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
       for (int k = 0; k < n_; ++k) effective_[k] += inv_sigma[k];
     }
+    for (const auto& [s, w] : excluded_tail_) {
+      const double* inv_sigma =
+          &inv_sigma_by_chooser_[static_cast<size_t>(tail_chooser_[s - used_]) * n_];
+      for (int k = 0; k < n_; ++k) {
+        if (window_of_[k] == w) effective_[k] -= inv_sigma[k];
+      }
+    }
   }
 
   // Moves the first `count` tail samples into their fine groups.
@@ -522,6 +583,17 @@ class RoundRobinMedianOfMeans final : public Estimator {
       counts_[static_cast<size_t>(f) * n_ + j] += 1.0;
       double* den = &weights_[static_cast<size_t>(f) * n_];
       for (int k = 0; k < n_; ++k) den[k] += inv_sigma[k];
+      // Left out of some windows (skipped while in the tail): their experts' counts and D
+      // exclude it (their propensities of it are 0, so their sums have nothing of it).
+      while (!excluded_tail_.empty() && excluded_tail_.front().first == s) {
+        Window& w = windows_[excluded_tail_.front().second];
+        w.before[static_cast<size_t>(f) * w.n + j] += 1.0;
+        w.before_total[f] += 1.0;
+        for (int k = 0; k < n_; ++k) {
+          if (window_of_[k] == excluded_tail_.front().second) den[k] -= inv_sigma[k];
+        }
+        excluded_tail_.erase(excluded_tail_.begin());
+      }
       if (y == 0.0) continue;
       const double yj = y / p[j];
       double* sum = &sums_[Cell(f, j)];
@@ -619,6 +691,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
   std::vector<double> window_sizes_;    // scratch: [w] samples of window w in a group
   std::vector<Window> windows_;
   std::vector<int> window_of_;  // [k]: expert k's window in windows_, or -1 (all samples)
+  // Tail samples (s, window) a window leaves out, by s: applied as they are grouped.
+  std::vector<std::pair<int64_t, int>> excluded_tail_;
 };
 
 }  // namespace

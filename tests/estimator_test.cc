@@ -566,9 +566,10 @@ DivergenceMatrix Block(const DivergenceMatrix& d, int n) {
 }
 
 // Experts added with a window (rows from a first sample on, as a store that keeps only
-// the recent log feeds them) against the literal reference of the windowed definition:
-// mid-stream, while samples keep coming, with windows that leave groups empty, next to
-// unwindowed experts, across refreshes and snapshots.
+// the recent log feeds them, with samples skipped, as deleted contexts are) against the
+// literal reference of the windowed definition: mid-stream, while samples keep coming,
+// with windows that leave groups empty, next to unwindowed experts, across refreshes and
+// snapshots.
 TEST(Estimator, WindowedExpertsMatchTheReference) {
   EstimatorOptions wide;
   wide.constants.c2 = 8.0;
@@ -583,6 +584,9 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
     std::unique_ptr<Estimator> e = *std::move(made);
     ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(full, n)).ok());
     std::vector<int64_t> first(kMax, 0);
+    // Samples each window leaves out (ExpertRows::Skip), by expert: one in 23 of those fed,
+    // and the next to last, which is still in the tail when the experts are added.
+    std::vector<std::vector<int64_t>> excluded(kMax);
     std::unique_ptr<Estimator> restored;
     const auto compare = [&](const std::string& where) {
       ASSERT_EQ(e->num_samples(), log.size());
@@ -591,7 +595,7 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
         EXPECT_EQ(e->WindowStart(k), first[k]) << where;
         const ExpertEstimate inc = e->Estimate(k);
         const ExpertEstimate ref =
-            reference::MedianOfMeans(log, log.size(), full, o, k, first[k]);
+            reference::MedianOfMeans(log, log.size(), full, o, k, first[k], excluded[k]);
         ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
         ExpectClose(inc.width, ref.width, where + " width of expert " + std::to_string(k));
         ucb.push_back(ref.mean + ref.width);
@@ -612,11 +616,17 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
     std::unique_ptr<ExpertRows> rows;
     int64_t fed = 0, window = 0;
     const Plan* adding = nullptr;
+    std::vector<int64_t> skipping;
     const auto feed = [&](int64_t to) {
       for (; fed < to; ++fed) {
+        const int j = log.chooser(fed);
+        if (fed % 23 == 5 || fed == to - 2) {
+          ASSERT_TRUE(rows->Skip(j).ok());
+          skipping.push_back(fed);
+          continue;
+        }
         std::vector<double> q;
         for (int i = 0; i < adding->count; ++i) q.push_back(log.propensity(n + i, fed));
-        const int j = log.chooser(fed);
         ASSERT_TRUE(rows->Add(j, log.reward(fed), log.propensity(j, fed), q).ok());
       }
     };
@@ -653,12 +663,17 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
           rows = *std::move(started);
           adding = &plan;
           fed = window;
+          skipping.clear();
+          EXPECT_EQ(rows->Skip(n).code(), absl::StatusCode::kInvalidArgument);
           feed(log.size() - 1);  // the newest one later, after more samples came
         }
         if (t == plan.add) {
           feed(log.size());
           ASSERT_TRUE(e->AddExperts(std::move(rows), Block(full, n + plan.count)).ok());
-          for (int i = 0; i < plan.count; ++i) first[n + i] = window;
+          for (int i = 0; i < plan.count; ++i) {
+            first[n + i] = window;
+            excluded[n + i] = skipping;
+          }
           n += plan.count;
           restored = nullptr;
           compare("after adding experts at t=" + std::to_string(t));
@@ -711,7 +726,7 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
     // The windows changed what the experts' estimates count: without them they differ.
     bool differs = false;
     for (int k = 0; k < n; ++k) {
-      if (first[k] == 0) continue;
+      if (first[k] == 0 && excluded[k].empty()) continue;
       differs |= e->Estimate(k).mean !=
                  reference::MedianOfMeans(log, log.size(), full, o, k, 0).mean;
     }
@@ -733,8 +748,9 @@ TEST(Estimator, StatesWithoutWindowsFromTheFirstFormatRestore) {
   }
   auto state = (*e)->Snapshot();
   ASSERT_TRUE(state.ok());
-  // Version 1: the header's "DES1", and no window count and experts' windows at the end.
-  std::string v1 = state->substr(0, state->size() - (8 + 8 + 3 * sizeof(int)));
+  // Version 1: the header's "DES1", and none of the windows' section at the end (their
+  // count, the experts' windows, the tail's excluded samples and their windows).
+  std::string v1 = state->substr(0, state->size() - (8 + 8 + 3 * sizeof(int) + 8 + 8));
   v1[3] = '1';
   auto back = RestoreEstimator(EstimatorOptions{}, v1);
   ASSERT_TRUE(back.ok()) << back.status();

@@ -96,7 +96,8 @@ int64_t RoundRobinGroups(const EstimatorOptions& o, int64_t t) {
 }  // namespace
 
 ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
-                             const EstimatorOptions& o, int k, int64_t first) {
+                             const EstimatorOptions& o, int k, int64_t first,
+                             const std::vector<int64_t>& excluded) {
   if (t == 0) return {0.0, std::numeric_limits<double>::infinity()};
   const double tt = static_cast<double>(t);
   const double delta = 1.0 / (tt * tt);
@@ -122,6 +123,7 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
     // A window keeps only its samples (s >= first) in each group.
     std::vector<int64_t> members;
     for (int64_t s = first; s < used; ++s) {
+      if (std::binary_search(excluded.begin(), excluded.end(), s)) continue;
       if (round_robin ? s % l == r : s / (used / l) == r) members.push_back(s);
     }
     if (members.empty()) continue;  // a window's group without samples: not in its median
@@ -142,8 +144,10 @@ ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMa
   const size_t g = group_means.size();
   const double median = g % 2 == 1 ? group_means[g / 2]
                                    : 0.5 * (group_means[g / 2 - 1] + group_means[g / 2]);
-  // t_k = t - first: the samples of the window (all t without one).
-  const double tk = static_cast<double>(t - first);
+  // t_k: the samples of the window (all t without one).
+  int64_t left_out = 0;
+  for (int64_t s : excluded) left_out += s >= first && s < t;
+  const double tk = static_cast<double>(t - first - left_out);
   const double width = (1.0 / min_weight) * std::sqrt(o.constants.c3 * std::log(1.0 / delta) / tk);
   return {median, width};
 }

@@ -7,6 +7,7 @@
 #define DECISION_TESTS_REFERENCE_ESTIMATORS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "core/divergence.h"
 #include "core/estimator.h"
@@ -19,11 +20,13 @@ ExpertEstimate Clipped(const SampleLog& log, int64_t t, const DivergenceMatrix& 
                        const EstimatorOptions& options, int k);
 
 // Median-of-means estimator (eq. est2) of expert k from samples [0, t), with its width.
-// With first > 0, the estimate of an expert whose window starts at sample `first`: its
-// groups keep only samples s >= first, groups left empty are not in the median, and the
-// width's t is t - first (Estimator::NewExpertRows).
+// With first > 0 or samples in `excluded` (sorted), the estimate of an expert whose window
+// starts at sample `first` and leaves those out: its groups keep only the window's
+// samples, groups left empty are not in the median, and the width's t is the number of the
+// window's samples (Estimator::NewExpertRows, ExpertRows::Skip).
 ExpertEstimate MedianOfMeans(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
-                             const EstimatorOptions& options, int k, int64_t first = 0);
+                             const EstimatorOptions& options, int k, int64_t first = 0,
+                             const std::vector<int64_t>& excluded = {});
 
 // Dispatches on options.kind.
 ExpertEstimate Estimate(const SampleLog& log, int64_t t, const DivergenceMatrix& d,
