@@ -38,6 +38,9 @@ ABSL_FLAG(int, arms, 26, "arms K");
 ABSL_FLAG(int, features, 16, "features d");
 ABSL_FLAG(std::string, data_dir, "", "store directory (default: a fresh temporary one)");
 ABSL_FLAG(uint64_t, seed, 1, "seed");
+ABSL_FLAG(int64_t, retention_samples, 0,
+          "the problem's retention (ProblemConfig.retention.max_samples; 0: keep all): the "
+          "store's size is then reported as the samples pass");
 
 namespace {
 
@@ -121,6 +124,8 @@ int main(int argc, char** argv) {
   create.mutable_config()->set_num_arms(absl::GetFlag(FLAGS_arms));
   create.mutable_config()->set_num_features(d);
   create.mutable_config()->set_reward_wait_ms(3'600'000);
+  create.mutable_config()->mutable_retention()->set_max_samples(
+      absl::GetFlag(FLAGS_retention_samples));
   v1::Problem problem;
   Check(service->CreateProblem(create, &problem), "CreateProblem");
   std::mt19937_64 gen(absl::GetFlag(FLAGS_seed));
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
   } first, last;  // per-call latencies in the first and the last window
   auto window_start = Clock::now();
   const auto fill_start = Clock::now();
+  int64_t max_disk = 0, max_disk_second_half = 0;
   for (int64_t t = 0; t < samples; ++t) {
     if (t == kWindow) first_rate = kWindow / Seconds(window_start);
     if (t == samples - kWindow) window_start = Clock::now();
@@ -171,7 +177,13 @@ int main(int argc, char** argv) {
       window->reward_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
     }
     if ((t + 1) % 100'000 == 0) {
-      std::printf("  %lld samples, %.0f s\n", static_cast<long long>(t + 1), Seconds(fill_start));
+      // The store as it is (SST files and WAL, before or after RocksDB's compactions).
+      const int64_t disk = DirectoryBytes(dir);
+      max_disk = std::max(max_disk, disk);
+      if (t + 1 > samples / 2) max_disk_second_half = std::max(max_disk_second_half, disk);
+      std::printf("  %lld samples, %.0f s, store %.0f MiB, resident %.0f MiB\n",
+                  static_cast<long long>(t + 1), Seconds(fill_start), disk / 1048576.0,
+                  ResidentBytes() / 1048576.0);
       std::fflush(stdout);
     }
   }
@@ -235,6 +247,18 @@ int main(int argc, char** argv) {
               rss / 1048576.0);
   std::printf("| RocksDB size | %.0f MiB (%.0f bytes/sample) |\n", store_bytes / 1048576.0,
               static_cast<double>(store_bytes) / samples);
+  std::printf("| store size, largest seen while filling / in the second half | %.0f / %.0f "
+              "MiB |\n",
+              max_disk / 1048576.0, max_disk_second_half / 1048576.0);
+  if (absl::GetFlag(FLAGS_retention_samples) > 0) {
+    v1::GetProblemRequest get;
+    get.set_problem_id("scale");
+    v1::Problem kept;
+    Check(service->GetProblem(get, &kept), "GetProblem");
+    std::printf("| retention: %lld samples; the store keeps the samples from | %lld |\n",
+                static_cast<long long>(absl::GetFlag(FLAGS_retention_samples)),
+                static_cast<long long>(kept.retained_from()));
+  }
   std::printf("| backfill of a new linear expert over %lld samples | %.2f s |\n",
               static_cast<long long>(samples), backfill_seconds);
   std::printf("| restart (reopen + rebuild %d estimators' state) | %.2f s |\n",

@@ -158,6 +158,17 @@ absl::StatusOr<v1::Problem> DecisionClient::SetRetention(const std::string& prob
   });
 }
 
+absl::StatusOr<v1::DeleteEventsResponse> DecisionClient::DeleteEvents(
+    const std::string& problem_id, const std::vector<std::string>& ids) {
+  v1::DeleteEventsRequest request;
+  request.set_problem_id(problem_id);
+  for (const std::string& id : ids) request.add_event_ids(id);
+  return Unary<v1::DeleteEventsResponse>(
+      1, [&](grpc::ClientContext* ctx, v1::DeleteEventsResponse* r) {
+        return stub_->DeleteEvents(ctx, request, r);
+      });
+}
+
 absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(const std::string& problem_id,
                                                           absl::Span<const double> features,
                                                           std::string event_id) {

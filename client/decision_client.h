@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,9 @@ class DecisionClient {
   // Not retried (an admin change: the caller reads the problem back if unsure).
   absl::StatusOr<v1::Problem> SetRetention(const std::string& problem_id,
                                            const v1::RetentionConfig& retention);
+  // Not retried: a retry would report the events deleted by the first attempt as not found.
+  absl::StatusOr<v1::DeleteEventsResponse> DeleteEvents(const std::string& problem_id,
+                                                        const std::vector<std::string>& ids);
   // An empty event_id is replaced by a random one, so that retries stay idempotent.
   absl::StatusOr<v1::ChooseResponse> Choose(const std::string& problem_id,
                                             absl::Span<const double> features,

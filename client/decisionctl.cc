@@ -9,6 +9,8 @@
 //                  [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //       what the store keeps of the problem's history (0: no limit; both 0: keep all)
+//   delete-events PROBLEM EVENT_ID...
+//       deletes these events' records and their samples' contexts (data protection)
 //   list-problems
 //   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
 //                  | --uniform) [--smoothing=ETA]
@@ -71,6 +73,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -345,6 +348,18 @@ int SetRetention(DecisionClient& c, const std::vector<char*>& args) {
               r.max_age_ms() > 0 ? absl::StrCat("the last ", r.max_age_ms(), " ms").c_str()
                                  : "any age",
               static_cast<long long>(p->retained_from()));
+  return 0;
+}
+
+int DeleteEvents(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() < 2) return Usage("delete-events needs PROBLEM EVENT_ID...");
+  auto r = c.DeleteEvents(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+  if (!r.ok()) return Fail(r.status());
+  std::printf("deleted %lld events", static_cast<long long>(r->deleted()));
+  if (r->not_found_size() > 0) {
+    std::printf("; not found: %s", absl::StrJoin(r->not_found(), ", ").c_str());
+  }
+  std::printf("\n");
   return 0;
 }
 
@@ -762,7 +777,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, set-retention, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, set-retention, delete-events, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -794,6 +809,7 @@ int main(int argc, char** argv) {
   if (command == "list-experts") return ListExperts(client, args);
   if (command == "retire-expert") return RetireExpert(client, args);
   if (command == "set-retention") return SetRetention(client, args);
+  if (command == "delete-events") return DeleteEvents(client, args);
   if (command == "estimates") return Estimates(client, args);
   if (command == "choose") return Choose(client, args);
   if (command == "reward") return Reward(client, args);

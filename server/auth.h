@@ -6,7 +6,8 @@
 //   decide   Choose, Reward
 //   observe  GetProblem, ListProblems, ListExperts, GetEstimates, GetTrainingJob
 //   export   ExportLog (it carries every context ever seen)
-//   admin    CreateProblem, RegisterExpert, RetireExpert, TrainExperts, ListAuditLog
+//   admin    CreateProblem, RegisterExpert, RetireExpert, SetRetention, TrainExperts,
+//            ListAuditLog
 // A token has any set of roles; `admin` does not imply the others.
 //
 // The tokens file: one token per line, blank lines and '#' comments ignored:

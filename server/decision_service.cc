@@ -402,6 +402,26 @@ absl::Status DecisionService::SetRetention(const v1::SetRetentionRequest& reques
   return absl::OkStatus();
 }
 
+absl::Status DecisionService::DeleteEvents(const v1::DeleteEventsRequest& request,
+                                           v1::DeleteEventsResponse* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(ValidateDeleteEventsRequest(request));
+  if (EstimatorOptionsOf(p->record()).kind == EstimatorKind::kClipped) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", request.problem_id(), " uses the clipped estimator, which cannot leave "
+        "a deleted sample out of a later expert's estimate; DeleteEvents needs the "
+        "median-of-means estimator (the default)"));
+  }
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("deletions"));
+  return p->DeleteEvents({request.event_ids().begin(), request.event_ids().end()}, response);
+}
+
+void DecisionService::DeleteEvents(const v1::DeleteEventsRequest& request,
+                                   v1::DeleteEventsResponse* response, Done done) {
+  OffReactor([this, &request, response] { return DeleteEvents(request, response); },
+             std::move(done));
+}
+
 void DecisionService::SetRetention(const v1::SetRetentionRequest& request,
                                    v1::Problem* response, Done done) {
   OffReactor([this, &request, response] { return SetRetention(request, response); },

@@ -152,6 +152,8 @@ class DecisionService {
                       Done done);
   void RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response, Done done);
   void SetRetention(const v1::SetRetentionRequest& request, v1::Problem* response, Done done);
+  void DeleteEvents(const v1::DeleteEventsRequest& request, v1::DeleteEventsResponse* response,
+                    Done done);
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
   // The answer of a Choose that decided `event_id` never reached its caller (Problem::
@@ -175,6 +177,8 @@ class DecisionService {
   absl::Status RegisterExpert(const v1::RegisterExpertRequest& request, v1::Expert* response);
   absl::Status RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response);
   absl::Status SetRetention(const v1::SetRetentionRequest& request, v1::Problem* response);
+  absl::Status DeleteEvents(const v1::DeleteEventsRequest& request,
+                            v1::DeleteEventsResponse* response);
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
   absl::Status TrainExperts(const v1::TrainExpertsRequest& request,

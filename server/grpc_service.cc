@@ -80,6 +80,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"RegisterExpert", Role::kAdmin},    {"RetireExpert", Role::kAdmin},
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
     {"GetTrainingJob", Role::kObserve},  {"SetRetention", Role::kAdmin},
+    {"DeleteEvents", Role::kAdmin},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -324,6 +325,20 @@ grpc::ServerUnaryReactor* GrpcDecisionService::SetRetention(grpc::CallbackServer
       },
       [this](const Grant&, DECISION_CALL(SetRetentionRequest, Problem), Done done) {
         service_->SetRetention(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::DeleteEvents(grpc::CallbackServerContext* ctx,
+                                                            const Bytes* in, Bytes* out) {
+  return Serve<v1::DeleteEventsRequest, v1::DeleteEventsResponse>(
+      ctx, "DeleteEvents", in, out,
+      [](const v1::DeleteEventsRequest& r, const auto&) {
+        // The audit names how many, not which (the ids may identify the user).
+        return Call{"DeleteEvents", r.problem_id(),
+                    [&r] { return absl::StrCat(r.event_ids_size(), " event ids"); }};
+      },
+      [this](const Grant&, DECISION_CALL(DeleteEventsRequest, DeleteEventsResponse), Done done) {
+        service_->DeleteEvents(call->request, &call->response, std::move(done));
       });
 }
 

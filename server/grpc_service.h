@@ -47,7 +47,8 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_ListAuditLog<
     v1::DecisionService::WithRawCallbackMethod_GetTrainingJob<
     v1::DecisionService::WithRawCallbackMethod_SetRetention<
-    v1::DecisionService::Service>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_DeleteEvents<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -72,6 +73,8 @@ class GrpcDecisionService final : public RawDecisionService {
   grpc::ServerUnaryReactor* RetireExpert(grpc::CallbackServerContext* ctx, const Bytes* in,
                                          Bytes* out) override;
   grpc::ServerUnaryReactor* SetRetention(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                         Bytes* out) override;
+  grpc::ServerUnaryReactor* DeleteEvents(grpc::CallbackServerContext* ctx, const Bytes* in,
                                          Bytes* out) override;
   // A Choose whose deadline passed (or that was cancelled) before it decides gets
   // DEADLINE_EXCEEDED (CANCELLED) and makes no decision. One whose answer could not be sent

@@ -564,6 +564,7 @@ absl::Status Problem::ExportLog(int64_t start, int64_t limit,
         out.set_default_reward(s.default_reward());
         out.set_decided_at_ms(s.decided_at_ms());
         out.set_joined_at_ms(s.joined_at_ms());
+        out.set_redacted(s.redacted());
         if (seq < learned) {
           const int64_t chunk = seq / storage::kLogChunkSamples;
           if (chunk != rows_chunk) {

@@ -342,7 +342,7 @@ class Problem {
   WriteWork WriteWorkDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the log chunks completed since the last call, in order (a restart reads the
   // estimators' view from them). On a failure the rest wait for the next call.
-  absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_, chunk_writes_mu_);
 
   // Retention (problem_retention.cc; ProblemConfig.retention in the API).
   v1::RetentionConfig Retention() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -363,6 +363,14 @@ class Problem {
   // back by more than an eighth of what it keeps, it writes the state first). The age is
   // checked against the store at most once per second. Blocks (store reads and writes).
   absl::Status ApplyRetention() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // DecisionService.DeleteEvents: deletes the events' records and redacts their samples
+  // (context and event id). Waits until every acknowledged reward is learned, and first
+  // stores the log chunks up to the newest sample it redacts (a restart scores again only
+  // the samples after the stored chunks, from their contexts). FAILED_PRECONDITION, with
+  // nothing deleted, if some event is still pending. Blocks.
+  absl::Status DeleteEvents(const std::vector<std::string>& event_ids,
+                            v1::DeleteEventsResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_, chunk_writes_mu_);
 
  private:
   friend class Recovery;
@@ -621,6 +629,11 @@ class Problem {
   // a complete chunk, cut to the durable experts, waits in unwritten_chunks_.
   void AppendToLogChunkLocked(int chooser, double reward, absl::Span<const double> p)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteLogChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk_writes_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Stores the log chunks through sample `sequence` (learned), the chunk being filled as
+  // it is so far if it holds `sequence`.
+  absl::Status StoreLogChunksThrough(int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_, chunk_writes_mu_);
   // The stored form, built outside the lock (about 1 MB of fresh memory per chunk).
   static storage::v1::LogChunk BuildLogChunk(const ChunkRows& rows);
   // A stored chunk as rows; DATA_LOSS if its sizes do not fit `max_width` experts.
@@ -650,7 +663,10 @@ class Problem {
   const Metrics::ProblemMetrics metrics_;
   GroupCommitQueue<WriteOp> writer_;
 
-  absl::Mutex expert_writes_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex expert_writes_mu_ ABSL_ACQUIRED_BEFORE(mu_, chunk_writes_mu_);
+  // Serialises the writes of log chunks (WriteLogChunks, and DeleteEvents' partial chunk),
+  // so that a partial chunk never overwrites the complete one.
+  absl::Mutex chunk_writes_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   ExpertPool experts_ ABSL_GUARDED_BY(mu_);
   DUcb ducb_ ABSL_GUARDED_BY(mu_);  // estimates experts [0, ducb_.num_experts())

@@ -5,6 +5,7 @@
 // the samples learnt meanwhile (from the store without mu_, the last ones from the log
 // chunks in memory under it) and appends them to D-UCB.
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,16 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
     arms.clear();
     DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
         index_, start, n, [&](int64_t, const storage::v1::SampleRecord& s) {
+          if (s.redacted()) {
+            // Its context was deleted (DeleteEvents): not scored (a NaN value), and left
+            // out of the expert's window (ExpertRows::Skip).
+            rows.resize(rows.size() + d, 0.0);
+            arms.push_back(-1);
+            choosers.push_back(s.expert_id());
+            rewards.push_back(s.reward());
+            logged.push_back(s.propensity());
+            return absl::OkStatus();
+          }
           if (s.features_size() != d || s.arm() < 0 || s.arm() >= k) {
             return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
                                                     s.features_size(), " features and arm ",
@@ -80,6 +91,10 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
     probs.resize(static_cast<size_t>(n) * k);
     absl::Status scored = model->PredictBatch(rows, n, absl::MakeSpan(probs));
     for (int64_t i = 0; scored.ok() && i < n; ++i) {
+      if (arms[i] < 0) {
+        chunk.add_values(std::nan(""));
+        continue;
+      }
       const double p = probs[i * k + arms[i]];
       if (!(p > 0.0 && p <= 1.0)) {
         scored = absl::InvalidArgumentError(
@@ -112,7 +127,10 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
   if (slot.rows != nullptr && slot.rows->num_samples() == from &&
       static_cast<int64_t>(choosers.size()) == chunk.values_size()) {
     for (int i = 0; i < chunk.values_size(); ++i) {
-      if (!slot.rows->Add(choosers[i], rewards[i], logged[i], {chunk.values(i)}).ok()) {
+      const double v = chunk.values(i);
+      if (!(std::isnan(v) ? slot.rows->Skip(choosers[i])
+                          : slot.rows->Add(choosers[i], rewards[i], logged[i], {v}))
+               .ok()) {
         slot.rows = nullptr;  // the completion reads the store, and says what is wrong
         break;
       }
@@ -157,7 +175,10 @@ absl::Status Problem::FeedRowsFromStore(int expert_id, int64_t total, int64_t fr
           value = tail[seq - from];
         }
         ++seen;
-        absl::Status added = rows->Add(s.expert_id(), s.reward(), s.propensity(), {value});
+        // NaN: a redacted sample the backfill could not score (left out of the window).
+        absl::Status added = std::isnan(value)
+                                 ? rows->Skip(s.expert_id())
+                                 : rows->Add(s.expert_id(), s.reward(), s.propensity(), {value});
         if (!added.ok()) {
           return absl::DataLossError(absl::StrCat("problem ", id(), ": sample ", seq,
                                                   " cannot be learned: ", added.message()));

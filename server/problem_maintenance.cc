@@ -195,15 +195,17 @@ absl::StatusOr<Problem::ChunkRows> Problem::ChunkRowsOf(int64_t chunk,
   constexpr int64_t kSamples = storage::kLogChunkSamples;
   const int width = c.num_experts();
   // Experts registered after the chunk was written are not in it (their values are in
-  // their backfill): the width may be anything up to the experts stored.
-  if (c.chooser_size() != kSamples || c.reward_size() != kSamples || width < 0 ||
-      width > max_width || c.propensities_size() != kSamples * width) {
+  // their backfill): the width may be anything up to the experts stored. A chunk written
+  // before it was complete (DeleteEvents) holds its first samples only.
+  const int n = c.chooser_size();
+  if (n < 1 || n > kSamples || c.reward_size() != n || width < 0 || width > max_width ||
+      c.propensities_size() != static_cast<int64_t>(n) * width) {
     return absl::DataLossError(absl::StrCat(
         "problem ", id(), ": log chunk ", chunk, " has ", c.chooser_size(), " choosers, ",
         c.reward_size(), " rewards and ", c.propensities_size(), " propensities of ", width,
-        " experts; expected ", kSamples, " samples of at most ", max_width, " experts"));
+        " experts; expected 1 to ", kSamples, " samples of at most ", max_width, " experts"));
   }
-  for (int i = 0; i < kSamples; ++i) {
+  for (int i = 0; i < n; ++i) {
     if (c.chooser(i) < 0 || c.chooser(i) >= width) {
       return absl::DataLossError(absl::StrCat("problem ", id(), ": log chunk ", chunk,
                                               ": sample ", chunk * kSamples + i,
@@ -263,6 +265,11 @@ absl::StatusOr<Problem::ChunkRows> Problem::ReadChunkRows(int64_t chunk, int wid
 }
 
 absl::Status Problem::WriteLogChunks() {
+  absl::MutexLock writes(&chunk_writes_mu_);
+  return WriteLogChunksLocked();
+}
+
+absl::Status Problem::WriteLogChunksLocked() {
   std::vector<ChunkRows> chunks;
   {
     absl::MutexLock lock(&mu_);
@@ -296,6 +303,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   absl::Status read = env_.store->ForEachSample(
       index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) {
         if (samples > 0 && seq >= samples) return enough;
+        if (s.redacted()) return absl::OkStatus();  // its context was deleted (DeleteEvents)
         if (s.features_size() != set.num_features) {
           return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
                                                   s.features_size(), " features"));

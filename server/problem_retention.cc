@@ -1,9 +1,14 @@
-// Problem: retention. What the store keeps of a problem's history follows its setting
+// Problem: what the store keeps of a problem's history. Retention follows its setting
 // (ProblemConfig.retention): the maintenance deletes whole log chunks of samples, with
 // their log and backfill chunks, by range deletions, and sets the time before which the
-// events family's compactions drop its events (Store::ApplyRetention). The estimators are
-// not touched: they learned those samples already.
+// events family's compactions drop its events (Store::ApplyRetention). DeleteEvents deletes
+// single events on request and redacts their samples. The estimators are not touched:
+// they learned those samples already.
 #include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -117,6 +122,89 @@ absl::Status Problem::ApplyRetention() {
   retained_from_ = cut;
   events_cut_ms_ = events_before;
   event_ids_.DropBefore(events_before);
+  return absl::OkStatus();
+}
+
+absl::Status Problem::StoreLogChunksThrough(int64_t sequence) {
+  absl::MutexLock writes(&chunk_writes_mu_);
+  for (;;) {
+    DECISION_RETURN_IF_ERROR(WriteLogChunksLocked());
+    ChunkRows partial;
+    {
+      absl::MutexLock lock(&mu_);
+      // Completed meanwhile: written by the next pass.
+      if (!unwritten_chunks_.empty() && unwritten_chunks_.front().first() <= sequence) continue;
+      if (sequence < current_chunk_.first()) return absl::OkStatus();  // stored
+      partial = current_chunk_;
+      partial.Narrow(experts_.durable_size());
+    }
+    // Under chunk_writes_mu_: the complete chunk, if this one completes meanwhile, is
+    // written after it (WriteLogChunks), never before.
+    const storage::v1::LogChunk chunk = BuildLogChunk(partial);
+    return Timed([&] { return env_.store->PutLogChunk(index_, partial.chunk, chunk); });
+  }
+}
+
+absl::Status Problem::DeleteEvents(const std::vector<std::string>& event_ids,
+                                   v1::DeleteEventsResponse* response) {
+  // Every acknowledged reward learned: its sample is in a log chunk, stored or in memory.
+  DECISION_RETURN_IF_ERROR(WaitLearned());
+  // No registration meanwhile: every expert the partial chunk leaves out is durable later
+  // than its samples, so a restart never needs its values of them.
+  absl::MutexLock writes(&expert_writes_mu_);
+  const auto still_pending = [&](const std::vector<std::string>& ids) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", id(), ": ", ids.size(), " of the events still wait for their reward (",
+        ids.front(), ids.size() > 1 ? ", ..." : "",
+        "); nothing was deleted: delete them once they are joined or expired (within ",
+        record_.reward_wait_ms(), " ms)"));
+  };
+  int64_t retained;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> waiting;
+    for (const std::string& e : event_ids) {
+      if (pending_.Find(e) != nullptr) waiting.push_back(e);
+    }
+    if (!waiting.empty()) return still_pending(waiting);
+    retained = retained_from_;
+  }
+  std::vector<storage::Store::Redaction> redactions;
+  absl::flat_hash_set<std::string> seen;
+  int64_t newest = -1;
+  for (const std::string& e : event_ids) {
+    if (!seen.insert(e).second) continue;
+    absl::StatusOr<storage::v1::EventRecord> event = env_.store->GetEvent(index_, e);
+    if (absl::IsNotFound(event.status())) {
+      response->add_not_found(e);
+      continue;
+    }
+    if (!event.ok()) return event.status();
+    if (event->state() == storage::v1::EVENT_STATE_PENDING) return still_pending({e});
+    storage::Store::Redaction r;
+    r.event_id = e;
+    if (event->sequence() >= retained) {
+      DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+          index_, event->sequence(), 1,
+          [&](int64_t seq, const storage::v1::SampleRecord& s) {
+            if (seq != event->sequence() || s.redacted()) return absl::OkStatus();
+            r.sequence = seq;
+            r.sample = s;
+            r.sample.clear_features();
+            r.sample.clear_event_id();
+            r.sample.set_redacted(true);
+            return absl::OkStatus();
+          }));
+    }
+    newest = std::max(newest, r.sequence);
+    redactions.push_back(std::move(r));
+  }
+  if (newest >= 0) DECISION_RETURN_IF_ERROR(StoreLogChunksThrough(newest));
+  if (!redactions.empty()) {
+    DECISION_RETURN_IF_ERROR(
+        Timed([&] { return env_.store->DeleteEvents(index_, redactions); }));
+  }
+  response->set_deleted(static_cast<int64_t>(redactions.size()));
   return absl::OkStatus();
 }
 

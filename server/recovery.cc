@@ -337,6 +337,11 @@ class Recovery {
             }
             ++next_;
           }
+          if (rows.size() < kSamples) {
+            // Written before it was complete (DeleteEvents): filled on from here.
+            partial_ = std::move(rows);
+            return kStop;
+          }
           return absl::OkStatus();
         },
         static_cast<uint64_t>(start_ / kSamples)));

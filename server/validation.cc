@@ -271,6 +271,23 @@ absl::Status ValidateRetention(const v1::RetentionConfig& retention, EstimatorKi
   return absl::OkStatus();
 }
 
+absl::Status ValidateDeleteEventsRequest(const v1::DeleteEventsRequest& request) {
+  if (request.event_ids_size() == 0 || request.event_ids_size() > kMaxDeleteEvents) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "event_ids has ", request.event_ids_size(), " ids; it must have 1 to ",
+        kMaxDeleteEvents));
+  }
+  for (int i = 0; i < request.event_ids_size(); ++i) {
+    const size_t n = request.event_ids(i).size();
+    if (n == 0 || n > kMaxEventIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("event_ids[", i, "] has ", n,
+                                                     " bytes; it must have 1 to ",
+                                                     kMaxEventIdBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest&) {
   // Every int32 is a well-formed expert id: one the problem does not have (negative ones
   // included) is NOT_FOUND, as for every other id.

@@ -60,6 +60,9 @@ absl::Status ValidateRetireExpertRequest(const v1::RetireExpertRequest& request)
 // estimator is `estimator`; `field` names it in the message.
 absl::Status ValidateRetention(const v1::RetentionConfig& retention, EstimatorKind estimator,
                                absl::string_view field);
+// DeleteEvents: 1 to kMaxDeleteEvents ids of 1 to kMaxEventIdBytes bytes.
+absl::Status ValidateDeleteEventsRequest(const v1::DeleteEventsRequest& request);
+inline constexpr int kMaxDeleteEvents = 1000;
 inline constexpr int64_t kMinRetentionSamples = 8192;
 inline constexpr int64_t kMinRetentionAgeMs = 1000;
 inline constexpr int64_t kMaxRetentionAgeMs = 100LL * 365 * 24 * 3600 * 1000;

@@ -746,6 +746,24 @@ absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
   return absl::OkStatus();
 }
 
+absl::Status Store::DeleteEvents(uint32_t problem, const std::vector<Redaction>& redactions) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s;
+  for (const Redaction& r : redactions) {
+    s = batch.Delete(events_, absl::StrCat(Key32(problem), r.event_id));
+    if (s.ok() && r.sequence >= 0) {
+      std::string key = Key32(problem);
+      AppendU64(&key, static_cast<uint64_t>(r.sequence));
+      s = batch.Put(samples_, key, r.sample.SerializeAsString());
+    }
+    if (!s.ok()) return FromRocks(s, "event deletion");
+  }
+  lock.unlock();
+  return Write(&batch, "event deletion");
+}
+
 absl::StatusOr<v1::RetentionRecord> Store::GetRetention(uint32_t problem) {
   return Get<v1::RetentionRecord>(&Store::checkpoints_, Key32x2(problem, 2), "retention");
 }

@@ -231,6 +231,15 @@ class Store {
   // The last cut applied; NOT_FOUND if none.
   absl::StatusOr<v1::RetentionRecord> GetRetention(uint32_t problem);
 
+  // Deletion on request (DecisionService.DeleteEvents): in one write, deletes each event's
+  // record and, where `sequence` >= 0, rewrites that sample as `sample` (redacted).
+  struct Redaction {
+    std::string event_id;
+    int64_t sequence = -1;
+    v1::SampleRecord sample;
+  };
+  absl::Status DeleteEvents(uint32_t problem, const std::vector<Redaction>& redactions);
+
   // The audit log: appends `record` at the next sequence (from 0).
   absl::Status AppendAudit(const v1::AuditRecord& record);
   // Audit records with sequence >= start, in order, at most `limit` (0: no limit).

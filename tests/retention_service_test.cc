@@ -3,6 +3,7 @@
 // backfilled over the samples kept and its estimate is the literal reference's over its
 // window; what a backfill or a restart still needs is kept until it is not; bad settings
 // are refused with nothing changed.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -193,6 +194,117 @@ TEST_F(RetentionTest, BadSettingsAreRefusedAndChangeNothing) {
   // The setting survives a restart.
   Reopen();
   EXPECT_EQ(GetProblem("p").config().retention().max_samples(), 3 * kChunk);
+}
+
+// DeleteEvents: the events' records go, their samples keep only what learning used, the
+// estimates do not move (also through a crash right after), and an expert registered
+// later leaves the redacted samples out of its estimate, exactly as the reference does.
+TEST_F(RetentionTest, DeletedEventsAreRedactedAndLeftOutOfLaterExperts) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 3 * kChunk + 50);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  std::vector<v1::LoggedSample> log = Export("p");
+  const int64_t t = static_cast<int64_t>(log.size());
+  // Old ones, and one in the chunk still being filled.
+  const std::vector<int64_t> doomed = {5, 100, kChunk + 7, 2 * kChunk + 1, t - 3};
+  v1::DeleteEventsRequest req;
+  req.set_problem_id("p");
+  for (int64_t s : doomed) req.add_event_ids(log[s].event_id());
+  req.add_event_ids("never-decided");
+  // A decision still waiting for its reward: refused, and nothing is deleted.
+  const v1::ChooseResponse waiting = Choose("p", "waiting");
+  req.add_event_ids("waiting");
+  v1::DeleteEventsResponse resp;
+  absl::Status s = service_->DeleteEvents(req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("waiting"));
+  EXPECT_EQ(Export("p")[5].event_id(), log[5].event_id());
+  req.mutable_event_ids()->RemoveLast();
+  const v1::Estimates before = Estimates("p");
+  ASSERT_TRUE(service_->DeleteEvents(req, &resp).ok());
+  EXPECT_EQ(resp.deleted(), static_cast<int64_t>(doomed.size()));
+  ASSERT_EQ(resp.not_found_size(), 1);
+  EXPECT_EQ(resp.not_found(0), "never-decided");
+  // A reward for a deleted event: unknown.
+  EXPECT_EQ(Reward("p", log[100].event_id(), 1.0).code(), absl::StatusCode::kNotFound);
+  const std::vector<v1::LoggedSample> after = Export("p");
+  ASSERT_EQ(static_cast<int64_t>(after.size()), t);
+  for (int64_t i = 0; i < t; ++i) {
+    const bool gone = std::find(doomed.begin(), doomed.end(), i) != doomed.end();
+    EXPECT_EQ(after[i].redacted(), gone) << i;
+    EXPECT_EQ(after[i].features_size(), gone ? 0 : kFeatures) << i;
+    EXPECT_EQ(after[i].event_id().empty(), gone) << i;
+    EXPECT_EQ(after[i].reward(), log[i].reward()) << i;
+    EXPECT_EQ(after[i].expert_id(), log[i].expert_id()) << i;
+  }
+  // Deleting them again: not found.
+  v1::DeleteEventsResponse again;
+  ASSERT_TRUE(service_->DeleteEvents(req, &again).ok());
+  EXPECT_EQ(again.deleted(), 0);
+  EXPECT_EQ(again.not_found_size(), 1 + static_cast<int>(doomed.size()));
+
+  // A crash right after (no log chunk or checkpoint written at the stop): the restart
+  // scores again only samples whose contexts it has, and the estimates are as before.
+  fail_writes_ = [](absl::string_view what) {
+    return what == "log chunk" || what == "checkpoint";
+  };
+  EXPECT_FALSE(service_->Shutdown().ok());
+  service_.reset();
+  fail_writes_ = nullptr;
+  Open();
+  const v1::Estimates restarted = Estimates("p");
+  ASSERT_EQ(restarted.experts_size(), before.experts_size());
+  for (int k = 0; k < before.experts_size(); ++k) {
+    EXPECT_EQ(restarted.experts(k).estimate(), before.experts(k).estimate()) << k;
+  }
+
+  // A later expert: its backfill skips the redacted samples, and its estimate is the
+  // reference's over the samples it could score.
+  const int late = RegisterLinear("p", 8.0);
+  RunMaintenanceUntilActive("p");
+  const v1::Estimates e = Estimates("p");
+  const std::vector<v1::LoggedSample> now = Export("p");
+  SampleLog rebuilt(e.n());
+  for (const v1::LoggedSample& x : now) {
+    std::vector<double> row(x.expert_propensities().begin(), x.expert_propensities().end());
+    row.resize(e.n(), 1.0);  // a redacted sample has no value of the late expert
+    ASSERT_TRUE(rebuilt.Append(x.expert_id(), x.reward(), row).ok());
+  }
+  DivergenceMatrix d;
+  d.num_experts = e.n();
+  d.m.assign(e.m().begin(), e.m().end());
+  d.sigma.assign(e.sigma().begin(), e.sigma().end());
+  const ExpertEstimate ref = reference::MedianOfMeans(rebuilt, rebuilt.size(), d,
+                                                      EstimatorOptions(), late, 0, doomed);
+  EXPECT_NEAR(e.experts(late).estimate(), ref.mean, 1e-9 * std::max(1.0, std::abs(ref.mean)));
+  EXPECT_NEAR(e.experts(late).width(), ref.width, 1e-9 * std::max(1.0, std::abs(ref.width)));
+  const ExpertEstimate all = reference::MedianOfMeans(rebuilt, rebuilt.size(), d,
+                                                      EstimatorOptions(), late, 0, {});
+  EXPECT_NE(e.experts(late).width(), all.width) << "the redacted samples are left out";
+  // Training skips them.
+  v1::TrainExpertsRequest train;
+  train.set_problem_id("p");
+  train.set_linear_experts(1);
+  train.set_tree_experts(0);
+  v1::TrainExpertsResponse job;
+  EXPECT_TRUE(service_->TrainExperts(train, &job).ok());
+}
+
+TEST_F(RetentionTest, DeleteEventsRefusesBadRequests) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  v1::DeleteEventsRequest req;
+  req.set_problem_id("p");
+  v1::DeleteEventsResponse resp;
+  EXPECT_EQ(service_->DeleteEvents(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  for (int i = 0; i < 1001; ++i) req.add_event_ids(absl::StrCat("e", i));
+  EXPECT_EQ(service_->DeleteEvents(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  req.clear_event_ids();
+  req.add_event_ids(std::string(129, 'x'));
+  EXPECT_EQ(service_->DeleteEvents(req, &resp).code(), absl::StatusCode::kInvalidArgument);
+  req.set_problem_id("nope");
+  req.clear_event_ids();
+  req.add_event_ids("e");
+  EXPECT_EQ(service_->DeleteEvents(req, &resp).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
