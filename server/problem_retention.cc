@@ -5,6 +5,7 @@
 // single events on request and redacts their samples. The estimators are not touched:
 // they learned those samples already.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -49,15 +50,12 @@ absl::Status Problem::ApplyRetention() {
   int64_t t, retained, events_cut, max_samples, max_age_ms, limit;
   int experts;
   bool check_age;
-  // The first sample a restart or a backfill still reads.
-  const auto pin_locked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    int64_t pin = state_written_ ? state_samples_ / kChunk * kChunk : 0;
-    for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
-      pin = std::min(pin, experts_.at(k).record.backfill_first());
-    }
-    return pin;
+  // The first sample a restart reads (from the chunk of the estimators' state on), and the
+  // first a backfill reads (its window).
+  const auto state_pin_locked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_written_ ? state_samples_ / kChunk * kChunk : int64_t{0};
   };
-  int64_t pin;
+  int64_t state_pin, backfill_pin = std::numeric_limits<int64_t>::max();
   {
     absl::MutexLock lock(&mu_);
     max_samples = retention_max_samples_;
@@ -70,7 +68,10 @@ absl::Status Problem::ApplyRetention() {
     // start below the samples its estimator has grouped), nor one not written yet.
     limit = std::max<int64_t>(0, current_chunk_.chunk - 1) * kChunk;
     if (!unwritten_chunks_.empty()) limit = std::min(limit, unwritten_chunks_.front().first());
-    pin = pin_locked();
+    state_pin = state_pin_locked();
+    for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
+      backfill_pin = std::min(backfill_pin, experts_.at(k).record.backfill_first());
+    }
     experts = experts_.size();
     check_age = max_age_ms > 0 && now_ms >= next_age_check_ms_;
     if (check_age) next_age_check_ms_ = now_ms + kAgeCheckIntervalMs;
@@ -96,19 +97,20 @@ absl::Status Problem::ApplyRetention() {
       target = c + kChunk;
     }
   }
-  if (target > pin && target - pin >= std::max(kChunk, (t - target) / 8)) {
-    // The estimators' state a restart would start from holds retention back: write it now
-    // (the next checkpoint would only write it 2^20 samples after the last).
+  if (std::min(target, backfill_pin) - state_pin >= std::max(kChunk, (t - target) / 8)) {
+    // The estimators' state a restart would start from holds retention back (a backfill
+    // does not): write it now (the next checkpoint would only write it 2^20 samples after
+    // the last).
     DECISION_RETURN_IF_ERROR(Checkpoint());
     absl::MutexLock lock(&mu_);
-    pin = pin_locked();
+    state_pin = state_pin_locked();
   }
-  const int64_t cut = std::max(retained, std::min(target, pin));
-  if (cut > retained) {
+  const int64_t cut = std::max(retained, std::min({target, state_pin, backfill_pin}));
+  if (cut > retained && max_samples > 0) {
     // Count-based retention also ends the events of the samples it deletes.
     DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
         index_, cut, 1, [&](int64_t, const storage::v1::SampleRecord& s) {
-          if (max_samples > 0) events_before = std::max(events_before, s.decided_at_ms());
+          events_before = std::max(events_before, s.decided_at_ms());
           return absl::OkStatus();
         }));
   }

@@ -103,6 +103,23 @@ DivergenceMatrix Extend(const DivergenceMatrix& old_d, int n, std::mt19937_64& g
   return d;
 }
 
+// An estimator of n experts fed `samples` samples of a Stream over 4 arms (seed `seed`),
+// chosen in turn.
+absl::StatusOr<std::unique_ptr<Estimator>> Fed(const EstimatorOptions& o, int n, uint64_t seed,
+                                               int samples) {
+  absl::StatusOr<std::unique_ptr<Estimator>> e = MakeEstimator(o, n);
+  if (!e.ok()) return e;
+  Stream stream(4, seed);
+  std::vector<double> p;
+  std::vector<std::vector<double>> dists;
+  double y;
+  for (int t = 0; t < samples; ++t) {
+    stream.Next(n, t % n, &p, &y, &dists);
+    if (absl::Status s = (*e)->Add(t % n, y, p); !s.ok()) return s;
+  }
+  return e;
+}
+
 struct Variant {
   std::string name;
   EstimatorOptions options;
@@ -736,16 +753,8 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
 
 // A state saved before windows existed (format version 1) still restores.
 TEST(Estimator, StatesWithoutWindowsFromTheFirstFormatRestore) {
-  auto e = MakeEstimator(EstimatorOptions{}, 3);
-  ASSERT_TRUE(e.ok());
-  Stream stream(4, 3);
-  std::vector<double> p;
-  std::vector<std::vector<double>> dists;
-  double y;
-  for (int t = 0; t < 700; ++t) {
-    stream.Next(3, t % 3, &p, &y, &dists);
-    ASSERT_TRUE((*e)->Add(t % 3, y, p).ok());
-  }
+  absl::StatusOr<std::unique_ptr<Estimator>> e = Fed(EstimatorOptions{}, 3, 4, 700);
+  ASSERT_TRUE(e.ok()) << e.status();
   auto state = (*e)->Snapshot();
   ASSERT_TRUE(state.ok());
   // Version 1: the header's "DES1", and none of the windows' section at the end (their
@@ -809,16 +818,8 @@ TEST(Estimator, DamagedSnapshotsAreRefused) {
   clipped.kind = EstimatorKind::kClipped;
   mom480.constants.c2 = 8.0;
   for (const EstimatorOptions& o : {mom, clipped}) {
-    auto e = MakeEstimator(o, 3);
-    ASSERT_TRUE(e.ok());
-    Stream stream(4, 5);
-    std::vector<double> p;
-    std::vector<std::vector<double>> dists;
-    double y;
-    for (int t = 0; t < 500; ++t) {
-      stream.Next(3, t % 3, &p, &y, &dists);
-      ASSERT_TRUE((*e)->Add(t % 3, y, p).ok());
-    }
+    absl::StatusOr<std::unique_ptr<Estimator>> e = Fed(o, 3, 5, 500);
+    ASSERT_TRUE(e.ok()) << e.status();
     auto state = (*e)->Snapshot();
     ASSERT_TRUE(state.ok());
     if (o.kind == EstimatorKind::kClipped) {
