@@ -320,11 +320,12 @@ class RoundRobinMedianOfMeans final : public Estimator {
   }
 
   double EffectiveSampleSize(int k) const override { return effective_[k]; }
-  // The state at its bound, which depends on L and N alone: the fine groups (S, n, F, D),
-  // a full tail (< L samples), the group scratch (at most L groups) and the divergences.
+  // The state at its bound, which depends on L, N and the windows alone: the fine groups
+  // (S, n, F, D), a full tail (< L samples), the group scratch (at most L groups), the
+  // divergences and the windows' counts.
   EstimatorStats Stats() const override {
     EstimatorStats stats;
-    stats.state_bytes = EstimatorStateBound(options_, n_);
+    stats.state_bytes = EstimatorStateBound(options_, n_, static_cast<int>(windows_.size()));
     return stats;
   }
   int64_t num_samples() const override { return t_; }
