@@ -7,6 +7,7 @@
 // which ca-certificates brings).
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -206,6 +208,20 @@ class SecurityTest : public DecisiondTest {
       v1::ListAuditLogResponse out;
       return stub_->ListAuditLog(&ctx, v1::ListAuditLogRequest(), &out).error_code();
     }
+    if (method == "SetRetention") {
+      v1::SetRetentionRequest r;
+      r.set_problem_id("p");
+      r.mutable_retention()->set_max_samples(1 << 20);
+      v1::Problem out;
+      return stub_->SetRetention(&ctx, r, &out).error_code();
+    }
+    if (method == "DeleteEvents") {
+      v1::DeleteEventsRequest r;
+      r.set_problem_id("p");
+      r.add_event_ids("never-decided");
+      v1::DeleteEventsResponse out;
+      return stub_->DeleteEvents(&ctx, r, &out).error_code();
+    }
     ADD_FAILURE() << "no request for " << method;
     return StatusCode::UNKNOWN;
   }
@@ -223,7 +239,22 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"RegisterExpert", "admin"},    {"RetireExpert", "admin"},
     {"TrainExperts", "admin"},      {"ListAuditLog", "admin"},
     {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
+    {"SetRetention", "admin"},      {"DeleteEvents", "admin"},
 };
+
+// The matrix covers every RPC of the service: a new one must say its role here.
+TEST(SecurityMatrix, CoversEveryMethodOfTheService) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "decision.v1.DecisionService");
+  ASSERT_NE(service, nullptr);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string name = service->method(i)->name();
+    EXPECT_TRUE(std::any_of(kRpcRoles.begin(), kRpcRoles.end(),
+                            [&](const auto& entry) { return entry.first == name; }))
+        << name << " has no role in the matrix";
+  }
+}
 
 TEST_F(SecurityTest, AuthMatrixGivesTheExactCodeForEveryRoleAndRpc) {
   ASSERT_NO_FATAL_FAILURE(StartWithTokens());
