@@ -89,6 +89,11 @@ Metrics::Metrics()
                    .Name("decision_samples")
                    .Help("Joined samples in the log")
                    .Register(*registry_)),
+      retained_from_(prometheus::BuildGauge()
+                         .Name("decision_retained_from_samples")
+                         .Help("The first joined sample the store keeps (retention deleted the "
+                               "ones before it; 0 without retention)")
+                         .Register(*registry_)),
       regret_(prometheus::BuildGauge()
                   .Name("decision_estimated_regret")
                   .Help("Estimated cumulative regret against the best expert in hindsight: "
@@ -207,6 +212,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   problem_failed_.Add(labels);  // 0: the problem loaded (ProblemFailed sets 1 otherwise)
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);
+  m.retained_from = &retained_from_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);
   m.scoring_cost = &scoring_cost_.Add(labels);
   m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));

@@ -122,6 +122,7 @@ absl::Status Problem::ApplyRetention() {
       Timed([&] { return env_.store->ApplyRetention(index_, experts, record); }));
   absl::MutexLock lock(&mu_);
   retained_from_ = cut;
+  metrics_.retained_from->Set(static_cast<double>(cut));
   events_cut_ms_ = events_before;
   event_ids_.DropBefore(events_before);
   return absl::OkStatus();

@@ -487,6 +487,7 @@ class Recovery {
     p_.ExportScoringCostLocked();
     p_.metrics_.pending->Set(static_cast<double>(p_.pending_.answered()));
     p_.metrics_.samples->Set(static_cast<double>(p_.ducb_.num_samples()));
+    p_.metrics_.retained_from->Set(static_cast<double>(p_.retained_from_));
   }
 
   // Ends a store scan early (ForEach* returns what the callback returns).

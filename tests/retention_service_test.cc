@@ -86,6 +86,7 @@ TEST_F(RetentionTest, KeepsTheNewestSamplesAndBackfillsANewExpertOverThem) {
   const int64_t t = 6 * kChunk + 100;
   // The newest 2 * kChunk samples, from a chunk boundary: (t - 2 kChunk) rounded down.
   EXPECT_EQ(GetProblem("p").retained_from(), 4 * kChunk);
+  EXPECT_EQ(MetricValue("decision_retained_from_samples", "problem", "p"), 4 * kChunk);
   const v1::Estimates after = Estimates("p");
   ASSERT_EQ(after.experts_size(), before.experts_size());
   for (int k = 0; k < after.experts_size(); ++k) {
