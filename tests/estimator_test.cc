@@ -120,6 +120,21 @@ absl::StatusOr<std::unique_ptr<Estimator>> Fed(const EstimatorOptions& o, int n,
   return e;
 }
 
+// The estimator its snapshot (*state) restores to, which must save as the same bytes.
+std::unique_ptr<Estimator> RestoredCopy(const Estimator& e, const EstimatorOptions& o,
+                                        std::string* state) {
+  absl::StatusOr<std::string> saved = e.Snapshot();
+  EXPECT_TRUE(saved.ok()) << saved.status();
+  if (!saved.ok()) return nullptr;
+  *state = *saved;
+  absl::StatusOr<std::unique_ptr<Estimator>> back = RestoreEstimator(o, *state);
+  EXPECT_TRUE(back.ok()) << back.status();
+  if (!back.ok()) return nullptr;
+  absl::StatusOr<std::string> again = (*back)->Snapshot();
+  EXPECT_TRUE(again.ok() && *again == *state) << "a restored state saves as other bytes";
+  return *std::move(back);
+}
+
 struct Variant {
   std::string name;
   EstimatorOptions options;
@@ -544,14 +559,9 @@ TEST_P(EstimatorEquivalence, WithoutALogNewRowsAndSnapshotsMatchTheReference) {
         CompareAll(*e, log, d, o, "after refresh in place");
       }
       if (t == 333 || t == 800 || t == 1111) {
-        auto state = e->Snapshot();
-        ASSERT_TRUE(state.ok()) << state.status();
-        auto back = RestoreEstimator(o, *state);
-        ASSERT_TRUE(back.ok()) << back.status();
-        restored = *std::move(back);
-        auto again = restored->Snapshot();
-        ASSERT_TRUE(again.ok());
-        EXPECT_EQ(*again, *state) << "a restored state saves as the same bytes";
+        std::string state;
+        restored = RestoredCopy(*e, o, &state);
+        ASSERT_NE(restored, nullptr);
       }
       if (restored != nullptr) {
         ASSERT_EQ(restored->num_samples(), e->num_samples());
@@ -705,14 +715,10 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
         compare("after a refresh at t=" + std::to_string(t));
       }
       if (t == 800 || t == 1300) {
-        auto state = e->Snapshot();
-        ASSERT_TRUE(state.ok()) << state.status();
-        auto back = RestoreEstimator(o, *state);
-        ASSERT_TRUE(back.ok()) << back.status();
-        restored = *std::move(back);
-        auto again = restored->Snapshot();
-        ASSERT_TRUE(again.ok());
-        EXPECT_EQ(*again, *state) << "a restored state saves as the same bytes";
+        std::string saved;
+        restored = RestoredCopy(*e, o, &saved);
+        ASSERT_NE(restored, nullptr);
+        const std::string* state = &saved;
         for (int k = 0; k < n; ++k) EXPECT_EQ(restored->WindowStart(k), first[k]);
         // The windows are part of what a damaged state is checked for.
         for (size_t len = 0; len < state->size(); len += 1 + len / 8) {
