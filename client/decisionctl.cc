@@ -424,22 +424,38 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
   }
   std::ostream& out = path.empty() ? std::cout : file;
   bool header = format == "csv";
+  // The CSV header names the features. A redacted sample has none (its cells are empty),
+  // so the rows before the first sample with features wait for it (they are small).
+  int num_features = 0;
+  std::vector<std::string> held;
+  const auto write_header = [&] {
+    out << "sequence,event_id,arm,expert_id,propensity,reward,default_reward,"
+           "decided_at_ms,joined_at_ms";
+    for (int f = 0; f < num_features; ++f) out << ",x" << f;
+    out << "\n";
+    for (const std::string& row : held) out << row << std::string(num_features, ',') << "\n";
+    held.clear();
+    header = false;
+  };
   absl::Status s = c.ExportLog(
       args[0], absl::GetFlag(FLAGS_start), absl::GetFlag(FLAGS_limit),
       [&](const v1::LoggedSample& x) {
         if (format == "csv") {
-          if (header) {
-            out << "sequence,event_id,arm,expert_id,propensity,reward,default_reward,"
-                   "decided_at_ms,joined_at_ms";
-            for (int f = 0; f < x.features_size(); ++f) out << ",x" << f;
-            out << "\n";
-            header = false;
+          const std::string row = absl::StrCat(
+              x.sequence(), ",", x.event_id(), ",", x.arm(), ",", x.expert_id(), ",",
+              Number(x.propensity()), ",", Number(x.reward()), ",", x.default_reward() ? 1 : 0,
+              ",", x.decided_at_ms(), ",", x.joined_at_ms());
+          if (header && x.redacted()) {
+            held.push_back(row);
+            return absl::OkStatus();
           }
-          out << x.sequence() << "," << x.event_id() << "," << x.arm() << "," << x.expert_id()
-              << "," << Number(x.propensity()) << "," << Number(x.reward()) << ","
-              << (x.default_reward() ? 1 : 0) << "," << x.decided_at_ms() << ","
-              << x.joined_at_ms();
+          if (header) {
+            num_features = x.features_size();
+            write_header();
+          }
+          out << row;
           for (double f : x.features()) out << "," << Number(f);
+          for (int f = x.features_size(); f < num_features; ++f) out << ",";
           out << "\n";
         } else {
           out << "{\"sequence\":" << x.sequence() << ",\"event_id\":" << JsonString(x.event_id())
@@ -456,11 +472,14 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
           for (int k = 0; k < x.expert_propensities_size(); ++k) {
             out << (k ? "," : "") << Number(x.expert_propensities(k));
           }
-          out << "]}\n";
+          out << "]";
+          if (x.redacted()) out << ",\"redacted\":true";
+          out << "}\n";
         }
         return out ? absl::OkStatus() : absl::InternalError("write failed");
       });
   if (!s.ok()) return Fail(s);
+  if (header && !held.empty()) write_header();  // only redacted samples
   return 0;
 }
 
