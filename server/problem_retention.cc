@@ -107,7 +107,8 @@ absl::Status Problem::ApplyRetention() {
   }
   const int64_t cut = std::max(retained, std::min({target, state_pin, backfill_pin}));
   if (cut > retained && max_samples > 0) {
-    // Count-based retention also ends the events of the samples it deletes.
+    // Count-based retention also ends the events never joined that were decided before the
+    // first sample kept (the joined ones follow their samples: Store::ApplyRetention).
     DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
         index_, cut, 1, [&](int64_t, const storage::v1::SampleRecord& s) {
           events_before = std::max(events_before, s.decided_at_ms());
@@ -124,7 +125,9 @@ absl::Status Problem::ApplyRetention() {
   retained_from_ = cut;
   metrics_.retained_from->Set(static_cast<double>(cut));
   events_cut_ms_ = events_before;
-  event_ids_.DropBefore(events_before);
+  // The ids of events still stored must stay: a kept sample joined after the first kept
+  // one, so it was decided at most a reward wait before that one's decision (or the age).
+  event_ids_.DropBefore(events_before - record_.reward_wait_ms());
   return absl::OkStatus();
 }
 

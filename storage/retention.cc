@@ -20,11 +20,14 @@ class EventRetentionFilter final : public rocksdb::CompactionFilter {
     if (key.size() < 4) return false;
     uint32_t problem = 0;
     for (int i = 0; i < 4; ++i) problem = (problem << 8) | static_cast<uint8_t>(key[i]);
-    const int64_t before = cuts_->EventsBefore(problem);
-    if (before <= 0) return false;
+    const RetentionCuts::Cut cut = cuts_->Get(problem);
+    if (cut.first_sample <= 0 && cut.events_before_ms <= 0) return false;
     v1::EventRecord event;
     if (!event.ParseFromArray(value.data(), static_cast<int>(value.size()))) return false;
-    return event.state() != v1::EVENT_STATE_PENDING && event.decided_at_ms() < before;
+    if (event.state() == v1::EVENT_STATE_PENDING) return false;
+    // A joined event goes with its sample; one never joined by its decision time.
+    if (event.sequence() >= 0) return event.sequence() < cut.first_sample;
+    return event.decided_at_ms() < cut.events_before_ms;
   }
   const char* Name() const override { return "decision.EventRetention"; }
 

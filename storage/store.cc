@@ -296,7 +296,8 @@ absl::Status Store::OpenDbLocked() {
     if (!cut.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
       continue;  // reported by GetRetention, where the problem loads
     }
-    cuts_->Set(ReadU32(absl::string_view(it->key().data(), 4)), cut.events_before_ms());
+    cuts_->Set(ReadU32(absl::string_view(it->key().data(), 4)),
+               {cut.first_sample(), cut.events_before_ms()});
   }
   if (!it->status().ok()) {
     return OpenFailure(path_, absl::StrCat("reading the retention cuts: ", it->status().ToString()));
@@ -742,7 +743,7 @@ absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
   if (!s.ok()) return FromRocks(s, "retention");
   lock.unlock();
   if (absl::Status w = Write(&batch, "retention"); !w.ok()) return w;
-  cuts_->Set(problem, cut.events_before_ms());
+  cuts_->Set(problem, {cut.first_sample(), cut.events_before_ms()});
   return absl::OkStatus();
 }
 

@@ -31,15 +31,17 @@ std::string TempDir(const std::string& name) {
 
 std::string EventId(int64_t i) { return absl::StrCat("event-", i); }
 
-// Problems 0 and 1, each with kSamples joined samples (event i decided at time i ms), their
-// log chunks, two experts' backfill chunks, and three pending decisions decided at 0 ms.
+// Problems 0 and 1, each with kSamples joined samples (event i decided at time i ms, but
+// the last one at 0: a late join), their log chunks, two experts' backfill chunks, three
+// pending decisions decided at 0 ms, and two expired events never joined, decided at 0 and
+// at 3 kChunk ms.
 void Fill(Store& store) {
   for (uint32_t problem : {0u, 1u}) {
     Store::WriteGroup group;
     for (int64_t i = 0; i < kSamples; ++i) {
       v1::EventRecord event;
       event.set_state(v1::EVENT_STATE_JOINED);
-      event.set_decided_at_ms(i);
+      event.set_decided_at_ms(i == kSamples - 1 ? 0 : i);
       event.set_sequence(i);
       v1::SampleRecord sample;
       sample.set_event_id(EventId(i));
@@ -53,6 +55,14 @@ void Fill(Store& store) {
       pending.set_decided_at_ms(0);
       pending.set_deadline_ms(1000000 + i);
       ASSERT_TRUE(store.AddDecision(&group, problem, absl::StrCat("pending-", i), pending).ok());
+    }
+    for (const auto& [id, at] : {std::pair<std::string, int64_t>{"expired-old", 0},
+                                 {"expired-new", 3 * kChunk}}) {
+      v1::EventRecord expired;
+      expired.set_state(v1::EVENT_STATE_EXPIRED);
+      expired.set_decided_at_ms(at);
+      expired.set_sequence(-1);
+      ASSERT_TRUE(store.AddExpiry(&group, problem, id, expired, false).ok());
     }
     ASSERT_TRUE(store.Commit(&group).ok());
     for (int64_t c = 0; c * kChunk < kSamples; ++c) {
@@ -137,12 +147,16 @@ void ExpectCut(Store& store, bool compacted) {
   int64_t oldest;
   const int64_t events = Events(store, 0, &oldest);
   if (compacted) {
-    EXPECT_EQ(events, kSamples - 2 * kChunk + 3) << "old joined events go, pending ones stay";
-    EXPECT_EQ(oldest, 2 * kChunk);
+    // The joined events of the deleted samples and the old expired one go; the pending
+    // ones, the young expired one and the late join's (decided at 0, its sample kept) stay.
+    EXPECT_EQ(events, kSamples - 2 * kChunk + 3 + 1);
+    EXPECT_TRUE(absl::IsNotFound(store.GetEvent(0, "expired-old").status()));
   } else {
-    EXPECT_GE(events, kSamples - 2 * kChunk + 3);
+    EXPECT_GE(events, kSamples - 2 * kChunk + 3 + 1);
   }
-  EXPECT_EQ(Events(store, 1, &oldest), kSamples + 3);
+  EXPECT_TRUE(store.GetEvent(0, "expired-new").ok());
+  EXPECT_TRUE(store.GetEvent(0, EventId(kSamples - 1)).ok()) << "the late join's sample is kept";
+  EXPECT_EQ(Events(store, 1, &oldest), kSamples + 3 + 2);
   EXPECT_EQ(oldest, 0);
   int pending = 0;
   EXPECT_TRUE(store
@@ -193,6 +207,7 @@ TEST(Retention, DeletesWhatItShouldAndNothingElse) {
   ASSERT_TRUE((*store)->Compact().ok());
   ExpectCut(**store, /*compacted=*/true);
   EXPECT_TRUE(absl::IsNotFound((*store)->GetEvent(0, EventId(0)).status()));
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetEvent(0, EventId(2 * kChunk - 1)).status()));
   EXPECT_TRUE((*store)->GetEvent(0, EventId(2 * kChunk)).ok());
   EXPECT_TRUE((*store)->GetEvent(1, EventId(0)).ok());
 }
