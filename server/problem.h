@@ -345,7 +345,6 @@ class Problem {
   absl::Status WriteLogChunks() ABSL_LOCKS_EXCLUDED(mu_, chunk_writes_mu_);
 
   // Retention (problem_retention.cc; ProblemConfig.retention in the API).
-  v1::RetentionConfig Retention() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether ApplyRetention would check the age against the store at `now_ms` (retention
   // by age moves without traffic).
   bool RetentionDue(int64_t now_ms) const ABSL_LOCKS_EXCLUDED(mu_) {

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/problem.h"
@@ -21,14 +20,6 @@ namespace {
 constexpr int64_t kChunk = storage::kLogChunkSamples;
 constexpr int64_t kAgeCheckIntervalMs = 1000;
 }  // namespace
-
-v1::RetentionConfig Problem::Retention() const {
-  absl::MutexLock lock(&mu_);
-  v1::RetentionConfig r;
-  r.set_max_samples(retention_max_samples_);
-  r.set_max_age_ms(retention_max_age_ms_);
-  return r;
-}
 
 absl::Status Problem::SetRetention(const v1::RetentionConfig& retention) {
   absl::MutexLock writes(&expert_writes_mu_);
@@ -87,13 +78,9 @@ absl::Status Problem::ApplyRetention() {
     const int64_t young = now_ms - max_age_ms;
     events_before = std::max(events_before, young);
     for (int64_t c = target; c < limit; c += kChunk) {
-      bool old = false;
-      DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
-          index_, c, 1, [&](int64_t seq, const storage::v1::SampleRecord& s) {
-            old = seq == c && s.joined_at_ms() < young;
-            return absl::OkStatus();
-          }));
-      if (!old) break;
+      absl::StatusOr<storage::v1::SampleRecord> first = env_.store->GetSample(index_, c);
+      if (!first.ok() && !absl::IsNotFound(first.status())) return first.status();
+      if (!first.ok() || first->joined_at_ms() >= young) break;
       target = c + kChunk;
     }
   }
@@ -109,11 +96,9 @@ absl::Status Problem::ApplyRetention() {
   if (cut > retained && max_samples > 0) {
     // Count-based retention also ends the events never joined that were decided before the
     // first sample kept (the joined ones follow their samples: Store::ApplyRetention).
-    DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
-        index_, cut, 1, [&](int64_t, const storage::v1::SampleRecord& s) {
-          events_before = std::max(events_before, s.decided_at_ms());
-          return absl::OkStatus();
-        }));
+    absl::StatusOr<storage::v1::SampleRecord> first = env_.store->GetSample(index_, cut);
+    if (!first.ok() && !absl::IsNotFound(first.status())) return first.status();
+    if (first.ok()) events_before = std::max(events_before, first->decided_at_ms());
   }
   if (cut == retained && events_before == events_cut) return absl::OkStatus();
   storage::v1::RetentionRecord record;
@@ -190,17 +175,16 @@ absl::Status Problem::DeleteEvents(const std::vector<std::string>& event_ids,
     storage::Store::Redaction r;
     r.event_id = e;
     if (event->sequence() >= retained) {
-      DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
-          index_, event->sequence(), 1,
-          [&](int64_t seq, const storage::v1::SampleRecord& s) {
-            if (seq != event->sequence() || s.redacted()) return absl::OkStatus();
-            r.sequence = seq;
-            r.sample = s;
-            r.sample.clear_features();
-            r.sample.clear_event_id();
-            r.sample.set_redacted(true);
-            return absl::OkStatus();
-          }));
+      absl::StatusOr<storage::v1::SampleRecord> sample =
+          env_.store->GetSample(index_, event->sequence());
+      if (!sample.ok() && !absl::IsNotFound(sample.status())) return sample.status();
+      if (sample.ok() && !sample->redacted()) {
+        r.sequence = event->sequence();
+        r.sample = *std::move(sample);
+        r.sample.clear_features();
+        r.sample.clear_event_id();
+        r.sample.set_redacted(true);
+      }
     }
     newest = std::max(newest, r.sequence);
     redactions.push_back(std::move(r));

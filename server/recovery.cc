@@ -351,13 +351,9 @@ class Recovery {
     constexpr int64_t kSamples = storage::kLogChunkSamples;
     if (next_ > start_) {
       // The chunks replayed must not cover samples the store does not have.
-      bool last = false;
-      DECISION_RETURN_IF_ERROR(store_.ForEachSample(index_, next_ - 1, 1,
-                                                    [&](int64_t seq, const SampleRecord&) {
-                                                      last = seq == next_ - 1;
-                                                      return absl::OkStatus();
-                                                    }));
-      if (!last) {
+      absl::StatusOr<SampleRecord> last = store_.GetSample(index_, next_ - 1);
+      if (!last.ok() && !absl::IsNotFound(last.status())) return last.status();
+      if (!last.ok()) {
         return DataLoss(absl::StrCat("the log chunks cover ", next_,
                                      " samples, the store has fewer"));
       }

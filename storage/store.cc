@@ -615,6 +615,12 @@ absl::Status Store::ForEachSample(
                                 });
 }
 
+absl::StatusOr<v1::SampleRecord> Store::GetSample(uint32_t problem, int64_t sequence) {
+  std::string key = Key32(problem);
+  AppendU64(&key, static_cast<uint64_t>(sequence));
+  return Get<v1::SampleRecord>(&Store::samples_, key, "sample");
+}
+
 absl::Status Store::PutBackfillChunk(uint32_t problem, uint32_t expert, uint64_t chunk,
                                      const v1::BackfillChunk& record) {
   std::string key = Key32x2(problem, expert);

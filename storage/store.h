@@ -181,6 +181,8 @@ class Store {
   absl::Status ForEachEventId(uint32_t problem,
                               const std::function<void(absl::string_view)>& fn);
 
+  // The sample at `sequence`; NOT_FOUND if the store has none there.
+  absl::StatusOr<v1::SampleRecord> GetSample(uint32_t problem, int64_t sequence);
   // Samples with sequence >= start, in order, until fn returns a non-OK status (which is
   // returned) or `limit` samples (0: no limit) were visited.
   absl::Status ForEachSample(
