@@ -96,19 +96,23 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& o, int64_t t) {
   return internal::RoundGroupsToDivisor(MedianOfMeansFineGroups(o), paper, t);
 }
 
-int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts, int num_windows) {
+int64_t EstimatorStateBound(const EstimatorOptions& o, int num_experts, int num_windows,
+                            int num_retired) {
   const int64_t n = num_experts;
+  const int64_t live = std::max<int64_t>(n - std::max(num_retired, 0), 0);
   if (o.kind == EstimatorKind::kClipped) {
     // M and 1/M by chooser, the folded sums, the divergences (M, sigma): 5 N^2; the counts,
     // Z and A; the kept entries.
     return 8 * (5 * n * n + 3 * n) + 32 * o.max_kept_clipped;
   }
   if (o.grouping == MedianOfMeansGrouping::kContiguous) return 8 * 3 * n * n;
-  // The fine groups (S, n, F, D), a full tail (< L samples), the group scratch (at most L
-  // groups) and the divergences.
+  // The fine groups (S of the live experts; n, F, D and the retired columns' folded sums
+  // of all), a full tail (< L samples), the group scratch (at most L groups), the
+  // divergences and the retired experts' frozen values.
   const int64_t fine = MedianOfMeansFineGroups(o);
-  return 8 * (fine * n * (n + 3) + fine * (n + 1) + fine * n + 3 * n * n) + 4 * fine +
-         8 * fine * (n + 1) * std::max(num_windows, 0);
+  return 8 * (fine * live * live + 4 * fine * n + fine * (n + 1) + fine * n + 3 * n * n +
+              3 * n) +
+         4 * fine + 8 * fine * (n + 1) * std::max(num_windows, 0);
 }
 
 absl::Status Estimator::Add(int, double, absl::Span<const double>) {
@@ -137,12 +141,12 @@ absl::StatusOr<std::unique_ptr<Estimator>> RestoreEstimator(const EstimatorOptio
   char magic[4];
   uint8_t kind;
   const bool header = in.Raw(magic, 4);
-  if (header && std::memcmp(magic, internal::kStateMagicV1, 4) == 0) in.set_version(1);
-  if (!header ||
-      (std::memcmp(magic, internal::kStateMagic, 4) != 0 && in.version() != 1) ||
-      !in.Raw(&kind, 1)) {
+  const int version = header ? magic[3] - '0' : 0;
+  if (!header || std::memcmp(magic, internal::kStateMagic, 3) != 0 || version < 1 ||
+      version > internal::kStateVersion || !in.Raw(&kind, 1)) {
     return absl::DataLossError("the estimator state is damaged: it has no valid header");
   }
+  in.set_version(version);
   absl::StatusOr<std::unique_ptr<Estimator>> restored;
   if (kind == static_cast<uint8_t>(EstimatorKind::kClipped) &&
       options.kind == EstimatorKind::kClipped) {

@@ -37,9 +37,10 @@
 //
 // Incremental form, with state that does not grow with t (docs/ENGINE.md):
 //   - Round-robin median of means keeps, per fine group f = s mod L, per chooser j and
-//     expert k, the divergence-free sums S = sum Y r_kj and counts n_j: 8 L N (N + 3) bytes.
-//     Update() is O(N) amortised per sample and reads each sample once; SetDivergences()
-//     recomputes from S in O(L N^2), adding each new expert's row from the log in O(t).
+//     expert k, the divergence-free sums S = sum Y r_kj and counts n_j: 8 L N (N + 4) bytes,
+//     8 L (A^2 + 4 N) once N - A experts are retired (Retire). Update() is O(N) amortised per
+//     sample and reads each sample once; SetDivergences() recomputes from S in O(L N^2),
+//     adding each new expert's row from the log in O(t).
 //   - Clipped keeps sums per (chooser, expert) of the samples no divergence can clip any
 //     more (ratio test <= L(t): M >= 1 and L only grows), and only the other (sample,
 //     expert) entries with Y > 0, at most max_kept_clipped of them. Update() is O(N) plus
@@ -136,13 +137,16 @@ int64_t MedianOfMeansGroups(const EstimatorOptions& options, int64_t t);
 int64_t MedianOfMeansFineGroups(const EstimatorOptions& options);
 
 // The most state an estimator of `num_experts` experts holds under `options`, whatever t:
-// round-robin median of means 8 L N (N + 3) bytes and its tail, and 8 L (N + 1) per
+// round-robin median of means 8 L N (N + 4) bytes and its tail, and 8 L (N + 1) per
 // window (NewExpertRows with a first sample: at most `num_windows` of them); clipped
 // 48 N^2 bytes and 32 per kept entry (max_kept_clipped of them; without that cap the
 // N-dependent part only). Contiguous median of means keeps prefix sums that grow with t:
 // the N-dependent part only.
+// Of the experts, `num_retired` retired (Estimator::Retire): round-robin median of means
+// then keeps the fine groups' sums of the others only, 8 L (N - R)^2 bytes and 8 L N for
+// the folded columns.
 int64_t EstimatorStateBound(const EstimatorOptions& options, int num_experts,
-                            int num_windows = 0);
+                            int num_windows = 0, int num_retired = 0);
 
 // What an estimator holds, for tests, metrics and capacity planning.
 struct EstimatorStats {
@@ -234,6 +238,25 @@ class Estimator {
                                                                     int64_t first_sample) const;
   // The first sample expert k's estimate counts (0 unless it was added with a window).
   virtual int64_t WindowStart(int k) const { return 0; }
+
+  // Retires expert k for good: it chooses no new decision and nothing needs its live
+  // estimate any more. Round-robin median of means then frees its row and folds its
+  // column, so that the state grows with the live experts only (docs/ENGINE.md, "Retired
+  // experts"):
+  //   - Estimate(k) and EffectiveSampleSize(k) return their values at retirement, and
+  //     ArgmaxUcb never picks k;
+  //   - the divergences of every pair with k among the experts there now are fixed at
+  //     their current values: SetDivergences and AddExperts keep them whatever `d` says
+  //     there (divergences() shows them). A later expert's pair with k is taken from the
+  //     `d` that adds it, then fixed too;
+  //   - the samples k chose still weigh in the others' estimates under those fixed sigma,
+  //     including samples decided before and learnt after (Add with chooser k stays valid).
+  // The others' estimates are unchanged by the call. OK if k is already retired;
+  // INVALID_ARGUMENT if k is out of range; UNIMPLEMENTED for the other estimators.
+  virtual absl::Status Retire(int k) {
+    return absl::UnimplementedError("this estimator keeps every expert's row");
+  }
+  virtual bool Retired(int k) const { return false; }
   // Appends the experts of `rows`, which must have been fed exactly the samples this
   // estimator has seen, and replaces the divergences with `d` (old and new experts): the
   // same estimates as SetDivergences(log, d) over the log widened by their columns (to
@@ -243,7 +266,8 @@ class Estimator {
   virtual absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& d);
 
   // The whole state as bytes, from which RestoreEstimator makes an estimator that goes on
-  // bit for bit as this one would. Round-robin: 8 L N (N + 3) bytes and the tail; clipped:
+  // bit for bit as this one would. Round-robin: 8 L (A^2 + 4 N) bytes (A live experts of
+  // N) and the tail; clipped:
   // 16 N^2 bytes and 32 per kept entry. UNIMPLEMENTED for contiguous median of means.
   absl::StatusOr<std::string> Snapshot() const {
     std::string out;

@@ -20,9 +20,10 @@
 namespace decision::internal {
 
 // "DES" + format version; then one byte of EstimatorKind. Version 2 added round-robin
-// median of means' windows; version 1 states (no windows) are still read.
-inline constexpr char kStateMagic[4] = {'D', 'E', 'S', '2'};
-inline constexpr char kStateMagicV1[4] = {'D', 'E', 'S', '1'};
+// median of means' windows, version 3 its retired experts; states of versions 1 (no
+// windows) and 2 (nothing retired) are still read.
+inline constexpr char kStateMagic[4] = {'D', 'E', 'S', '3'};
+inline constexpr int kStateVersion = 3;
 
 class StateWriter {
  public:
@@ -79,7 +80,7 @@ class StateReader {
     return false;
   }
   bool AtEnd() const { return in_.empty(); }
-  // The format version of the header (1 or 2), set by the reader of the header.
+  // The format version of the header (1 to kStateVersion), set by the reader of the header.
   int version() const { return version_; }
   void set_version(int version) { version_ = version; }
 
@@ -92,7 +93,7 @@ class StateReader {
  private:
   absl::string_view in_;
   std::string error_;
-  int version_ = 2;
+  int version_ = kStateVersion;
 };
 
 // Whether every value of `v` is finite and in [low, high].

@@ -61,6 +61,16 @@ absl::StatusOr<DUcb> DUcb::FromLog(const EstimatorOptions& options, SampleLog lo
   return ducb;
 }
 
+absl::Status DUcb::Retire(int k) {
+  if (k < 0 || k >= num_experts()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert ", k, " is not one of the ", num_experts(), " experts"));
+  }
+  if (absl::Status s = estimator_->Retire(k); !s.ok()) return s;
+  selectable_[k] = false;
+  return absl::OkStatus();
+}
+
 int DUcb::SelectExpert(absl::BitGenRef gen) const {
   if (num_samples() > 0) return estimator_->ArgmaxUcb(selectable_, gen);
   // No samples yet: a uniformly random selectable expert.

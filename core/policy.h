@@ -131,6 +131,10 @@ class DUcb {
   // REQUIRES: 0 <= k < num_experts().
   void SetSelectable(int k, bool selectable) { selectable_[k] = selectable; }
   bool selectable(int k) const { return selectable_[k]; }
+  // Retires expert k for good (Estimator::Retire: its row is freed, its column folded
+  // under fixed divergences) and makes it unselectable. UNIMPLEMENTED (nothing changed)
+  // for the estimators that keep every row; INVALID_ARGUMENT for k out of range.
+  absl::Status Retire(int k);
 
   ExpertEstimate Estimate(int k) const { return estimator_->Estimate(k); }
   int num_experts() const { return estimator_->num_experts(); }

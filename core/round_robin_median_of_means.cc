@@ -13,8 +13,12 @@
 // and D are kept incrementally, O(N) per sample. Medians are recomputed, O(L N + N l),
 // when (l, u) changes: about every l samples.
 //
-// Memory: 8 L N (N + 3) bytes plus the tail (2.1 MB at N = 32, L = 240), whatever t.
+// Memory: 8 L N (N + 4) bytes plus the tail (2.3 MB at N = 32, L = 240), whatever t.
 // A new expert's row is computed from the log's new column (its backfill), O(t).
+//
+// A retired expert r (Retire) keeps no row, and its column S[f][r][.] is folded with its
+// divergences, fixed from then on, into R[f][k] = sum over retired j of S[f][j][k] /
+// sigma_kj: S is kept for the A live experts only, 8 L (A^2 + 4 N) bytes.
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -61,32 +65,35 @@ class RoundRobinMedianOfMeans final : public Estimator {
     // The log is read only for new experts' rows (their backfill).
     if (absl::Status s = CheckNewDivergences(log, d, n_, t_); !s.ok()) return s;
     const int old_n = n_;
-    if (d.num_experts > old_n) {
-      Widen(d.num_experts);
-      AddExpertRows(log, old_n);
-    }
-    d_ = d;
+    DivergenceMatrix merged = d;
+    KeepFixedPairs(&merged);
+    if (d.num_experts > old_n) Widen(d.num_experts);
+    d_ = std::move(merged);
     SetInverseSigma();
+    if (n_ > old_n) AddExpertRows(log, old_n);
     RecomputeWeightedSums();
     if (t_ > 0) Regroup(groups_);
     return absl::OkStatus();
   }
 
   ExpertEstimate Estimate(int k) const override {
+    if (retired_[k]) return frozen_[k];
     if (t_ == 0) return {0.0, std::numeric_limits<double>::infinity()};
     return {mean_[k], WidthFactor(k) * inv_min_weight_[k]};
   }
 
   int ArgmaxUcb(const std::vector<bool>& selectable, absl::BitGenRef gen) const override {
-    if (windows_.empty()) {
-      return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, WidthFactor(), selectable, gen);
+    const double base = WidthFactor();
+    if (windows_.empty() && live() == n_) {
+      return ArgmaxMeanPlusWidth(mean_, inv_min_weight_, base, selectable, gen);
     }
     int best = -1, ties = 0;
     double best_value = 0.0;
     for (int k = 0; k < n_; ++k) {
-      if (!selectable[k]) continue;
-      OfferCandidate(k, mean_[k] + WidthFactor(k) * inv_min_weight_[k], gen, &best,
-                     &best_value, &ties);
+      if (!selectable[k] || retired_[k]) continue;
+      const double factor = window_of_[k] < 0 ? base : WidthFactor(k);
+      OfferCandidate(k, mean_[k] + factor * inv_min_weight_[k], gen, &best, &best_value,
+                     &ties);
     }
     return best;
   }
@@ -94,6 +101,44 @@ class RoundRobinMedianOfMeans final : public Estimator {
   int64_t WindowStart(int k) const override {
     return window_of_[k] < 0 ? 0 : windows_[window_of_[k]].start;
   }
+
+  absl::Status Retire(int k) override {
+    if (k < 0 || k >= n_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert ", k, " is not one of the ", n_, " experts"));
+    }
+    if (retired_[k]) return absl::OkStatus();
+    frozen_[k] = Estimate(k);
+    frozen_effective_[k] = effective_[k];
+    // Its column under its divergences, fixed from now on. F is unchanged: it already
+    // holds these terms.
+    const int a = live();
+    const int slot = slot_[k];
+    for (int64_t f = 0; f < fine_; ++f) {
+      const double* s = &sums_[(static_cast<size_t>(f) * a + slot) * a];
+      double* folded = &retired_weighted_[static_cast<size_t>(f) * n_];
+      const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(k) * n_];
+      for (int b = 0; b < a; ++b) {
+        if (b != slot) folded[live_[b]] += inv_sigma[live_[b]] * s[b];
+      }
+    }
+    // S without its row and column.
+    std::vector<double> kept(static_cast<size_t>(fine_) * (a - 1) * (a - 1));
+    double* out = kept.data();
+    for (int64_t f = 0; f < fine_; ++f) {
+      for (int j = 0; j < a; ++j) {
+        if (j == slot) continue;
+        const double* row = &sums_[(static_cast<size_t>(f) * a + j) * a];
+        out = std::copy(row, row + slot, out);
+        out = std::copy(row + slot + 1, row + a, out);
+      }
+    }
+    sums_.swap(kept);
+    retired_[k] = 1;
+    SetLive();
+    return absl::OkStatus();
+  }
+  bool Retired(int k) const override { return retired_[k] != 0; }
 
   absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
                                                             int64_t first) const override {
@@ -120,6 +165,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
           r->seen, "; the estimator has ", n_, " and ", t_));
     }
     if (absl::Status s = ValidateDivergenceMatrix(d, n_ + r->m); !s.ok()) return s;
+    DivergenceMatrix merged = d;
+    KeepFixedPairs(&merged);
     const int old_n = n_;
     const int m = r->m;
     const int64_t first = r->seen - static_cast<int64_t>(r->chooser.size());
@@ -152,27 +199,43 @@ class RoundRobinMedianOfMeans final : public Estimator {
     if (windowed) {
       for (int e = 0; e < m; ++e) window_of_[old_n + e] = static_cast<int>(windows_.size()) - 1;
     }
+    d_ = std::move(merged);
+    SetInverseSigma();
     // The committed samples' sums, then the last (at most L) samples in order: those below
-    // u join their fine groups as AddExpertRows adds them, the others are in the tail.
+    // u join their fine groups as AddExpertRows adds them, the others are in the tail. A
+    // retired chooser's go straight into the folded sums, under the new experts' sigma.
+    const int first_slot = slot_[old_n];  // the new experts' slots follow in order
     for (int64_t f = 0; f < fine_; ++f) {
       for (int j = 0; j < old_n; ++j) {
-        std::copy_n(&r->sums[(static_cast<size_t>(f) * old_n + j) * m], m,
-                    &sums_[Cell(f, j) + old_n]);
+        const double* from = &r->sums[(static_cast<size_t>(f) * old_n + j) * m];
+        if (!retired_[j]) {
+          std::copy_n(from, m, &sums_[Cell(f, j) + first_slot]);
+          continue;
+        }
+        const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_ + old_n];
+        double* folded = &retired_weighted_[static_cast<size_t>(f) * n_ + old_n];
+        for (int e = 0; e < m; ++e) folded[e] += inv_sigma[e] * from[e];
       }
     }
     for (size_t i = 0; i < r->chooser.size(); ++i) {
       const int64_t s = first + static_cast<int64_t>(i);
       const double* p = &r->propensities[i * m];
       if (s < used_) {
-        if (r->scaled_reward[i] == 0.0) continue;
-        double* row = &sums_[Cell(s % fine_, r->chooser[i]) + old_n];
-        for (int e = 0; e < m; ++e) row[e] += r->scaled_reward[i] * p[e];
+        const double y = r->scaled_reward[i];
+        if (y == 0.0) continue;
+        const int j = r->chooser[i];
+        if (!retired_[j]) {
+          double* row = &sums_[Cell(s % fine_, j) + first_slot];
+          for (int e = 0; e < m; ++e) row[e] += y * p[e];
+          continue;
+        }
+        const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_ + old_n];
+        double* folded = &retired_weighted_[static_cast<size_t>(s % fine_) * n_ + old_n];
+        for (int e = 0; e < m; ++e) folded[e] += inv_sigma[e] * (y * p[e]);
       } else {
         std::copy_n(p, m, &tail_propensities_[static_cast<size_t>(s - used_) * n_ + old_n]);
       }
     }
-    d_ = d;
-    SetInverseSigma();
     RecomputeWeightedSums();
     if (t_ > 0) Regroup(groups_);
     return absl::OkStatus();
@@ -183,7 +246,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
     out.clear();
     out.reserve(8 * (d_.m.size() + d_.sigma.size() + tail_chooser_.size() +
                      tail_reward_.size() + tail_propensities_.size() + sums_.size() +
-                     counts_.size() + weighted_.size() + weights_.size() + effective_.size()) +
+                     counts_.size() + weighted_.size() + weights_.size() + effective_.size() +
+                     retired_weighted_.size() + 4 * (n_ - live())) +
                 256);
     StateWriter w(&out);
     w.Raw(kStateMagic, 4);
@@ -193,6 +257,20 @@ class RoundRobinMedianOfMeans final : public Estimator {
     WriteDivergences(w, d_);
     w.Int(t_);
     w.Int(used_);
+    // The retired experts and their values at retirement (version 3).
+    std::vector<int64_t> retired;
+    std::vector<double> means, widths, effective;
+    for (int k = 0; k < n_; ++k) {
+      if (!retired_[k]) continue;
+      retired.push_back(k);
+      means.push_back(frozen_[k].mean);
+      widths.push_back(frozen_[k].width);
+      effective.push_back(frozen_effective_[k]);
+    }
+    w.Array(retired);
+    w.Array(means);
+    w.Array(widths);
+    w.Array(effective);
     w.Array(tail_chooser_);
     w.Array(tail_reward_);
     w.Array(tail_propensities_);
@@ -201,6 +279,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
     w.Array(weighted_);
     w.Array(weights_);
     w.Array(effective_);
+    w.Array(retired_weighted_);
     w.Int(cached_paper_);
     w.Int(cached_groups_);
     w.Int(groups_);
@@ -241,14 +320,44 @@ class RoundRobinMedianOfMeans final : public Estimator {
     if (!in.Int(&t) || !in.Int(&used) || used < 0 || t < used || t - used >= fine) {
       return in.Error("sample counts");
     }
+    e->retired_.assign(n, 0);
+    e->frozen_.assign(n, ExpertEstimate{});
+    e->frozen_effective_.assign(n, 0.0);
+    if (in.version() >= 3) {  // versions 1 and 2 retired no expert
+      std::vector<int64_t> retired;
+      std::vector<double> means, widths, effective;
+      if (!in.ArrayUpTo(&retired, n) || !in.Array(&means, retired.size()) ||
+          !in.Array(&widths, retired.size()) || !in.Array(&effective, retired.size())) {
+        return in.Error("the retired experts");
+      }
+      for (size_t i = 0; i < retired.size(); ++i) {
+        const int64_t k = retired[i];
+        if (k < 0 || k >= n || (i > 0 && k <= retired[i - 1]) ||
+            !(means[i] >= 0.0 && means[i] <= kAnyFinite) || !(widths[i] >= 0.0) ||
+            !(effective[i] >= 0.0 && effective[i] <= kAnyFinite)) {
+          return in.Error("a retired expert or its values");
+        }
+        e->retired_[k] = 1;
+        e->frozen_[k] = {means[i], widths[i]};
+        e->frozen_effective_[k] = effective[i];
+      }
+    }
+    const int64_t a = n - std::count(e->retired_.begin(), e->retired_.end(), 1);
     const int64_t tail = t - used;
     if (!in.Array(&e->tail_chooser_, tail) || !in.Array(&e->tail_reward_, tail) ||
         !in.Array(&e->tail_propensities_, tail * n) ||
-        !in.Array(&e->sums_, fine * n * n) || !in.Array(&e->counts_, fine * n) ||
+        !in.Array(&e->sums_, fine * a * a) || !in.Array(&e->counts_, fine * n) ||
         !in.Array(&e->weighted_, fine * n) || !in.Array(&e->weights_, fine * n) ||
-        !in.Array(&e->effective_, n) || !in.Int(&e->cached_paper_) ||
-        !in.Int(&e->cached_groups_) || !in.Int(&e->groups_)) {
+        !in.Array(&e->effective_, n)) {
       return in.Error("arrays");
+    }
+    if (in.version() >= 3) {
+      if (!in.Array(&e->retired_weighted_, fine * n)) return in.Error("the retired columns");
+    } else {
+      e->retired_weighted_.assign(static_cast<size_t>(fine * n), 0.0);
+    }
+    if (!in.Int(&e->cached_paper_) || !in.Int(&e->cached_groups_) || !in.Int(&e->groups_)) {
+      return in.Error("the group counts");
     }
     for (int j : e->tail_chooser_) {
       if (j < 0 || j >= n) return in.Error("a chooser out of range");
@@ -261,7 +370,8 @@ class RoundRobinMedianOfMeans final : public Estimator {
         grouped != static_cast<double>(used) || !AllWithin(e->tail_reward_, 0.0, 1.0) ||
         !AllWithin(e->tail_propensities_, 1e-300, 1.0) || !AllWithin(e->sums_, 0.0, kAnyFinite) ||
         !AllWithin(e->weighted_, 0.0, kAnyFinite) || !AllWithin(e->weights_, 0.0, kAnyFinite) ||
-        !AllWithin(e->effective_, 0.0, kAnyFinite)) {
+        !AllWithin(e->effective_, 0.0, kAnyFinite) ||
+        !AllWithin(e->retired_weighted_, 0.0, kAnyFinite)) {
       return in.Error("a count, sum or sample out of its domain");
     }
     if (t > 0 && (e->groups_ < 1 || fine % e->groups_ != 0 || e->cached_groups_ < 1 ||
@@ -314,18 +424,22 @@ class RoundRobinMedianOfMeans final : public Estimator {
     e->used_ = used;
     e->mean_.assign(n, 0.0);
     e->inv_min_weight_.assign(n, 0.0);
+    e->SetLive();
     e->SetInverseSigma();
     if (t > 0) e->Regroup(e->groups_);
     return e;
   }
 
-  double EffectiveSampleSize(int k) const override { return effective_[k]; }
+  double EffectiveSampleSize(int k) const override {
+    return retired_[k] ? frozen_effective_[k] : effective_[k];
+  }
   // The state at its bound, which depends on L, N and the windows alone: the fine groups
   // (S, n, F, D), a full tail (< L samples), the group scratch (at most L groups), the
   // divergences and the windows' counts.
   EstimatorStats Stats() const override {
     EstimatorStats stats;
-    stats.state_bytes = EstimatorStateBound(options_, n_, static_cast<int>(windows_.size()));
+    stats.state_bytes = EstimatorStateBound(options_, n_, static_cast<int>(windows_.size()),
+                                            n_ - live());
     return stats;
   }
   int64_t num_samples() const override { return t_; }
@@ -463,25 +577,59 @@ class RoundRobinMedianOfMeans final : public Estimator {
     return cached_groups_;
   }
 
-  size_t Cell(int64_t f, int j) const {  // index of S[f][j][0]
-    return (static_cast<size_t>(f) * n_ + j) * n_;
+  int live() const { return static_cast<int>(live_.size()); }
+  // live_ and slot_ from retired_.
+  void SetLive() {
+    live_.clear();
+    slot_.assign(n_, -1);
+    for (int k = 0; k < n_; ++k) {
+      if (retired_[k]) continue;
+      slot_[k] = live();
+      live_.push_back(k);
+    }
+  }
+  // index of S[f][j][slot 0], j live: S holds the live experts' rows and columns.
+  size_t Cell(int64_t f, int j) const {
+    const size_t a = live_.size();
+    return (static_cast<size_t>(f) * a + slot_[j]) * a;
+  }
+  // The pairs with a retired expert, among the experts there now, keep their values.
+  void KeepFixedPairs(DivergenceMatrix* d) const {
+    if (live() == n_) return;
+    const int to = d->num_experts;
+    for (int i = 0; i < n_; ++i) {
+      for (int j = 0; j < n_; ++j) {
+        if (!retired_[i] && !retired_[j]) continue;
+        d->m[static_cast<size_t>(i) * to + j] = d_.M(i, j);
+        d->sigma[static_cast<size_t>(i) * to + j] = d_.Sigma(i, j);
+      }
+    }
   }
 
-  // Re-lays the per-expert state out for `n` experts (n >= n_); new entries are zero.
+  // Re-lays the per-expert state out for `n` experts (n >= n_), the new ones live; new
+  // entries are zero.
   void Widen(int n) {
     const int old_n = n_;
-    std::vector<double> s(static_cast<size_t>(fine_) * n * n, 0.0);
+    const size_t old_a = live_.size(), a = old_a + (n - old_n);
+    std::vector<double> s(static_cast<size_t>(fine_) * a * a, 0.0);
     std::vector<double> count(static_cast<size_t>(fine_) * n, 0.0);
+    std::vector<double> folded(static_cast<size_t>(fine_) * n, 0.0);
     for (int64_t f = 0; f < fine_ && old_n > 0; ++f) {
-      for (int j = 0; j < old_n; ++j) {
-        std::copy_n(&sums_[(static_cast<size_t>(f) * old_n + j) * old_n], old_n,
-                    &s[(static_cast<size_t>(f) * n + j) * n]);
+      for (size_t j = 0; j < old_a; ++j) {
+        std::copy_n(&sums_[(static_cast<size_t>(f) * old_a + j) * old_a], old_a,
+                    &s[(static_cast<size_t>(f) * a + j) * a]);
       }
       std::copy_n(&counts_[static_cast<size_t>(f) * old_n], old_n,
                   &count[static_cast<size_t>(f) * n]);
+      std::copy_n(&retired_weighted_[static_cast<size_t>(f) * old_n], old_n,
+                  &folded[static_cast<size_t>(f) * n]);
     }
     sums_.swap(s);
     counts_.swap(count);
+    retired_weighted_.swap(folded);
+    retired_.resize(n, 0);
+    frozen_.resize(n);
+    frozen_effective_.resize(n, 0.0);
     std::vector<double> props;
     props.reserve(tail_chooser_.size() * n);
     for (size_t i = 0; i < tail_chooser_.size(); ++i) {
@@ -497,6 +645,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
     inv_min_weight_.resize(n, 0.0);
     window_of_.resize(n, -1);
     n_ = n;
+    SetLive();
   }
 
   // Rows of experts [first_k, n_) for the samples stored so far, read from the log (their
@@ -507,8 +656,14 @@ class RoundRobinMedianOfMeans final : public Estimator {
       if (y == 0.0) continue;
       const int j = log.chooser(s);
       const double yj = y / log.propensity(j, s);
+      if (retired_[j]) {
+        const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+        double* folded = &retired_weighted_[static_cast<size_t>(s % fine_) * n_];
+        for (int k = first_k; k < n_; ++k) folded[k] += inv_sigma[k] * (yj * log.propensity(k, s));
+        continue;
+      }
       double* row = &sums_[Cell(s % fine_, j)];
-      for (int k = first_k; k < n_; ++k) row[k] += yj * log.propensity(k, s);
+      for (int k = first_k; k < n_; ++k) row[slot_[k]] += yj * log.propensity(k, s);
     }
     for (size_t i = 0; i < tail_chooser_.size(); ++i) {
       const int64_t s = used_ + static_cast<int64_t>(i);
@@ -530,9 +685,11 @@ class RoundRobinMedianOfMeans final : public Estimator {
   // F and D of every fine group from S and n under the current sigma, and the effective
   // sample sizes over all t samples.
   void RecomputeWeightedSums() {
-    std::fill(weighted_.begin(), weighted_.end(), 0.0);
+    // F starts from the retired columns' folded sums (all zero while none is retired).
+    weighted_ = retired_weighted_;
     std::fill(weights_.begin(), weights_.end(), 0.0);
     std::fill(effective_.begin(), effective_.end(), 0.0);
+    const int a = live();
     for (int64_t f = 0; f < fine_; ++f) {
       double* num = &weighted_[static_cast<size_t>(f) * n_];
       double* den = &weights_[static_cast<size_t>(f) * n_];
@@ -540,11 +697,10 @@ class RoundRobinMedianOfMeans final : public Estimator {
         const double count = counts_[static_cast<size_t>(f) * n_ + j];
         if (count == 0.0) continue;
         const double* inv_sigma = &inv_sigma_by_chooser_[static_cast<size_t>(j) * n_];
+        for (int k = 0; k < n_; ++k) den[k] += inv_sigma[k] * count;
+        if (retired_[j]) continue;
         const double* s = &sums_[Cell(f, j)];
-        for (int k = 0; k < n_; ++k) {
-          num[k] += inv_sigma[k] * s[k];
-          den[k] += inv_sigma[k] * count;
-        }
+        for (int b = 0; b < a; ++b) num[live_[b]] += inv_sigma[live_[b]] * s[b];
       }
       // A windowed expert's D counts only its window's samples (exactly 0 if none).
       for (int k = 0; k < n_ && !windows_.empty(); ++k) {
@@ -597,11 +753,29 @@ class RoundRobinMedianOfMeans final : public Estimator {
       }
       if (y == 0.0) continue;
       const double yj = y / p[j];
-      double* sum = &sums_[Cell(f, j)];
       double* num = &weighted_[static_cast<size_t>(f) * n_];
-      for (int k = 0; k < n_; ++k) {
+      if (retired_[j]) {  // into the folded sums, under its fixed sigma
+        double* folded = &retired_weighted_[static_cast<size_t>(f) * n_];
+        for (int k : live_) {
+          const double v = inv_sigma[k] * (yj * p[k]);
+          folded[k] += v;
+          num[k] += v;
+        }
+        continue;
+      }
+      double* sum = &sums_[Cell(f, j)];
+      if (live() == n_) {
+        for (int k = 0; k < n_; ++k) {
+          const double v = yj * p[k];
+          sum[k] += v;
+          num[k] += inv_sigma[k] * v;
+        }
+        continue;
+      }
+      for (int b = 0; b < live(); ++b) {
+        const int k = live_[b];
         const double v = yj * p[k];
-        sum[k] += v;
+        sum[b] += v;
         num[k] += inv_sigma[k] * v;
       }
     }
@@ -646,13 +820,14 @@ class RoundRobinMedianOfMeans final : public Estimator {
       const double size = static_cast<double>(used_ / l + (r < used_ % l ? 1 : 0));
       for (int k = 0; k < n_; ++k) {
         const double size_k = window_of_[k] < 0 ? size : window_sizes_[window_of_[k]];
-        if (size_k == 0.0) continue;
+        if (size_k == 0.0 || retired_[k]) continue;
         group_means_[static_cast<size_t>(k) * l + group_filled_[k]++] =
             group_num_[k] / group_den_[k];
         inv_min_weight_[k] = std::max(inv_min_weight_[k], size_k / group_den_[k]);
       }
     }
     for (int k = 0; k < n_; ++k) {
+      if (retired_[k]) continue;  // Estimate reports its values at retirement
       if (group_filled_[k] == 0) {
         mean_[k] = 0.0;
         inv_min_weight_[k] = std::numeric_limits<double>::infinity();
@@ -674,7 +849,16 @@ class RoundRobinMedianOfMeans final : public Estimator {
   std::vector<int> tail_chooser_;
   std::vector<double> tail_reward_;
   std::vector<double> tail_propensities_;
-  std::vector<double> sums_;      // S[f][j][k] = sum of Y r_kj
+  // The retired experts (Retire), their values at retirement, and the live ones in order
+  // (live_[slot_[k]] = k; slot_[k] = -1 if retired).
+  std::vector<char> retired_;
+  std::vector<ExpertEstimate> frozen_;
+  std::vector<double> frozen_effective_;
+  std::vector<int> live_;
+  std::vector<int> slot_;
+  std::vector<double> sums_;      // S[f][slot j][slot k] = sum of Y r_kj, j and k live
+  // R[f][k] = sum over retired choosers j of S[f][j][k] / sigma_kj (fixed sigma), k live
+  std::vector<double> retired_weighted_;
   std::vector<double> counts_;    // n[f][j]
   std::vector<double> weighted_;  // F[f][k] = sum_j S[f][j][k] / sigma_kj
   std::vector<double> weights_;   // D[f][k] = sum_j n[f][j] / sigma_kj

@@ -5,6 +5,7 @@
 #include "core/estimator.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -344,8 +345,8 @@ TEST(Estimator, StateDoesNotGrowWithTheLog) {
     }
     const EstimatorStats at_200k = (*made)->Stats();
     if (kind == EstimatorKind::kMedianOfMeans) {
-      // 240 fine groups x 4 experts x (4 + 3) doubles, a tail of < 240 samples, scratch.
-      EXPECT_LE(at_200k.state_bytes, 80'000);
+      // 240 fine groups x 4 experts x (4 + 4) doubles, a tail of < 240 samples, scratch.
+      EXPECT_LE(at_200k.state_bytes, 88'000);
       EXPECT_LE(at_200k.state_bytes, at_20k.state_bytes + 240 * 6 * 8);
     } else {
       // The stream's experts differ a lot (ratios in the 100s, far above L(t) ~ 10), so
@@ -757,30 +758,251 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
   }
 }
 
-// A state saved before windows existed (format version 1) still restores.
-TEST(Estimator, StatesWithoutWindowsFromTheFirstFormatRestore) {
+// Retired experts (Estimator::Retire) against the literal reference: their rows are
+// freed and their columns folded under divergences fixed at retirement, while samples
+// they chose keep coming in (decided before, learnt after), refreshes try to change their
+// pairs, experts are added after them (one with a window), and snapshots go on bit for bit.
+TEST(Estimator, RetiredExpertsAreFoldedAndMatchTheReference) {
+  EstimatorOptions wide;
+  wide.constants.c2 = 8.0;
+  for (const EstimatorOptions& o : {EstimatorOptions{}, wide}) {
+    constexpr int kMax = 7;
+    Stream stream(5, 23);
+    SampleLog log(kMax);
+    DivergenceMatrix full = RandomDivergences(kMax, stream.gen());
+    // The divergences the estimates must use: full's, except pairs with an expert retired
+    // before the matrix came, which keep the values they had then.
+    DivergenceMatrix fixed = full;
+    DivergenceMatrix naive = full;  // the last matrix given, pairs with retired ones too
+    int n = 4;
+    auto made = MakeEstimator(o, n);
+    ASSERT_TRUE(made.ok());
+    std::unique_ptr<Estimator> e = *std::move(made);
+    ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(full, n)).ok());
+    std::vector<bool> retired(kMax, false);
+    std::vector<ExpertEstimate> at_retirement(kMax);
+    std::vector<int64_t> first(kMax, 0), retired_at(kMax, -1);
+    std::vector<std::vector<int64_t>> excluded(kMax);
+    // A new matrix for the first `count` experts: fixed takes it but for retired pairs.
+    const auto offer = [&](const DivergenceMatrix& next, int count) {
+      for (int i = 0; i < count; ++i) {
+        for (int j = 0; j < count; ++j) {
+          naive.m[i * kMax + j] = next.M(i, j);
+          naive.sigma[i * kMax + j] = next.Sigma(i, j);
+          if ((retired[i] || retired[j]) && i < n && j < n) continue;
+          fixed.m[i * kMax + j] = next.M(i, j);
+          fixed.sigma[i * kMax + j] = next.Sigma(i, j);
+        }
+      }
+    };
+    std::unique_ptr<Estimator> restored;
+    const auto compare = [&](const std::string& where) {
+      ASSERT_EQ(e->num_samples(), log.size());
+      for (int k = 0; k < n; ++k) {
+        const ExpertEstimate inc = e->Estimate(k);
+        EXPECT_EQ(e->Retired(k), retired[k]) << where;
+        if (retired[k]) {
+          EXPECT_EQ(inc.mean, at_retirement[k].mean) << where << " expert " << k;
+          EXPECT_EQ(inc.width, at_retirement[k].width) << where << " expert " << k;
+          continue;
+        }
+        const ExpertEstimate ref =
+            reference::MedianOfMeans(log, log.size(), fixed, o, k, first[k], excluded[k]);
+        ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
+        ExpectClose(inc.width, ref.width, where + " width of expert " + std::to_string(k));
+      }
+      const DivergenceMatrix& used = e->divergences();
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) {
+          if (retired[i] || retired[j]) {
+            EXPECT_EQ(used.Sigma(i, j), fixed.sigma[i * kMax + j]) << where << " " << i << j;
+            EXPECT_EQ(used.M(i, j), fixed.m[i * kMax + j]) << where << " " << i << j;
+          }
+        }
+      }
+      // Never picked, even when the caller says it may be.
+      std::mt19937_64 gen(log.size());
+      for (int trial = 0; trial < 20; ++trial) {
+        const int chosen = e->ArgmaxUcb(std::vector<bool>(n, true), gen);
+        ASSERT_GE(chosen, 0);
+        EXPECT_FALSE(retired[chosen]) << where;
+      }
+    };
+    const auto retire = [&](int k, int t) {
+      std::vector<ExpertEstimate> others(n);
+      for (int i = 0; i < n; ++i) others[i] = e->Estimate(i);
+      const int64_t bytes = e->Stats().state_bytes;
+      ASSERT_TRUE(e->Retire(k).ok());
+      ASSERT_TRUE(e->Retire(k).ok());  // again: nothing more
+      retired[k] = true;
+      retired_at[k] = t;
+      at_retirement[k] = others[k];
+      EXPECT_LT(e->Stats().state_bytes, bytes);
+      // Retiring changes nobody's estimate.
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(e->Estimate(i).mean, others[i].mean) << "retiring " << k;
+        EXPECT_EQ(e->Estimate(i).width, others[i].width) << "retiring " << k;
+      }
+      restored = nullptr;
+      compare("after retiring " + std::to_string(k) + " at t=" + std::to_string(t));
+    };
+    std::vector<double> p;
+    std::vector<std::vector<double>> dists;
+    double reward;
+    for (int t = 1; t <= 1600; ++t) {
+      // Mostly live choosers; a retired one for 60 samples after its retirement (its
+      // decisions still being joined).
+      std::vector<int> choosers;
+      for (int k = 0; k < n; ++k) {
+        if (!retired[k] || t - retired_at[k] < 60) choosers.push_back(k);
+      }
+      const int chooser = choosers[absl::Uniform<size_t>(stream.gen(), 0, choosers.size())];
+      stream.Next(kMax, chooser, &p, &reward, &dists);
+      ASSERT_TRUE(log.Append(chooser, reward, p).ok());
+      const std::vector<double> seen(p.begin(), p.begin() + n);
+      ASSERT_TRUE(e->Add(chooser, reward, seen).ok());
+      if (restored != nullptr) {
+        ASSERT_TRUE(restored->Add(chooser, reward, seen).ok());
+        for (int k = 0; k < n; ++k) {
+          ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean) << "t=" << t;
+          ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width) << "t=" << t;
+        }
+      }
+      if (t == 300) retire(1, t);
+      if (t == 400 || t == 1000) {
+        const DivergenceMatrix next = RandomDivergences(kMax, stream.gen());
+        ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(next, n)).ok());
+        if (restored != nullptr) {
+          ASSERT_TRUE(restored->SetDivergences(SampleLog(n), Block(next, n)).ok());
+        }
+        offer(next, n);
+        compare("after a refresh at t=" + std::to_string(t));
+      }
+      if (t == 500 || t == 800) {
+        // Experts added after a retirement: every sample (t = 500, two of them) or a
+        // window with a skipped sample (t = 800).
+        const int count = t == 500 ? 2 : 1;
+        const int64_t window = t == 500 ? 0 : t - 150;
+        auto rows = e->NewExpertRows(count, window);
+        ASSERT_TRUE(rows.ok()) << rows.status();
+        std::vector<int64_t> skipped;
+        for (int64_t s = window; s < log.size(); ++s) {
+          if (t == 800 && s % 31 == 3) {
+            ASSERT_TRUE((*rows)->Skip(log.chooser(s)).ok());
+            skipped.push_back(s);
+            continue;
+          }
+          std::vector<double> q;
+          for (int i = 0; i < count; ++i) q.push_back(log.propensity(n + i, s));
+          ASSERT_TRUE(
+              (*rows)->Add(log.chooser(s), log.reward(s), log.propensity(log.chooser(s), s), q)
+                  .ok());
+        }
+        const DivergenceMatrix next = RandomDivergences(kMax, stream.gen());
+        ASSERT_TRUE(e->AddExperts(*std::move(rows), Block(next, n + count)).ok());
+        offer(next, n + count);
+        for (int i = 0; i < count; ++i) {
+          first[n + i] = window;
+          excluded[n + i] = skipped;
+        }
+        n += count;
+        restored = nullptr;
+        compare("after adding experts at t=" + std::to_string(t));
+      }
+      if (t == 650) {
+        retire(0, t);
+        retire(4, t);  // one added after the first retirement
+      }
+      if (t == 1200) retire(6, t);  // the windowed one
+      if (t == 900 || t == 1300) {
+        std::string saved;
+        restored = RestoredCopy(*e, o, &saved);
+        ASSERT_NE(restored, nullptr);
+        for (int k = 0; k < n; ++k) EXPECT_EQ(restored->Retired(k), retired[k]);
+        std::mt19937_64 gen(t);
+        for (int trial = 0; trial < 300; ++trial) {
+          std::string damaged = saved;
+          damaged[absl::Uniform<size_t>(gen, 5, damaged.size())] ^=
+              static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
+          auto bad = RestoreEstimator(o, damaged);
+          if (!bad.ok()) {
+            ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+            continue;
+          }
+          (*bad)->ArgmaxUcb(std::vector<bool>((*bad)->num_experts(), true), gen);
+        }
+      }
+      if (t % 11 == 0 && (t < 100 || t % 37 == 0)) compare("t=" + std::to_string(t));
+      if (HasFailure()) return;
+    }
+    ASSERT_EQ(n, kMax);
+    compare("at the end");
+    EXPECT_EQ(e->Retire(kMax).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(e->Retire(-1).code(), absl::StatusCode::kInvalidArgument);
+    // The fixed pairs matter: with the last matrix everywhere the estimates differ.
+    bool differs = false;
+    for (int k = 0; k < n; ++k) {
+      if (retired[k]) continue;
+      differs |= e->Estimate(k).mean != reference::MedianOfMeans(log, log.size(), naive, o, k,
+                                                                 first[k], excluded[k])
+                                            .mean;
+    }
+    EXPECT_TRUE(differs);
+  }
+  EstimatorOptions clipped;
+  clipped.kind = EstimatorKind::kClipped;
+  auto c = MakeEstimator(clipped, 3);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->Retire(1).code(), absl::StatusCode::kUnimplemented);
+}
+
+// The state of an estimator with nothing retired as version 2 wrote it: without the
+// retired experts' section after the sample counts (four empty arrays) and the retired
+// columns' sums after the effective sample sizes.
+std::string AsVersion2(const std::string& v3, int n, int64_t fine) {
+  const size_t header = 4 + 1 + 8, divergences = 8 + 2 * (8 + 8 * n * n), counts = 16;
+  const size_t retired_at = header + divergences + counts;
+  std::string out = v3.substr(0, retired_at) + v3.substr(retired_at + 32);
+  int64_t tail;
+  std::memcpy(&tail, out.data() + retired_at, 8);
+  const size_t folded_at = retired_at + (8 + 4 * tail) + (8 + 8 * tail) + (8 + 8 * tail * n) +
+                           (8 + 8 * fine * n * n) + 3 * (8 + 8 * fine * n) + (8 + 8 * n);
+  out.erase(folded_at, 8 + 8 * fine * n);
+  out[3] = '2';
+  return out;
+}
+
+// States saved before windows (format version 1) or retirement (version 2) still restore.
+TEST(Estimator, StatesOfEarlierFormatsRestore) {
   absl::StatusOr<std::unique_ptr<Estimator>> e = Fed(EstimatorOptions{}, 3, 4, 700);
   ASSERT_TRUE(e.ok()) << e.status();
   auto state = (*e)->Snapshot();
   ASSERT_TRUE(state.ok());
+  const std::string v2 = AsVersion2(*state, 3, MedianOfMeansFineGroups(EstimatorOptions{}));
   // Version 1: the header's "DES1", and none of the windows' section at the end (their
   // count, the experts' windows, the tail's excluded samples and their windows).
-  std::string v1 = state->substr(0, state->size() - (8 + 8 + 3 * sizeof(int) + 8 + 8));
+  std::string v1 = v2.substr(0, v2.size() - (8 + 8 + 3 * sizeof(int) + 8 + 8));
   v1[3] = '1';
-  auto back = RestoreEstimator(EstimatorOptions{}, v1);
-  ASSERT_TRUE(back.ok()) << back.status();
-  for (int k = 0; k < 3; ++k) {
-    EXPECT_EQ((*back)->Estimate(k).mean, (*e)->Estimate(k).mean);
-    EXPECT_EQ((*back)->WindowStart(k), 0);
+  for (const std::string& old : {v1, v2}) {
+    auto back = RestoreEstimator(EstimatorOptions{}, old);
+    ASSERT_TRUE(back.ok()) << back.status();
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ((*back)->Estimate(k).mean, (*e)->Estimate(k).mean);
+      EXPECT_EQ((*back)->WindowStart(k), 0);
+      EXPECT_FALSE((*back)->Retired(k));
+    }
+    auto again = (*back)->Snapshot();
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *state);
   }
-  auto again = (*back)->Snapshot();
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*again, *state);
-  // A version 1 state with the window section is damaged (trailing bytes).
-  std::string wrong = *state;
-  wrong[3] = '1';
-  EXPECT_EQ(RestoreEstimator(EstimatorOptions{}, wrong).status().code(),
-            absl::StatusCode::kDataLoss);
+  // A version 1 state with the window section is damaged (trailing bytes), and so is a
+  // version 2 state with the retired section, or a version 4.
+  for (char version : {'1', '2', '4'}) {
+    std::string wrong = *state;
+    wrong[3] = version;
+    EXPECT_EQ(RestoreEstimator(EstimatorOptions{}, wrong).status().code(),
+              absl::StatusCode::kDataLoss);
+  }
 }
 
 TEST(Estimator, ExpertRowsRefuseBadSamplesAndForeignRows) {
