@@ -98,7 +98,7 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,
-                                absl::Span<const bool> kept_rows) {
+                                absl::Span<const bool> fixed) {
   const int n = static_cast<int>(predictions.size());
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
@@ -128,14 +128,14 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
   if (keep > 0 && (previous == nullptr || previous->num_experts < keep)) {
     return absl::InvalidArgumentError("previous divergences do not cover the kept experts");
   }
-  if (!kept_rows.empty() && kept_rows.size() != static_cast<size_t>(n)) {
+  if (!fixed.empty() && fixed.size() != static_cast<size_t>(n)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kept_rows.size(), " kept-row flags for ", n, " experts"));
+        absl::StrCat(fixed.size(), " fixed-expert flags for ", n, " experts"));
   }
   const int covered = previous == nullptr ? 0 : std::min(n, previous->num_experts);
   const auto copied = [&](int i, int j) {
     return (i < keep && j < keep) ||
-           (!kept_rows.empty() && kept_rows[i] && i < covered && j < covered);
+           (!fixed.empty() && (fixed[i] || fixed[j]) && i < covered && j < covered);
   };
   const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
   const size_t group_size = rows / groups;

@@ -89,15 +89,16 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 // Divergences from predictions on R contexts. `predictions[e]` is expert e's R x K
 // distributions, row-major. Pairs (i, j) with both i, j < keep are copied from `previous`
 // (which must cover them); all others are computed. keep = 0 computes everything.
-// `kept_rows` (empty, or one flag per expert): the pairs (i, j) of a flagged row i, with
-// i, j < previous->num_experts, are copied from `previous` too (rows nothing reads any
-// more, such as those of retired experts whose estimates are frozen).
-// Cost: O((N^2 - keep^2 - kept pairs) * R * K).
+// `fixed` (empty, or one flag per expert): the pairs (i, j) with a flagged i or j, both
+// < previous->num_experts, are copied from `previous` too (the pairs of retired and failed
+// experts, fixed at their retirement or failure: Estimator::Retire). Pairs of a flagged
+// expert with an expert `previous` does not cover are computed.
+// Cost: O((N^2 - keep^2 - fixed pairs) * R * K).
 // Returns INVALID_ARGUMENT for mismatched sizes, no contexts, or non-positive probabilities.
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,
-                                absl::Span<const bool> kept_rows = {});
+                                absl::Span<const bool> fixed = {});
 
 // Convenience: predicts every expert on the reservoir's contexts, then ComputeDivergences.
 absl::Status EstimateDivergences(absl::Span<const Expert* const> experts,

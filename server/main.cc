@@ -81,8 +81,8 @@ ABSL_FLAG(int64_t, max_problems, 10'000,
           "cap on the problems of this server; CreateProblem past it gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_experts_per_problem, 256,
           "cap per problem on the experts registered, retired and failed ones included (the "
-          "log and the estimator keep their columns); RegisterExpert and training jobs past "
-          "it get RESOURCE_EXHAUSTED; at most 256");
+          "log keeps their columns, the estimator their counts and divergences); "
+          "RegisterExpert and training jobs past it get RESOURCE_EXHAUSTED; at most 256");
 ABSL_FLAG(int64_t, max_problem_memory_mb, 1024,
           "cap per problem on the memory that grows with its experts (the estimator's state "
           "and the samples kept in memory: decision_problem_memory_bytes); RegisterExpert and "

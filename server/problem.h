@@ -177,8 +177,9 @@ class Problem {
     // The divergence pair series (decision_divergence_mij, _sigmaij) cover the active experts
     // of highest UCB, at most this many: 2 n (n - 1) series per problem.
     int metrics_pair_experts = 16;
-    // RegisterExpert past this many experts (retired and failed ones count: the log and
-    // the estimator keep their columns) gets RESOURCE_EXHAUSTED; a problem that already
+    // RegisterExpert past this many experts (retired and failed ones count: the log keeps
+    // their columns, the estimator their counts and divergences) gets RESOURCE_EXHAUSTED;
+    // a problem that already
     // has more, from a higher setting, still loads and serves.
     int max_experts = 256;
     // RegisterExpert that would take MemoryBound past this gets RESOURCE_EXHAUSTED.
@@ -186,9 +187,11 @@ class Problem {
   };
   // The memory that grows with a problem's experts, at `num_experts` experts: the
   // estimator's state at its bound (EstimatorStateBound) and a log chunk of samples in
-  // memory, and the buffer the state is checkpointed from. What
-  // decision_problem_memory_bytes reports, at most.
-  static int64_t MemoryBound(const storage::v1::ProblemRecord& record, int num_experts);
+  // memory, and the buffer the state is checkpointed from; `num_retired` of them retired
+  // with their rows freed (Estimator::Retire). What decision_problem_memory_bytes reports,
+  // at most.
+  static int64_t MemoryBound(const storage::v1::ProblemRecord& record, int num_experts,
+                             int num_retired = 0);
   // The estimated memory of one pending decision: its features, plus its record, event id
   // and index entries.
   static constexpr int64_t PendingDecisionBytes(int num_features) {
@@ -586,6 +589,13 @@ class Problem {
   absl::Status CompleteBackfill(int expert_id)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   // Writes expert `id`'s record and applies it. REQUIRES expert_writes_mu_.
+  // Retires in the estimator every expert frozen in the pool (ExpertPool::Frozen) that is
+  // not yet: its row is freed and its column folded (Estimator::Retire). True if any was;
+  // the next checkpoint then carries the estimators' state. Nothing for the estimators
+  // that keep every row (clipped).
+  bool FoldRetiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The experts retired in the estimator (Estimator::Retired).
+  int RetiredInEstimatorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A record retiring an estimated expert gets its estimate now (retired_mean/width).
   absl::Status WriteExpertRecord(int id, const storage::v1::ExpertRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);

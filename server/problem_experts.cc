@@ -99,6 +99,24 @@ absl::Status Problem::PersistFailures() {
   return absl::OkStatus();
 }
 
+bool Problem::FoldRetiredLocked() {
+  bool folded = false;
+  for (int k = 0; k < ducb_.num_experts(); ++k) {
+    if (!experts_.Frozen(k) || ducb_.estimator().Retired(k)) continue;
+    // UNIMPLEMENTED (the clipped estimator keeps every row): it stays as it was.
+    if (!ducb_.Retire(k).ok()) return folded;
+    folded = true;
+  }
+  if (folded) ++estimator_generation_;
+  return folded;
+}
+
+int Problem::RetiredInEstimatorLocked() const {
+  int retired = 0;
+  for (int k = 0; k < ducb_.num_experts(); ++k) retired += ducb_.estimator().Retired(k);
+  return retired;
+}
+
 absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& record) {
   ExpertRecord updated = record;
   if (updated.status() == storage::v1::EXPERT_STATE_RETIRED && !updated.has_retired_mean()) {
@@ -113,14 +131,21 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));
-  absl::MutexLock lock(&mu_);
-  experts_.at(expert_id).record = updated;
-  ++estimates_generation_;
-  if (expert_id < ducb_.num_experts()) {
-    ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
-                                       experts_.at(expert_id).failure.empty());
+  std::optional<CheckpointWrite> folded;
+  {
+    absl::MutexLock lock(&mu_);
+    experts_.at(expert_id).record = updated;
+    ++estimates_generation_;
+    if (expert_id < ducb_.num_experts()) {
+      ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
+                                         experts_.at(expert_id).failure.empty());
+    }
+    ExportScoringCostLocked();
+    // A frozen expert's row is freed now, and the state written with it: a restart then
+    // starts from the folded state, not from one that folds it later.
+    if (FoldRetiredLocked()) folded = CheckpointLocked();
   }
-  ExportScoringCostLocked();
+  if (folded.has_value()) return WriteCheckpoint(*folded);
   return absl::OkStatus();
 }
 
@@ -193,7 +218,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
           " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
           env_.max_experts, ")"));
     }
-    if (const int64_t bytes = MemoryBound(record_, experts_.size() + 1);
+    if (const int64_t bytes = MemoryBound(record_, experts_.size() + 1, RetiredInEstimatorLocked());
         bytes > env_.max_memory_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "problem ", id(), ": a new expert would take the memory of its ", experts_.size() + 1,
@@ -308,9 +333,27 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     return out;
   }
   const int k = record_.num_arms();
+  // The pairs of retired (frozen) and failed experts stay as they are (ComputeDivergences'
+  // `fixed`; the estimator keeps them fixed too, Estimator::Retire). A failed expert's
+  // pairs weigh the samples chosen while it was healthy, and the stand-in is not the
+  // policy that chose them. A fixed expert is scored only for a pair with a new expert.
+  const int covered = std::min(n, previous.num_experts);
+  const std::unique_ptr<bool[]> fixed(new bool[n]());  // (a span of vector<bool> is not)
+  {
+    absl::MutexLock lock(&mu_);
+    for (int e = 0; e < covered; ++e) {
+      fixed[e] = !experts_.at(e).failure.empty() || experts_.Frozen(e);
+    }
+  }
   std::vector<std::vector<double>> predictions(n);
   std::vector<ScoringFailure> failures;
   for (int e = 0; e < n; ++e) {
+    if (fixed[e] && covered == n) {  // nothing reads it: any valid distributions do
+      predictions[e].resize(rows * k);
+      DECISION_RETURN_IF_ERROR(
+          stand_in_->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+      continue;
+    }
     absl::Status s = reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
                                                     &predictions[e]);
     for (size_t i = 0; s.ok() && i < predictions[e].size(); ++i) {
@@ -327,31 +370,14 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     }
   }
   QuarantineFailures(failures);
-  // Rows that nothing reported reads keep their values: those of frozen (retired) and
-  // failed experts. A failed expert's column is kept too: it weighs the samples chosen while
-  // the expert was healthy, and the stand-in is not the policy that chose them.
-  const int covered = std::min(n, previous.num_experts);
-  const std::unique_ptr<bool[]> kept(new bool[n]());  // (a span of vector<bool> is not)
-  std::vector<bool> failed(n, false);
-  {
-    absl::MutexLock lock(&mu_);
-    for (int e = 0; e < covered; ++e) {
-      failed[e] = !experts_.at(e).failure.empty();
-      kept[e] = failed[e] || experts_.Frozen(e);
-    }
+  // An expert that failed just now keeps its pairs too.
+  for (const ScoringFailure& f : failures) {
+    if (f.expert < covered) fixed[f.expert] = true;
   }
   DivergenceMatrix out;
   DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
                                               &previous, keep, &out,
-                                              absl::MakeConstSpan(kept.get(), n)));
-  for (int i = 0; i < covered; ++i) {
-    for (int j = 0; j < covered; ++j) {
-      if (failed[i] || failed[j]) {
-        out.m[i * n + j] = previous.M(i, j);
-        out.sigma[i * n + j] = previous.Sigma(i, j);
-      }
-    }
-  }
+                                              absl::MakeConstSpan(fixed.get(), n)));
   return out;
 }
 

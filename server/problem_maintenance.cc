@@ -76,7 +76,12 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
   if (with_state || !state_written_ || state_generation_ != estimator_generation_ ||
       ducb_.num_samples() - state_samples_ >= kMaxReplaySamples) {
     // Always available: the estimators decisiond runs keep no log (DUcb::LogMode::kNone).
-    // Into the buffer of the last state written (WriteCheckpoint gives it back).
+    // Into the buffer of the last state written (WriteCheckpoint gives it back), unless
+    // that was made for a larger state (before experts were retired): it is given back.
+    if (static_cast<int64_t>(state_buffer_.capacity()) >
+        2 * ducb_.estimator().Stats().state_bytes) {
+      std::string().swap(state_buffer_);
+    }
     if (ducb_.SnapshotTo(&state_buffer_).ok()) {
       w.state.emplace();
       w.state->set_samples(ducb_.num_samples());
@@ -96,12 +101,13 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
   return w;
 }
 
-int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_experts) {
+int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_experts,
+                             int num_retired) {
   // The state, and the buffer its checkpoints are written from. Under retention every
   // expert may come with a window of its own (EstimatorStateBound).
   const bool retention = record.retention_max_samples() > 0 || record.retention_max_age_ms() > 0;
   return 2 * EstimatorStateBound(EstimatorOptionsOf(record), num_experts,
-                                 retention ? num_experts : 0) +
+                                 retention ? num_experts : 0, num_retired) +
          storage::kLogChunkSamples * (12 + 8 * int64_t{num_experts});
 }
 

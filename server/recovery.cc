@@ -426,6 +426,9 @@ class Recovery {
     p_.next_refresh_at_ = checkpoint_.next_refresh_at() > 0 ? checkpoint_.next_refresh_at()
                                                             : NextRefresh(p_.record_, t);
     p_.decisions_ = std::max(checkpoint_.decisions(), t);
+    // Experts frozen after the state was written (or by a build that kept their rows) are
+    // retired in the estimator now.
+    p_.FoldRetiredLocked();
     return absl::OkStatus();
   }
 

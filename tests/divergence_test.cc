@@ -123,7 +123,7 @@ TEST(Divergence, KeepsTheOldBlockAndComputesNewRows) {
   EXPECT_EQ(extended.M(1, 2), full.M(1, 2));
 }
 
-TEST(Divergence, KeptRowsAreCopiedAndTheRestComputed) {
+TEST(Divergence, FixedExpertsPairsAreCopiedAndTheRestComputed) {
   DivergenceMatrix full, kept;
   auto p = Flatten();
   p.push_back(p[0]);
@@ -131,12 +131,16 @@ TEST(Divergence, KeptRowsAreCopiedAndTheRestComputed) {
   DivergenceMatrix previous = DivergenceMatrix::Identity(2);
   previous.m[1] = 7.0;  // (0, 1)
   previous.m[2] = 5.0;  // (1, 0)
-  const bool rows[3] = {true, false, false};  // row 0's old entries are kept
-  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, rows).ok());
+  const bool fixed[3] = {true, false, false};  // expert 0's old pairs are kept
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, fixed).ok());
   EXPECT_EQ(kept.M(0, 1), 7.0);
-  EXPECT_EQ(kept.M(0, 2), full.M(0, 2));  // a new column: computed
-  EXPECT_EQ(kept.M(1, 0), full.M(1, 0));  // not a kept row: computed
+  EXPECT_EQ(kept.M(1, 0), 5.0);
+  EXPECT_EQ(kept.M(0, 2), full.M(0, 2));  // pairs with a new expert: computed
+  EXPECT_EQ(kept.M(2, 0), full.M(2, 0));
   EXPECT_EQ(kept.M(2, 1), full.M(2, 1));
+  const bool none[3] = {false, false, false};
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, none).ok());
+  EXPECT_EQ(kept.M(1, 0), full.M(1, 0));
   const bool too_few[2] = {true, false};
   EXPECT_EQ(ComputeDivergences(p, 2, 1, &previous, 0, &kept, too_few).code(),
             absl::StatusCode::kInvalidArgument);

@@ -225,14 +225,33 @@ TEST_F(ServiceTest, RetiredExpertIsFrozenAndScoredByTheStandIn) {
   v1::Expert retired;
   ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
   const int64_t retired_at = GetProblem("p").samples();
+  // Its divergences with the others are fixed from now on (Estimator::Retire).
+  const v1::Estimates at_retirement = Estimates("p");
+  const int n = at_retirement.n();
+  const int64_t refreshes = MetricValue("decision_divergence_boundaries_total", "divergences",
+                                        "reestimated");
   PlayRounds("p", 300);  // crosses divergence refreshes
   ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_GT(MetricValue("decision_divergence_boundaries_total", "divergences", "reestimated"),
+            refreshes);
   auto expect_frozen = [&] {
     const v1::Estimates e = Estimates("p");
     EXPECT_EQ(e.experts(weak).status(), v1::EXPERT_STATUS_RETIRED);
     EXPECT_EQ(e.experts(weak).estimate(), before.estimate());
     EXPECT_EQ(e.experts(weak).width(), before.width());
     EXPECT_GT(e.experts(strong).times_selected(), 0);
+    bool refreshed = false;
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) {
+        if (i == weak || j == weak) {
+          EXPECT_EQ(e.sigma(i * n + j), at_retirement.sigma(i * n + j)) << i << "," << j;
+          EXPECT_EQ(e.m(i * n + j), at_retirement.m(i * n + j)) << i << "," << j;
+        } else {
+          refreshed |= e.sigma(i * n + j) != at_retirement.sigma(i * n + j);
+        }
+      }
+    }
+    EXPECT_TRUE(refreshed);  // the others' pairs were estimated again
   };
   expect_frozen();
   const std::vector<v1::LoggedSample> log = Export("p");
