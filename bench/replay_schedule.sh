@@ -29,4 +29,4 @@ while [[ "$(lag)" != "0" ]]; do sleep 1; done
 echo "schedule caught up $(echo "$(date +%s.%N) - $end" | bc) s later;" \
      "$($C jobs p | grep -c SUCCEEDED) training jobs succeeded, $($C list-experts p | tail -n +2 | wc -l) experts"
 awk -v hz="$(getconf CLK_TCK)" '{printf "decisiond CPU: %.1f s user, %.1f s system\n", $14 / hz, $15 / hz}' /proc/$pid/stat
-curl -s 127.0.0.1:9471/metrics | grep '^decision_divergence_boundaries_total' || true
+curl -s 127.0.0.1:9471/metrics | grep -E '^decision_(divergence_boundaries_total|problem_memory_bytes)' || true
