@@ -486,7 +486,9 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     service_->ExportLogPage(page_request, &page_, [this](absl::Status s) {
       if (!s.ok()) return Done(ToGrpcStatus(s));
       if (page_.empty()) return Done(grpc::Status::OK);
-      next_ += static_cast<int64_t>(page_.size());
+      // After the last sample streamed: a page may start past the requested start (samples
+      // before the first one retention keeps are not there).
+      next_ = page_.back().sequence() + 1;
       if (remaining_ > 0) remaining_ -= static_cast<int64_t>(page_.size());
       WriteNext();
     });

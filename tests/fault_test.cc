@@ -16,6 +16,7 @@
 #include "server/grpc_service.h"
 #include "storage/format.h"
 #include "storage/store.h"
+#include "tests/grpc_harness.h"
 #include "tests/service_fixture.h"
 
 namespace decision::server {
@@ -689,30 +690,21 @@ class UndeliveredTest : public ServiceTest {
  protected:
   void SetUp() override {
     ServiceTest::SetUp();
-    auth_ = *Authorizer::Open("");  // open mode
-    grpc_ = std::make_unique<GrpcDecisionService>(service_.get(), &metrics_, auth_.get());
     // Installed before serving; the test sets what it does under a lock.
-    grpc_->set_before_decide_for_testing([this](grpc::CallbackServerContext* ctx) {
-      std::function<void(grpc::CallbackServerContext*)> hook;
-      {
-        absl::MutexLock lock(&hook_mu_);
-        hook = before_decide_;
-      }
-      if (hook) hook(ctx);
+    grpc_ = GrpcHarness::Start(service_.get(), &metrics_, [this](GrpcDecisionService& g) {
+      g.set_before_decide_for_testing([this](grpc::CallbackServerContext* ctx) {
+        std::function<void(grpc::CallbackServerContext*)> hook;
+        {
+          absl::MutexLock lock(&hook_mu_);
+          hook = before_decide_;
+        }
+        if (hook) hook(ctx);
+      });
     });
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(grpc_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::DecisionService::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    ASSERT_NE(grpc_, nullptr);
   }
-  void TearDown() override {
-    server_->Shutdown();
-    server_.reset();
-  }
+  void TearDown() override { grpc_.reset(); }
+  v1::DecisionService::Stub* stub() { return &grpc_->stub(); }
   double Undelivered() { return std::max(0.0, MetricValue("decision_undelivered_total")); }
   v1::ChooseRequest Request(const std::string& event_id) {
     v1::ChooseRequest req;
@@ -724,10 +716,7 @@ class UndeliveredTest : public ServiceTest {
 
   absl::Mutex hook_mu_;
   std::function<void(grpc::CallbackServerContext*)> before_decide_ ABSL_GUARDED_BY(hook_mu_);
-  std::unique_ptr<Authorizer> auth_;
-  std::unique_ptr<GrpcDecisionService> grpc_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::DecisionService::Stub> stub_;
+  std::unique_ptr<GrpcHarness> grpc_;
 };
 
 TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
@@ -753,7 +742,7 @@ TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
   v1::ChooseResponse lost_response;
   absl::Notification finished;
   grpc::Status lost_status;
-  stub_->async()->Choose(&ctx, &lost, &lost_response, [&](grpc::Status s) {
+  stub()->async()->Choose(&ctx, &lost, &lost_response, [&](grpc::Status s) {
     lost_status = std::move(s);
     finished.Notify();
   });
@@ -769,7 +758,7 @@ TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
   // A delivered one, for comparison.
   grpc::ClientContext kept_ctx;
   v1::ChooseResponse kept;
-  ASSERT_TRUE(stub_->Choose(&kept_ctx, Request("kept"), &kept).ok());
+  ASSERT_TRUE(stub()->Choose(&kept_ctx, Request("kept"), &kept).ok());
   EXPECT_EQ(GetProblem("p").decisions(), 2);
 
   // A reward for the lost one is refused; at expiry it is dropped, not learned with the
@@ -801,7 +790,7 @@ TEST_F(UndeliveredTest, OneMillisecondDeadlinesLearnOnlyWhatWasDelivered) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
     v1::ChooseResponse resp;
-    answered += stub_->Choose(&ctx, Request(absl::StrCat("e", i)), &resp).ok();
+    answered += stub()->Choose(&ctx, Request(absl::StrCat("e", i)), &resp).ok();
   }
   // Let the server finish the calls (it may still be deciding some), then expire them all.
   int64_t decisions = -1;

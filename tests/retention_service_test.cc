@@ -14,6 +14,7 @@
 #include "core/estimator.h"
 #include "server/decision_service.h"
 #include "storage/format.h"
+#include "tests/grpc_harness.h"
 #include "tests/reference_estimators.h"
 #include "tests/service_fixture.h"
 
@@ -125,6 +126,47 @@ TEST_F(RetentionTest, KeepsTheNewestSamplesAndBackfillsANewExpertOverThem) {
   PlayRounds("p", 2 * kChunk);
   ASSERT_TRUE(service_->RunMaintenance().ok());
   EXPECT_EQ(GetProblem("p").retained_from(), 6 * kChunk);
+}
+
+// ExportLog over gRPC streams the samples in pages: after a cut, a page that starts before
+// the first sample kept gets the samples from it on, and the next page must follow those
+// (not the requested start plus the page's length, which repeated the first pages).
+TEST_F(RetentionTest, AnExportOverGrpcStreamsTheSamplesKeptOnceEach) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  PlayRounds("p", 4 * kChunk + 700);
+  ASSERT_TRUE(SetRetention(2 * kChunk, 0).ok());
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const int64_t first = GetProblem("p").retained_from();
+  ASSERT_EQ(first, 2 * kChunk);
+  std::unique_ptr<GrpcHarness> grpc = GrpcHarness::Start(service_.get(), &metrics_);
+  ASSERT_NE(grpc, nullptr);
+  const auto exported = [&](int64_t start, int64_t limit) {
+    v1::ExportLogRequest req;
+    req.set_problem_id("p");
+    req.set_start(start);
+    req.set_limit(limit);
+    grpc::ClientContext ctx;
+    std::vector<int64_t> sequences;
+    auto reader = grpc->stub().ExportLog(&ctx, req);
+    v1::LoggedSample s;
+    while (reader->Read(&s)) sequences.push_back(s.sequence());
+    EXPECT_TRUE(reader->Finish().ok());
+    return sequences;
+  };
+  const int64_t t = 4 * kChunk + 700;
+  for (const int64_t start : {int64_t{0}, first - 1, first, first + 600}) {
+    const std::vector<int64_t> all = exported(start, 0);
+    const int64_t from = std::max(start, first);
+    ASSERT_EQ(static_cast<int64_t>(all.size()), t - from) << "from " << start;
+    for (size_t i = 0; i < all.size(); ++i) {
+      ASSERT_EQ(all[i], from + static_cast<int64_t>(i)) << "from " << start;
+    }
+    // A limit counts the samples streamed, from the first kept.
+    const std::vector<int64_t> some = exported(start, 1500);
+    ASSERT_EQ(some.size(), 1500u);
+    EXPECT_EQ(some.front(), from);
+    EXPECT_EQ(some.back(), from + 1499);
+  }
 }
 
 // Retention by age: the chunks whose samples all joined before now - max_age go; the
