@@ -17,7 +17,8 @@
 //     --expert_churn=false (a control: growth by design without the experts piling up) it
 //     registers the first six only, waits until they are active, and then changes no expert
 //     (no registration, retirement or TrainExperts, letter's auto-training off);
-//   - calls the retention hook, which does nothing yet (decisiond has no retention RPC);
+//   - sets a retention (--retention_samples) on both problems at a tenth of the duration,
+//     and at every tenth deletes a few acknowledged events of each (DeleteEvents);
 //   - restarts decisiond on the same data directory with SIGTERM at 40% of the duration and
 //     with SIGKILL at 70%; the client reconnects to the new address. RPCs that overlap the
 //     time from the signal until one second after the new server is reachable are counted as
@@ -26,7 +27,8 @@
 //     that a crash forgets the decisions not yet written, ~20 ms of them);
 //   - samples decisiond's RSS, threads, open fds and store size every second.
 // After the kill -9 restart and at the end (after one more clean restart) it exports both
-// logs and checks that every reward acknowledged OK is there with its value.
+// logs and checks that every reward acknowledged OK is there with its value, unless
+// retention cut it or it was deleted on request (then it must not be there).
 //
 // Output in --out_dir: timeline.csv (one row per second), events.csv (restarts and checks,
 // for the plot), summary.txt (the checks, PASS/FAIL, and the figures), decisiond.log
@@ -42,6 +44,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -104,6 +107,12 @@ ABSL_FLAG(double, letter_batch_multiplier, 50,
           "the letter problem's batch_multiplier b (batch boundaries, hence auto-training, "
           "every b sqrt(t) samples; decisiond's default 7 trains an expert every 10 s at this "
           "rate, and every join scores every expert ever trained)");
+ABSL_FLAG(int64_t, retention_samples, 16384,
+          "ProblemConfig.retention.max_samples set on both problems at a tenth of the duration "
+          "(0: none); the store then keeps about that many samples of each");
+ABSL_FLAG(int, deletes_per_hook, 5,
+          "acknowledged events of each problem deleted (DeleteEvents) at each tenth of the "
+          "duration");
 ABSL_FLAG(bool, expert_churn, true,
           "register, retire and train experts during the run, with auto-training in the letter "
           "problem; false: one expert of each kind per problem at the start only, then none "
@@ -347,9 +356,21 @@ class Stats {
   std::map<int, std::vector<double>> latencies_ms_ ABSL_GUARDED_BY(mu_);
 };
 
+// Wall-clock milliseconds, as decisiond stamps samples (joined_at_ms).
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 struct AckedReward {
   int problem;
   double value;
+  int64_t at_ms;  // when the client was told (its sample was joined no later)
+};
+struct LateProbe {
+  int problem;
+  int64_t at_ms;  // when the late reward was refused (the event expired before)
 };
 
 // Rewards acknowledged OK, late probes answered FAILED_PRECONDITION, and what went wrong.
@@ -357,11 +378,43 @@ class Ledger {
  public:
   void Ack(const std::string& event_id, int problem, double value) {
     absl::MutexLock lock(&mu_);
-    acked_[event_id] = {problem, value};
+    const int64_t now = WallMs();
+    acked_[event_id] = {problem, value, now};
+    std::deque<std::pair<int64_t, std::string>>& recent = recent_acked_[problem];
+    recent.emplace_back(now, event_id);
+    if (recent.size() > 4096) recent.pop_front();
   }
   void Late(const std::string& event_id, int problem) {
     absl::MutexLock lock(&mu_);
-    late_[event_id] = problem;
+    late_[event_id] = {problem, WallMs()};
+  }
+  // Up to `count` events of `problem` acknowledged at least `min_age_ms` ago, among the
+  // recent ones (so that retention has not cut them yet), for DeleteEvents.
+  std::vector<std::string> ForDeletion(int problem, int count, int64_t min_age_ms) {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> ids;
+    const int64_t before = WallMs() - min_age_ms;
+    for (const auto& [at, id] : recent_acked_[problem]) {
+      if (static_cast<int>(ids.size()) == count || at > before) break;
+      if (acked_.contains(id)) ids.push_back(id);
+    }
+    return ids;
+  }
+  // Events deleted on request: no longer expected in the log, and never by their id.
+  void Deleted(const std::vector<std::string>& ids, int problem) {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : ids) {
+      acked_.erase(id);
+      deleted_[id] = problem;
+    }
+    auto& recent = recent_acked_[problem];
+    recent.erase(std::remove_if(recent.begin(), recent.end(),
+                                [&](const auto& r) { return deleted_.contains(r.second); }),
+                 recent.end());
+  }
+  absl::flat_hash_map<std::string, int> DeletedSnapshot() const {
+    absl::MutexLock lock(&mu_);
+    return deleted_;
   }
   // Something the API does not allow, or an error outside an injected window.
   void Unexpected(const std::string& what) {
@@ -377,7 +430,7 @@ class Ledger {
     absl::MutexLock lock(&mu_);
     return acked_;
   }
-  absl::flat_hash_map<std::string, int> LateSnapshot() const {
+  absl::flat_hash_map<std::string, LateProbe> LateSnapshot() const {
     absl::MutexLock lock(&mu_);
     return late_;
   }
@@ -397,7 +450,10 @@ class Ledger {
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, AckedReward> acked_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> late_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, LateProbe> late_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> deleted_ ABSL_GUARDED_BY(mu_);
+  // Per problem, the last acknowledged events (time, id), oldest first.
+  std::map<int, std::deque<std::pair<int64_t, std::string>>> recent_acked_ ABSL_GUARDED_BY(mu_);
   int64_t unexpected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t forgotten_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> examples_ ABSL_GUARDED_BY(mu_);
@@ -712,6 +768,7 @@ class LoadWorker {
 
 struct ChurnCounts {
   std::atomic<int> registered{0}, retired{0}, trainings{0}, retention_calls{0};
+  std::atomic<int> retention_set{0}, delete_calls{0}, deleted{0}, delete_not_found{0};
 };
 
 class Churn {
@@ -805,15 +862,41 @@ class Churn {
     }
   }
 
-  // -------------------------------------------------------------------------------------
-  // RETENTION HOOK: NOT EXERCISED YET. decisiond has no retention / deletion RPC (another
-  // issue adds it). When it exists, call it here for both problems (e.g. delete the log
-  // before some sequence or age), count its results like every other RPC (Call below) and
-  // extend Verify: acknowledged rewards of deleted ranges are no longer expected in the
-  // export, the rest still are, and sst_bytes in timeline.csv should fall after
-  // compaction. summary.txt says that this part is not exercised.
-  // -------------------------------------------------------------------------------------
-  void Retention() { counts_->retention_calls++; }
+  // Retention and deletion on request: the first call sets --retention_samples on every
+  // problem (SetRetention); every call deletes --deletes_per_hook acknowledged events of
+  // each (DeleteEvents), among those acknowledged at least 5 s ago (their deliberate second
+  // rewards, 100 ms after the first, are done). Verify then expects neither the cut samples
+  // nor the deleted events.
+  void Retention() {
+    const int call = ++counts_->retention_calls;
+    const int64_t max_samples = absl::GetFlag(FLAGS_retention_samples);
+    for (size_t p = 0; p < s_->problems->size(); ++p) {
+      const ProblemSpec& spec = (*s_->problems)[p];
+      if (call == 1 && max_samples > 0) {
+        v1::RetentionConfig retention;
+        retention.set_max_samples(max_samples);
+        if (Call("SetRetention", [&](DecisionClient& c) {
+              return c.SetRetention(spec.id, retention).status();
+            })) {
+          counts_->retention_set++;
+        }
+      }
+      const std::vector<std::string> ids = s_->ledger->ForDeletion(
+          static_cast<int>(p), absl::GetFlag(FLAGS_deletes_per_hook), 5000);
+      if (ids.empty()) continue;
+      absl::StatusOr<v1::DeleteEventsResponse> r;
+      if (!Call("DeleteEvents", [&](DecisionClient& c) {
+            r = c.DeleteEvents(spec.id, ids);
+            return r.status();
+          })) {
+        continue;
+      }
+      counts_->delete_calls++;
+      counts_->deleted += static_cast<int>(r->deleted());
+      counts_->delete_not_found += r->not_found_size();
+      s_->ledger->Deleted(ids, static_cast<int>(p));
+    }
+  }
 
  private:
   // One control RPC through the current client, counted; false if it failed.
@@ -1123,12 +1206,17 @@ struct VerifyResult {
   int64_t acked_checked = 0, acked_missing = 0, acked_wrong = 0;
   int64_t late_checked = 0, late_missing = 0, late_not_default = 0;
   int64_t logged = 0, duplicates = 0, gaps = 0;
+  // Retention and deletion: events before a problem's first kept sample (not expected),
+  // events too close to it to tell (not checked), deleted events checked and found by id
+  // (an error), redacted samples in the log, and the first sequence kept per problem.
+  int64_t cut = 0, near_cut = 0, deleted_checked = 0, deleted_present = 0, redacted = 0;
+  std::vector<int64_t> first_kept;
   std::string export_error;
   std::vector<std::string> examples;
   double seconds = 0;
   bool ok() const {
     return export_error.empty() && acked_missing == 0 && acked_wrong == 0 && late_missing == 0 &&
-           late_not_default == 0 && duplicates == 0 && gaps == 0;
+           late_not_default == 0 && duplicates == 0 && gaps == 0 && deleted_present == 0;
   }
 };
 
@@ -1139,25 +1227,47 @@ struct VerifyResult {
 //     deliberate second rewards with another value must not have changed it);
 //   - a late probe answered FAILED_PRECONDITION expired: its event is in the log with the
 //     default reward (the problems do not drop unrewarded decisions);
-//   - the log has no event twice and its sequences are 0..n-1.
+//   - the log has no event twice and its sequences are r..n-1, r the first sample retention
+//     keeps (0 without a cut);
+//   - an event deleted on request (DeleteEvents) is not in the log by its id (its sample
+//     is there redacted, unless retention cut it).
+// Retention: samples are numbered in the order they were joined, so an event acknowledged
+// (or refused as late) before the first kept sample was joined is cut and not expected;
+// one after it is expected. Events within kCutMarginMs of that time are not checked (the
+// client's and decisiond's stamps differ by a call's latency, joins by a few ms of order).
 // The snapshot is taken before the export starts, so everything in it was acknowledged
 // before the export began.
+constexpr int64_t kCutMarginMs = 5000;
 VerifyResult Verify(const std::string& when, Shared* s) {
   VerifyResult v;
   v.when = when;
   const auto start = Clock::now();
   const absl::flat_hash_map<std::string, AckedReward> acked = s->ledger->AckedSnapshot();
-  const absl::flat_hash_map<std::string, int> late = s->ledger->LateSnapshot();
+  const absl::flat_hash_map<std::string, LateProbe> late = s->ledger->LateSnapshot();
+  const absl::flat_hash_map<std::string, int> deleted = s->ledger->DeletedSnapshot();
   auto example = [&](const std::string& e) {
     if (v.examples.size() < 10) v.examples.push_back(e);
   };
   std::vector<absl::flat_hash_set<std::string>> seen(s->problems->size());
+  // Per problem: the first sample kept, and when it was joined (-1: nothing cut).
+  std::vector<int64_t> first_joined_ms(s->problems->size(), -1);
+  v.first_kept.assign(s->problems->size(), 0);
   const std::shared_ptr<DecisionClient> client = s->connection->Get().client;
   for (size_t p = 0; p < s->problems->size(); ++p) {
     const std::string& id = (*s->problems)[p].id;
-    int64_t next = 0;
+    int64_t next = -1;
     const absl::Status exported = client->ExportLog(id, 0, 0, [&](const v1::LoggedSample& sample) {
       ++v.logged;
+      if (next < 0) {  // the first sample kept
+        next = sample.sequence();
+        v.first_kept[p] = next;
+        if (next > 0) first_joined_ms[p] = sample.joined_at_ms();
+      }
+      if (sample.redacted()) {
+        ++v.redacted;
+        next = sample.sequence() + 1;
+        return absl::OkStatus();
+      }
       if (sample.sequence() != next) {
         ++v.gaps;
         example(
@@ -1175,6 +1285,10 @@ VerifyResult Verify(const std::string& when, Shared* s) {
                                   sample.event_id(), sample.reward(),
                                   sample.default_reward() ? " (default)" : "", it->second.value));
         }
+      } else if (deleted.contains(sample.event_id())) {
+        ++v.deleted_present;
+        example(absl::StrCat(id, ": event ", sample.event_id(),
+                             " was deleted on request but is logged by its id"));
       } else if (auto l = late.find(sample.event_id()); l != late.end()) {
         if (!sample.default_reward()) {
           ++v.late_not_default;
@@ -1189,22 +1303,43 @@ VerifyResult Verify(const std::string& when, Shared* s) {
       break;
     }
   }
+  // Whether an event of problem p told at `at_ms` is expected: false if retention cut it
+  // (or may have: near the cut, not checked).
+  const auto expected = [&](int p, int64_t at_ms) {
+    if (first_joined_ms[p] < 0) return true;
+    if (at_ms < first_joined_ms[p] - kCutMarginMs) {
+      ++v.cut;
+      return false;
+    }
+    if (at_ms <= first_joined_ms[p] + kCutMarginMs) {
+      ++v.near_cut;
+      return false;
+    }
+    return true;
+  };
   for (const auto& [event_id, a] : acked) {
+    if (seen[a.problem].contains(event_id)) {
+      ++v.acked_checked;
+      continue;
+    }
+    if (!expected(a.problem, a.at_ms)) continue;
     ++v.acked_checked;
-    if (!seen[a.problem].contains(event_id)) {
-      ++v.acked_missing;
-      example(absl::StrFormat("%s: acknowledged reward of %s (%.17g) missing from the log",
-                              (*s->problems)[a.problem].id, event_id, a.value));
-    }
+    ++v.acked_missing;
+    example(absl::StrFormat("%s: acknowledged reward of %s (%.17g) missing from the log",
+                            (*s->problems)[a.problem].id, event_id, a.value));
   }
-  for (const auto& [event_id, p] : late) {
+  for (const auto& [event_id, l] : late) {
+    if (seen[l.problem].contains(event_id)) {
+      ++v.late_checked;
+      continue;
+    }
+    if (!expected(l.problem, l.at_ms)) continue;
     ++v.late_checked;
-    if (!seen[p].contains(event_id)) {
-      ++v.late_missing;
-      example(absl::StrCat((*s->problems)[p].id, ": expired event ", event_id,
-                           " (late reward refused) missing from the log"));
-    }
+    ++v.late_missing;
+    example(absl::StrCat((*s->problems)[l.problem].id, ": expired event ", event_id,
+                         " (late reward refused) missing from the log"));
   }
+  v.deleted_checked = static_cast<int64_t>(deleted.size());
   v.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return v;
 }
@@ -1212,11 +1347,14 @@ VerifyResult Verify(const std::string& when, Shared* s) {
 std::string Describe(const VerifyResult& v) {
   std::string out = absl::StrFormat(
       "%s: %d acknowledged rewards checked, %d missing, %d with another value or a default "
-      "reward; %d late-refused events checked, %d missing, %d learned; log: %d samples, %d "
-      "duplicate events, %d sequence gaps; export %.1f s%s",
+      "reward; %d late-refused events checked, %d missing, %d learned; log: %d samples "
+      "(first kept: %s; %d redacted), %d duplicate events, %d sequence gaps; retention: %d "
+      "events cut, %d near the cut not checked; %d events deleted on request, %d of them "
+      "logged by their id; export %.1f s%s",
       v.when, v.acked_checked, v.acked_missing, v.acked_wrong, v.late_checked, v.late_missing,
-      v.late_not_default, v.logged, v.duplicates, v.gaps, v.seconds,
-      v.export_error.empty() ? "" : absl::StrCat("; export failed: ", v.export_error));
+      v.late_not_default, v.logged, absl::StrJoin(v.first_kept, ", "), v.redacted,
+      v.duplicates, v.gaps, v.cut, v.near_cut, v.deleted_checked, v.deleted_present,
+      v.seconds, v.export_error.empty() ? "" : absl::StrCat("; export failed: ", v.export_error));
   for (const std::string& e : v.examples) absl::StrAppend(&out, "\n      ", e);
   return out;
 }
@@ -1614,11 +1752,13 @@ int Soak::WriteSummary() {
     absl::StrAppend(&out, ok ? "  PASS  " : "  FAIL  ", text, "\n");
     all = all && ok;
   }
-  absl::StrAppendFormat(&out,
-                        "  NOT EXERCISED  retention deletes: decisiond has no retention/deletion "
-                        "RPC yet; the hook (Churn::Retention in bench/soak/soak_main.cc) was "
-                        "called %d times and did nothing\n",
-                        churn_counts_.retention_calls.load());
+  absl::StrAppendFormat(
+      &out,
+      "  retention: max_samples %d set on %d problems at the first of %d retention rounds; "
+      "DeleteEvents: %d calls, %d events deleted, %d not found (already cut)\n",
+      absl::GetFlag(FLAGS_retention_samples), churn_counts_.retention_set.load(),
+      churn_counts_.retention_calls.load(), churn_counts_.delete_calls.load(),
+      churn_counts_.deleted.load(), churn_counts_.delete_not_found.load());
   const bool expert_churn = absl::GetFlag(FLAGS_expert_churn);
   absl::StrAppend(&out, "\nresult: ", all ? "PASS" : "FAIL",
                   expert_churn ? " (expert churn)" : " (fixed experts, --expert_churn=false)",
