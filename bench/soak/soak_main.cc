@@ -926,7 +926,7 @@ struct ResourceSample {
   double rss_kb = NAN, threads = NAN, fds = NAN, sst_bytes = NAN, storage_size_bytes = NAN,
          dir_bytes = NAN, samples = NAN;
   double experts = NAN;        // experts in the problems' logs (backfill complete)
-  double log_bytes_est = NAN;  // the in-memory sample logs: samples * 8 (N + 1.5) per problem
+  double problem_bytes = NAN;  // decision_problem_memory_bytes, every part and problem
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
   double cpu_pct = NAN;        // of one core, over the last second
   double latency_p50_ms = NAN, latency_p99_ms = NAN;  // of the load RPCs in the last second
@@ -974,29 +974,29 @@ std::string Label(absl::string_view line, absl::string_view label) {
   return std::string(line.substr(from, line.find('"', from) - from));
 }
 
-// The size of decisiond's in-memory sample logs, which grow by design: core/sample_log.h
-// keeps 8 (N + 1.5) bytes per sample for N experts (a new expert widens every row). Reads
-// decision_samples and decision_expert_backfill_progress (1 = the expert is in the log).
-void EstimateLogBytes(const std::string& page, ResourceSample* s) {
-  std::map<std::string, double> samples, experts;
+// What decisiond reports of the memory its problems keep (decision_problem_memory_bytes:
+// the samples in memory and the estimators' state, summed over parts and problems), and the
+// experts in the estimators (decision_expert_backfill_progress = 1).
+void ReadProblemMemory(const std::string& page, ResourceSample* s) {
+  double bytes = 0, experts = 0;
+  bool any = false;
   std::istringstream in(page);
   std::string line;
   while (std::getline(in, line)) {
-    const bool is_samples = line.rfind("decision_samples{", 0) == 0;
+    const bool is_memory = line.rfind("decision_problem_memory_bytes{", 0) == 0;
     const bool is_expert = line.rfind("decision_expert_backfill_progress{", 0) == 0;
-    if (!is_samples && !is_expert) continue;
+    if (!is_memory && !is_expert) continue;
     double v;
     if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) continue;
-    const std::string problem = Label(line, "problem");
-    if (is_samples) samples[problem] = v;
-    if (is_expert && v >= 1.0) experts[problem] += 1;
+    if (is_memory) {
+      bytes += v;
+      any = true;
+    }
+    if (is_expert && v >= 1.0) experts += 1;
   }
-  if (samples.empty()) return;
-  s->experts = s->log_bytes_est = 0;
-  for (const auto& [problem, n] : samples) {
-    s->experts += experts[problem];
-    s->log_bytes_est += n * 8 * (experts[problem] + 1.5);
-  }
+  if (!any) return;
+  s->problem_bytes = bytes;
+  s->experts = experts;
 }
 
 // The sizes of the *.sst files and of all files under dir.
@@ -1054,7 +1054,7 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     }
     s.storage_size_bytes = MetricSum(*page, "decision_storage_size_bytes");
     s.samples = MetricSum(*page, "decision_samples");
-    EstimateLogBytes(*page, &s);
+    ReadProblemMemory(*page, &s);
   }
   return s;
 }
@@ -1144,11 +1144,11 @@ class Sampler {
             "late_*: deliberately late rewards (FAILED_PRECONDITION expected); cpu_pct: "
             "decisiond's CPU over the second (100 = one core); latency_*: client-side "
             "latency of the Choose and Reward calls that returned OK in the second; experts: "
-            "experts in the problems' sample logs; log_bytes_est: their in-memory size, "
-            "samples * 8 (experts + 1.5) per problem (core/sample_log.h).\n";
+            "experts the problems' estimators cover; problem_bytes: the memory decisiond "
+            "reports its problems keep (decision_problem_memory_bytes, all parts).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
-            "latency_p50_ms,latency_p99_ms,experts,log_bytes_est";
+            "latency_p50_ms,latency_p99_ms,experts,problem_bytes";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1178,7 +1178,7 @@ class Sampler {
          << Num(r.storage_size_bytes) << "," << Num(r.dir_bytes) << "," << Num(r.samples) << ","
          << rpcs + c.late_precondition + c.late_other << "," << run_errors << "," << inj_errors
          << "," << c.late_precondition << "," << c.late_other << "," << Num(r.cpu_pct) << ","
-         << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.log_bytes_est);
+         << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -1844,7 +1844,7 @@ int Soak::WriteSummary() {
   const double rss_growth_mib =
       (late(&ResourceSample::rss_kb) - early(&ResourceSample::rss_kb)) / 1024;
   const double log_growth_mib =
-      (late(&ResourceSample::log_bytes_est) - early(&ResourceSample::log_bytes_est)) / (1 << 20);
+      (late(&ResourceSample::problem_bytes) - early(&ResourceSample::problem_bytes)) / (1 << 20);
   // RocksDB's memtables (64 MiB budget, freed by flushes): storage size minus SST files.
   const double memtable_growth_mib =
       ((late(&ResourceSample::storage_size_bytes) - late(&ResourceSample::sst_bytes)) -
@@ -1854,9 +1854,9 @@ int Soak::WriteSummary() {
   const double experts_added = late(&ResourceSample::experts) - early(&ResourceSample::experts);
   absl::StrAppendFormat(
       &out,
-      "  between the two windows: joined samples %.0f -> %.0f, experts in the logs %.0f -> "
-      "%.0f; RSS %+.1f MiB, of which the sample logs (8 (N + 1.5) bytes per sample, by "
-      "design) %+.1f MiB, RocksDB memtables (storage size - SST bytes) %+.1f MiB, the rest "
+      "  between the two windows: joined samples %.0f -> %.0f, experts estimated %.0f -> "
+      "%.0f; RSS %+.1f MiB, of which what decisiond reports its problems keep "
+      "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB memtables (storage size - SST bytes) %+.1f MiB, the rest "
       "(models, block cache, allocator, anything leaked) %+.1f MiB%s\n",
       early(&ResourceSample::samples), late(&ResourceSample::samples),
       early(&ResourceSample::experts), late(&ResourceSample::experts), rss_growth_mib,
