@@ -227,9 +227,15 @@ int main(int argc, char** argv) {
       const int64_t disk = DirectoryBytes(dir);
       max_disk = std::max(max_disk, disk);
       if (t + 1 > samples / 2) max_disk_second_half = std::max(max_disk_second_half, disk);
-      std::printf("  %lld samples, %.0f s, store %.0f MiB, resident %.0f MiB\n",
+      // RocksDB's share, as decisiond exports it (the maintenance thread's last values).
+      const auto store_memory = [&](const char* part) {
+        return metrics.store_memory(part).Value() / 1048576.0;
+      };
+      std::printf("  %lld samples, %.0f s, store %.0f MiB, resident %.0f MiB (RocksDB: "
+                  "memtables %.0f, table readers %.0f, block cache %.0f MiB)\n",
                   static_cast<long long>(t + 1), Seconds(fill_start), disk / 1048576.0,
-                  ResidentBytes() / 1048576.0);
+                  ResidentBytes() / 1048576.0, store_memory("memtables"),
+                  store_memory("table_readers"), store_memory("block_cache"));
       std::fflush(stdout);
     }
   }

@@ -153,6 +153,11 @@ Metrics::Metrics()
                        .Help("Approximate size of the RocksDB store")
                        .Register(*registry_)
                        .Add({});
+  store_memory_ = &prometheus::BuildGauge()
+                       .Name("decision_store_memory_bytes")
+                       .Help("RocksDB's memory by part: memtables, table_readers (index and "
+                             "filter blocks outside the block cache), block_cache")
+                       .Register(*registry_);
   audit_write_errors_ = &prometheus::BuildCounter()
                              .Name("decision_audit_write_errors_total")
                              .Help("Audit records of administrative calls that could not be written")

@@ -34,6 +34,10 @@ class Metrics {
   // Storage.
   prometheus::Histogram& storage_write_latency() { return *storage_write_latency_; }
   prometheus::Gauge& storage_size() { return *storage_size_; }
+  // decision_store_memory_bytes{part}: memtables, table_readers, block_cache.
+  prometheus::Gauge& store_memory(const std::string& part) {
+    return store_memory_->Add({{"part", part}});
+  }
   prometheus::Counter& audit_write_errors() { return *audit_write_errors_; }
   // 1 while the store can write, 0 while RocksDB refuses writes (a full or failing disk).
   prometheus::Gauge& store_healthy() { return *store_healthy_; }
@@ -123,6 +127,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& divergence_sigma_;
   prometheus::Histogram* storage_write_latency_;
   prometheus::Gauge* storage_size_;
+  prometheus::Family<prometheus::Gauge>* store_memory_;
   prometheus::Counter* audit_write_errors_;
   prometheus::Gauge* store_healthy_;
   prometheus::Counter* store_write_errors_;

@@ -63,6 +63,10 @@ absl::Status DecisionService::RunWriteRound() {
   if (export_metrics) {
     last_metrics_export_ = now;
     metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
+    const storage::Store::MemoryUsage memory = store_->Memory();
+    metrics_->store_memory("memtables").Set(static_cast<double>(memory.memtables));
+    metrics_->store_memory("table_readers").Set(static_cast<double>(memory.table_readers));
+    metrics_->store_memory("block_cache").Set(static_cast<double>(memory.block_cache));
   }
   return status;
 }

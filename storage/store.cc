@@ -250,7 +250,8 @@ absl::Status Store::OpenDbLocked() {
   db_options.listeners.push_back(std::make_shared<HealthListener>(health_));
   if (options_.env != nullptr) db_options.env = options_.env.get();
   rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(32 << 20);
+  block_cache_ = rocksdb::NewLRUCache(32 << 20);
+  table.block_cache = block_cache_;
   // Most event lookups miss (every Choose with a new caller event id): Bloom filters in the
   // files and in the memtables answer those without a search.
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
@@ -825,6 +826,21 @@ absl::Status Store::Compact() {
     if (!s.ok()) return WriteError(*health_, s, "compaction");
   }
   return absl::OkStatus();
+}
+
+Store::MemoryUsage Store::Memory() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  MemoryUsage m;
+  if (db_ == nullptr) return m;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) m.memtables += v;
+    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kEstimateTableReadersMem, &v)) {
+      m.table_readers += v;
+    }
+  }
+  if (block_cache_ != nullptr) m.block_cache = block_cache_->GetUsage();
+  return m;
 }
 
 uint64_t Store::ApproximateSizeBytes() {

@@ -45,6 +45,7 @@
 #include "storage/records.pb.h"
 
 namespace rocksdb {
+class Cache;
 class ColumnFamilyHandle;
 class CompactionFilter;
 class DB;
@@ -251,6 +252,15 @@ class Store {
 
   // Bytes on disk (SST files and WAL), approximately.
   uint64_t ApproximateSizeBytes();
+  // RocksDB's memory: the memtables (every family, immutable ones included; one budget of
+  // 64 MiB), the table readers' index and filter blocks held outside the block cache (they
+  // grow with the data kept), and the block cache's use (at most 32 MiB).
+  struct MemoryUsage {
+    uint64_t memtables = 0;
+    uint64_t table_readers = 0;
+    uint64_t block_cache = 0;
+  };
+  MemoryUsage Memory();
 
   // Training jobs (server/training_jobs.h): one record per job, rewritten as it changes.
   absl::Status PutTrainingJob(uint32_t problem, int64_t job_id,
@@ -303,6 +313,7 @@ class Store {
   bool closed_ = false;  // guarded by db_mu_
   rocksdb::DB* db_ = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  std::shared_ptr<rocksdb::Cache> block_cache_;  // shared by every family's tables
   rocksdb::ColumnFamilyHandle* problems_ = nullptr;
   rocksdb::ColumnFamilyHandle* experts_ = nullptr;
   rocksdb::ColumnFamilyHandle* events_ = nullptr;
