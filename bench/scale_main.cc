@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
+#include "prometheus/registry.h"
 #include "server/metrics.h"
 
 ABSL_FLAG(int64_t, samples, 1'000'000, "joined samples to fill the log with");
@@ -49,6 +50,9 @@ ABSL_FLAG(uint64_t, seed, 1, "seed");
 ABSL_FLAG(int64_t, window, 0,
           "samples in the first and the last window compared (0: a tenth of --samples, at "
           "most 1,000,000)");
+ABSL_FLAG(int64_t, reward_wait_ms, 3'600'000,
+          "the problem's reward wait: Choose's idempotency filter keeps the event ids of the "
+          "last wait (and of the retained window)");
 ABSL_FLAG(int64_t, retention_samples, 0,
           "the problem's retention (ProblemConfig.retention.max_samples; 0: keep all): the "
           "store's size is then reported as the samples pass");
@@ -116,6 +120,20 @@ v1::ExpertModel LinearModel(std::mt19937_64& gen) {
   return model;
 }
 
+// The first series of family `name` with label `label` = `value` (0 if none).
+double GaugeValue(decision::server::Metrics& metrics, const std::string& name,
+                  const std::string& label, const std::string& value) {
+  for (const prometheus::MetricFamily& f : metrics.registry()->Collect()) {
+    if (f.name != name) continue;
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == label && l.value == value) return m.gauge.value;
+      }
+    }
+  }
+  return 0.0;
+}
+
 bool AllActive(DecisionService& service) {
   v1::ListExpertsRequest req;
   req.set_problem_id("scale");
@@ -159,7 +177,7 @@ int main(int argc, char** argv) {
   create.set_problem_id("scale");
   create.mutable_config()->set_num_arms(absl::GetFlag(FLAGS_arms));
   create.mutable_config()->set_num_features(d);
-  create.mutable_config()->set_reward_wait_ms(3'600'000);
+  create.mutable_config()->set_reward_wait_ms(absl::GetFlag(FLAGS_reward_wait_ms));
   create.mutable_config()->mutable_retention()->set_max_samples(
       absl::GetFlag(FLAGS_retention_samples));
   v1::Problem problem;
@@ -227,15 +245,20 @@ int main(int argc, char** argv) {
       const int64_t disk = DirectoryBytes(dir);
       max_disk = std::max(max_disk, disk);
       if (t + 1 > samples / 2) max_disk_second_half = std::max(max_disk_second_half, disk);
-      // RocksDB's share, as decisiond exports it (the maintenance thread's last values).
-      const auto store_memory = [&](const char* part) {
-        return metrics.store_memory(part).Value() / 1048576.0;
+      // Parts of it, as decisiond exports them (the maintenance thread's last values).
+      const auto mib = [&](const char* name, const char* label, const char* part) {
+        return GaugeValue(metrics, name, label, part) / 1048576.0;
       };
-      std::printf("  %lld samples, %.0f s, store %.0f MiB, resident %.0f MiB (RocksDB: "
-                  "memtables %.0f, table readers %.0f, block cache %.0f MiB)\n",
+      std::printf("  %lld samples, %.0f s, store %.0f MiB, resident %.0f MiB (event ids %.0f, "
+                  "estimator %.0f; RocksDB memtables %.0f, table readers %.0f, block cache "
+                  "%.0f MiB)\n",
                   static_cast<long long>(t + 1), Seconds(fill_start), disk / 1048576.0,
-                  ResidentBytes() / 1048576.0, store_memory("memtables"),
-                  store_memory("table_readers"), store_memory("block_cache"));
+                  ResidentBytes() / 1048576.0,
+                  mib("decision_problem_memory_bytes", "part", "event_ids"),
+                  mib("decision_problem_memory_bytes", "part", "estimator"),
+                  mib("decision_store_memory_bytes", "part", "memtables"),
+                  mib("decision_store_memory_bytes", "part", "table_readers"),
+                  mib("decision_store_memory_bytes", "part", "block_cache"));
       std::fflush(stdout);
     }
   }

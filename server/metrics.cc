@@ -222,6 +222,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.scoring_cost = &scoring_cost_.Add(labels);
   m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));
   m.memory_estimator = &problem_memory_.Add(with("part", "estimator"));
+  m.memory_event_ids = &problem_memory_.Add(with("part", "event_ids"));
   return m;
 }
 

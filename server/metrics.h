@@ -72,6 +72,7 @@ class Metrics {
     // few chunks at most) and the estimator's state; neither grows with the samples.
     prometheus::Gauge* memory_sample_log;
     prometheus::Gauge* memory_estimator;
+    prometheus::Gauge* memory_event_ids;
   };
   ProblemMetrics ForProblem(const std::string& problem);
   // 1 for a problem that failed to load (DecisionService::Open).

@@ -335,7 +335,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 
 void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   int64_t batch_lag;
-  int64_t log_bytes, estimator_bytes;
+  int64_t log_bytes, estimator_bytes, event_id_bytes;
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
@@ -357,10 +357,13 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     // The state, and the buffer checkpoints write it from.
     estimator_bytes = ducb_.estimator().Stats().state_bytes +
                       static_cast<int64_t>(state_buffer_.capacity());
+    // Choose's idempotency filter: the event ids of the reward wait and the retained window.
+    event_id_bytes = event_ids_.memory_bytes();
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
   metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));
   metrics_.memory_estimator->Set(static_cast<double>(estimator_bytes));
+  metrics_.memory_event_ids->Set(static_cast<double>(event_id_bytes));
   const v1::Estimates estimates = GetEstimates();
   std::vector<Metrics::Pair> pairs;
   std::vector<std::pair<double, int>> active;  // (ucb, expert)
