@@ -212,6 +212,61 @@ TEST(Retention, DeletesWhatItShouldAndNothingElse) {
   EXPECT_TRUE((*store)->GetEvent(1, EventId(0)).ok());
 }
 
+// The bytes of the store's table files.
+int64_t SstBytes(const std::string& dir) {
+  int64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".sst") total += static_cast<int64_t>(entry.file_size());
+  }
+  return total;
+}
+
+// Range deletions free no disk until compactions reach the files under them, and with keys
+// in sequence order the oldest files are the last a compaction reaches. The files wholly
+// before a cut are dropped at once; a file that straddles it stays, and reads past the cut
+// are unchanged.
+TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
+  const std::string dir = TempDir("files");
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  // One table file per chunk of samples, below level 0 (where old data lives; RocksDB drops
+  // no level-0 file by range): each chunk is flushed and compacted down, next to the
+  // earlier ones, whose keys it does not overlap. Contexts of 64 features make the samples
+  // most of the bytes.
+  for (int64_t c = 0; c < 3; ++c) {
+    Store::WriteGroup group;
+    for (int64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) {
+      v1::EventRecord event;
+      event.set_state(v1::EVENT_STATE_JOINED);
+      event.set_decided_at_ms(i);
+      event.set_sequence(i);
+      v1::SampleRecord sample;
+      sample.set_event_id(EventId(i));
+      for (int f = 0; f < 64; ++f) sample.add_features(static_cast<double>(i * 64 + f));
+      ASSERT_TRUE((*store)->AddJoin(&group, 0, EventId(i), event, i, sample, false).ok());
+    }
+    ASSERT_TRUE((*store)->Commit(&group).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+    ASSERT_TRUE((*store)->Compact().ok());
+  }
+  const int64_t before = SstBytes(dir);
+  ASSERT_TRUE((*store)->ApplyRetention(0, 0, Cut(2 * kChunk, 0)).ok());
+  const int64_t after = SstBytes(dir);
+  // Two of the three samples' files are gone, without a compaction.
+  EXPECT_LT(after, before / 2) << before << " -> " << after;
+  const std::set<int64_t> kept = Samples(**store, 0);
+  ASSERT_EQ(kept.size(), static_cast<size_t>(kChunk));
+  EXPECT_EQ(*kept.begin(), 2 * kChunk);
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetSample(0, 2 * kChunk - 1).status()));
+  EXPECT_TRUE((*store)->GetSample(0, 3 * kChunk - 1).ok());
+  // Nothing comes back after a reopen.
+  ASSERT_TRUE((*store)->Close().ok());
+  store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(Samples(**store, 0).size(), static_cast<size_t>(kChunk));
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetSample(0, 0).status()));
+}
+
 // A kill -9 at any point of a compaction that applies the cut: the reopened store holds
 // what was kept, intact, and compacting again finishes the deletion.
 TEST(Retention, AKillDuringCompactionLosesNothingKept) {
