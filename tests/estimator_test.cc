@@ -593,6 +593,44 @@ DivergenceMatrix Block(const DivergenceMatrix& d, int n) {
   return b;
 }
 
+// `trials` copies of `state`, each with one bit flipped at or after byte `from`: each is
+// refused with DATA_LOSS, or restores to an estimator that can choose (a damaged value that
+// passes the checks gives wrong estimates, never an invalid computation).
+void FlipBitsOf(const std::string& state, const EstimatorOptions& o, size_t from, int trials,
+                uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  for (int trial = 0; trial < trials; ++trial) {
+    std::string damaged = state;
+    damaged[absl::Uniform<size_t>(gen, from, damaged.size())] ^=
+        static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
+    auto bad = RestoreEstimator(o, damaged);
+    if (!bad.ok()) {
+      ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+      continue;
+    }
+    (*bad)->ArgmaxUcb(std::vector<bool>((*bad)->num_experts(), true), gen);
+  }
+}
+
+// The next sample of `stream`, chosen by `chooser`: into `log` with every expert's column,
+// and learnt by `e` (its n experts) and by `restored`, if any, which must go on bit for bit.
+void LearnNext(Stream& stream, int chooser, int n, SampleLog* log, Estimator* e,
+               Estimator* restored) {
+  std::vector<double> p;
+  std::vector<std::vector<double>> dists;
+  double reward;
+  stream.Next(log->num_experts(), chooser, &p, &reward, &dists);
+  ASSERT_TRUE(log->Append(chooser, reward, p).ok());
+  const std::vector<double> seen(p.begin(), p.begin() + n);
+  ASSERT_TRUE(e->Add(chooser, reward, seen).ok());
+  if (restored == nullptr) return;
+  ASSERT_TRUE(restored->Add(chooser, reward, seen).ok());
+  for (int k = 0; k < n; ++k) {
+    ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean);
+    ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width);
+  }
+}
+
 // Experts added with a window (rows from a first sample on, as a store that keeps only
 // the recent log feeds them, with samples skipped, as deleted contexts are) against the
 // literal reference of the windowed definition: mid-stream, while samples keep coming,
@@ -658,22 +696,10 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
         ASSERT_TRUE(rows->Add(j, log.reward(fed), log.propensity(j, fed), q).ok());
       }
     };
-    std::vector<double> p;
-    std::vector<std::vector<double>> dists;
-    double reward;
     for (int t = 1; t <= 1500; ++t) {
       const int chooser = absl::Uniform<int>(stream.gen(), 0, n);
-      stream.Next(kMax, chooser, &p, &reward, &dists);
-      ASSERT_TRUE(log.Append(chooser, reward, p).ok());
-      const std::vector<double> seen(p.begin(), p.begin() + n);
-      ASSERT_TRUE(e->Add(chooser, reward, seen).ok());
-      if (restored != nullptr) {
-        ASSERT_TRUE(restored->Add(chooser, reward, seen).ok());
-        for (int k = 0; k < n; ++k) {
-          ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean) << "t=" << t;
-          ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width) << "t=" << t;
-        }
-      }
+      LearnNext(stream, chooser, n, &log, e.get(), restored.get());
+      ASSERT_FALSE(HasFailure()) << "t=" << t;
       for (const Plan& plan : plans) {
         if (t == plan.start) {
           // A window may start anywhere up to the samples in groups, not past them.
@@ -727,18 +753,7 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
                     absl::StatusCode::kDataLoss)
               << len;
         }
-        std::mt19937_64 gen(t);
-        for (int trial = 0; trial < 500; ++trial) {
-          std::string damaged = *state;
-          damaged[absl::Uniform<size_t>(gen, damaged.size() / 2, damaged.size())] ^=
-              static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
-          auto bad = RestoreEstimator(o, damaged);
-          if (!bad.ok()) {
-            ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
-            continue;
-          }
-          (*bad)->ArgmaxUcb(std::vector<bool>((*bad)->num_experts(), true), gen);
-        }
+        FlipBitsOf(*state, o, state->size() / 2, 500, t);
       }
       if (t % 7 == 0 && (t < 120 || t % 29 == 0 || (t > 700 && t < 760))) {
         compare("t=" + std::to_string(t));
@@ -846,9 +861,6 @@ TEST(Estimator, RetiredExpertsAreFoldedAndMatchTheReference) {
       restored = nullptr;
       compare("after retiring " + std::to_string(k) + " at t=" + std::to_string(t));
     };
-    std::vector<double> p;
-    std::vector<std::vector<double>> dists;
-    double reward;
     for (int t = 1; t <= 1600; ++t) {
       // Mostly live choosers; a retired one for 60 samples after its retirement (its
       // decisions still being joined).
@@ -857,17 +869,8 @@ TEST(Estimator, RetiredExpertsAreFoldedAndMatchTheReference) {
         if (!retired[k] || t - retired_at[k] < 60) choosers.push_back(k);
       }
       const int chooser = choosers[absl::Uniform<size_t>(stream.gen(), 0, choosers.size())];
-      stream.Next(kMax, chooser, &p, &reward, &dists);
-      ASSERT_TRUE(log.Append(chooser, reward, p).ok());
-      const std::vector<double> seen(p.begin(), p.begin() + n);
-      ASSERT_TRUE(e->Add(chooser, reward, seen).ok());
-      if (restored != nullptr) {
-        ASSERT_TRUE(restored->Add(chooser, reward, seen).ok());
-        for (int k = 0; k < n; ++k) {
-          ASSERT_EQ(restored->Estimate(k).mean, e->Estimate(k).mean) << "t=" << t;
-          ASSERT_EQ(restored->Estimate(k).width, e->Estimate(k).width) << "t=" << t;
-        }
-      }
+      LearnNext(stream, chooser, n, &log, e.get(), restored.get());
+      ASSERT_FALSE(HasFailure()) << "t=" << t;
       if (t == 300) retire(1, t);
       if (t == 400 || t == 1000) {
         const DivergenceMatrix next = RandomDivergences(kMax, stream.gen());
@@ -919,18 +922,7 @@ TEST(Estimator, RetiredExpertsAreFoldedAndMatchTheReference) {
         restored = RestoredCopy(*e, o, &saved);
         ASSERT_NE(restored, nullptr);
         for (int k = 0; k < n; ++k) EXPECT_EQ(restored->Retired(k), retired[k]);
-        std::mt19937_64 gen(t);
-        for (int trial = 0; trial < 300; ++trial) {
-          std::string damaged = saved;
-          damaged[absl::Uniform<size_t>(gen, 5, damaged.size())] ^=
-              static_cast<char>(1 << absl::Uniform<int>(gen, 0, 8));
-          auto bad = RestoreEstimator(o, damaged);
-          if (!bad.ok()) {
-            ASSERT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
-            continue;
-          }
-          (*bad)->ArgmaxUcb(std::vector<bool>((*bad)->num_experts(), true), gen);
-        }
+        FlipBitsOf(saved, o, 5, 300, t);
       }
       if (t % 11 == 0 && (t < 100 || t % 37 == 0)) compare("t=" + std::to_string(t));
       if (HasFailure()) return;
