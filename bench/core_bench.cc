@@ -7,6 +7,9 @@
 //   BM_Choose/<estimator>/N              DUcb::SelectExpert after a 10k-sample warm-up: the
 //                                        argmax of mean + width over N experts (no model is
 //                                        evaluated). items/s = decisions/s.
+//   BM_Choose/median_of_means/161/<how>128  the same with 128 of 161 experts out of the
+//                                        choice: "unselectable" (the baseline) or "retired"
+//                                        (Estimator::Retire, the estimator's own loop).
 //   BM_IncrementalAt/<estimator>/t       DUcb::Learn with N = 32 and the log pre-filled to t.
 //   BM_ReferenceEstimateAll/<estimator>/t
 //                                        reference::Estimate for all 32 experts from samples
@@ -299,9 +302,20 @@ void BM_IncrementalAt(benchmark::State& state, EstimatorKind kind, int64_t t) {
   TimeUpdates(state, kind, kReferenceExperts, t);
 }
 
-void BM_Choose(benchmark::State& state, EstimatorKind kind, int n) {
+// `out`: experts 1..out are out of the choice, unselectable (how decisiond excluded
+// retired experts before Estimator::Retire) or retired in the estimator (`retire`).
+void BM_Choose(benchmark::State& state, EstimatorKind kind, int n, int out = 0,
+               bool retire = false) {
   std::unique_ptr<DUcb> ducb = MakeFilled(kind, n, kWarmup, state);
   if (ducb == nullptr) return;
+  for (int k = 1; k <= out; ++k) {
+    if (!retire) {
+      ducb->SetSelectable(k, false);
+    } else if (absl::Status s = ducb->Retire(k); !s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      return;
+    }
+  }
   std::mt19937_64 bitgen(kSeed);
   absl::BitGenRef gen(bitgen);
   for (auto _ : state) {
@@ -795,9 +809,18 @@ void RegisterAll() {
     const std::string k = KindName(kind);
     for (int n : {8, 32, 128}) {
       benchmark::RegisterBenchmark(absl::StrCat("BM_Choose/", k, "/", n).c_str(), BM_Choose,
-                                   kind, n)
+                                   kind, n, 0, false)
           ->Unit(benchmark::kNanosecond);
     }
+  }
+  // What auto-training leaves on letter: 161 experts, 128 of them retired.
+  for (const bool retire : {false, true}) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_Choose/median_of_means/161/", retire ? "retired" : "unselectable",
+                     "128")
+            .c_str(),
+        BM_Choose, EstimatorKind::kMedianOfMeans, 161, 128, retire)
+        ->Unit(benchmark::kNanosecond);
   }
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
     const std::string k = KindName(kind);
