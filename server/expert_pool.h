@@ -24,9 +24,11 @@
 // estimated like every other, but is never selected. An expert retired once estimated is
 // frozen: its estimate at retirement is stored with its record and reported from then on,
 // and the joins score it with the uniform stand-in (free), since no other expert's estimate
-// reads its column (only their own and the chooser's logged propensity). Its model still
-// takes part in the divergence refreshes. Ids are dense: expert k is the k-th
-// registered. D-UCB estimates experts [0, n) once they finish backfilling, in id order.
+// reads its column (only their own and the chooser's logged propensity). The estimator
+// frees its row and fixes its divergence pairs (Estimator::Retire); its model is still
+// scored on the reservoir for the pairs of experts registered later. Ids are dense: expert
+// k is the k-th registered. D-UCB estimates experts [0, n) once they finish backfilling, in
+// id order.
 #ifndef DECISION_SERVER_EXPERT_POOL_H_
 #define DECISION_SERVER_EXPERT_POOL_H_
 
