@@ -218,7 +218,8 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
           " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
           env_.max_experts, ")"));
     }
-    if (const int64_t bytes = MemoryBound(record_, experts_.size() + 1, RetiredInEstimatorLocked());
+    if (const int64_t bytes =
+            MemoryBound(record_, experts_.size() + 1, RetiredInEstimatorLocked());
         bytes > env_.max_memory_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "problem ", id(), ": a new expert would take the memory of its ", experts_.size() + 1,

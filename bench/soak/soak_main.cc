@@ -1856,7 +1856,8 @@ int Soak::WriteSummary() {
       &out,
       "  between the two windows: joined samples %.0f -> %.0f, experts estimated %.0f -> "
       "%.0f; RSS %+.1f MiB, of which what decisiond reports its problems keep "
-      "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB memtables (storage size - SST bytes) %+.1f MiB, the rest "
+      "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB "
+      "memtables (storage size - SST bytes) %+.1f MiB, the rest "
       "(models, block cache, allocator, anything leaked) %+.1f MiB%s\n",
       early(&ResourceSample::samples), late(&ResourceSample::samples),
       early(&ResourceSample::experts), late(&ResourceSample::experts), rss_growth_mib,
