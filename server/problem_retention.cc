@@ -39,7 +39,8 @@ absl::Status Problem::ApplyRetention() {
   absl::MutexLock writes(&expert_writes_mu_);
   const int64_t now_ms = env_.clock->NowMs();
   int64_t t, retained, events_cut, max_samples, max_age_ms, limit;
-  int experts;
+  // Per expert, the samples its backfill chunks cover: [backfill_first, backfill_total).
+  std::vector<std::pair<int64_t, int64_t>> backfilled;
   bool check_age;
   // The first sample a restart reads (from the chunk of the estimators' state on), and the
   // first a backfill reads (its window).
@@ -63,7 +64,10 @@ absl::Status Problem::ApplyRetention() {
     for (int k = ducb_.num_experts(); k < experts_.size(); ++k) {
       backfill_pin = std::min(backfill_pin, experts_.at(k).record.backfill_first());
     }
-    experts = experts_.size();
+    for (int k = 0; k < experts_.size(); ++k) {
+      const storage::v1::ExpertRecord& r = experts_.at(k).record;
+      backfilled.emplace_back(r.backfill_first(), r.backfill_total());
+    }
     check_age = max_age_ms > 0 && now_ms >= next_age_check_ms_;
     if (check_age) next_age_check_ms_ = now_ms + kAgeCheckIntervalMs;
   }
@@ -104,6 +108,13 @@ absl::Status Problem::ApplyRetention() {
   storage::v1::RetentionRecord record;
   record.set_first_sample(cut);
   record.set_events_before_ms(events_before);
+  // The experts with backfill chunks this cut may delete (ones registered before any
+  // sample have none; ones the last cut passed have none left): a range deletion each.
+  std::vector<uint32_t> experts;
+  for (size_t k = 0; k < backfilled.size(); ++k) {
+    const auto [first, total] = backfilled[k];
+    if (total > first && total > retained && first < cut) experts.push_back(k);
+  }
   DECISION_RETURN_IF_ERROR(
       Timed([&] { return env_.store->ApplyRetention(index_, experts, record); }));
   absl::MutexLock lock(&mu_);

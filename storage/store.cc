@@ -710,7 +710,7 @@ absl::Status Store::PutProblem(uint32_t problem, const v1::ProblemRecord& record
   return Put(&Store::problems_, Key32(problem), record, "problem");
 }
 
-absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
+absl::Status Store::ApplyRetention(uint32_t problem, const std::vector<uint32_t>& backfilled,
                                    const v1::RetentionRecord& cut) {
   if (cut.first_sample() < 0 || cut.first_sample() % kLogChunkSamples != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -745,9 +745,7 @@ absl::Status Store::ApplyRetention(uint32_t problem, int num_experts,
   const uint64_t to = static_cast<uint64_t>(cut.first_sample());
   add(samples_, Key32(problem), to);
   add(logchunks_, Key32(problem), to / kLogChunkSamples);
-  for (int e = 0; e < num_experts; ++e) {
-    add(backfill_, Key32x2(problem, static_cast<uint32_t>(e)), to / kLogChunkSamples);
-  }
+  for (uint32_t e : backfilled) add(backfill_, Key32x2(problem, e), to / kLogChunkSamples);
   // Each tombstone covers everything before the cut, not only what the last cut left: the
   // files wholly inside are then dropped (below), older tombstones possibly with them, and
   // the keys of files that straddle the cut stay covered by this one.

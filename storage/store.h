@@ -223,15 +223,18 @@ class Store {
   absl::Status PutProblem(uint32_t problem, const v1::ProblemRecord& record);
 
   // Retention: in one write, deletes the problem's samples before cut.first_sample, its log
-  // chunks and the backfill chunks of experts [0, num_experts) wholly before it (range
-  // deletions: no scan, whatever their number), and stores `cut` (RetentionRecord). From
-  // then on compactions of the events family drop the problem's joined events whose sample
-  // was deleted, and its events never joined (expired, dropped) decided before
-  // cut.events_before_ms; pending ones stay (a compaction filter, retention.h: nothing on
-  // the request path reads or deletes them). RocksDB reclaims the space as it compacts (Compact() to
-  // force it). INVALID_ARGUMENT if first_sample is not a multiple of kLogChunkSamples, or
-  // if the cut moves back from the stored one (nothing is written).
-  absl::Status ApplyRetention(uint32_t problem, int num_experts, const v1::RetentionRecord& cut);
+  // chunks wholly before it and those of the `backfilled` experts (the ones that may have
+  // backfill chunks the cut deletes), by range deletions (no scan, whatever their number;
+  // each stays until compactions drop it), and stores `cut` (RetentionRecord); then drops
+  // the table files wholly before the cut. From then on compactions of the events family
+  // drop the problem's joined events whose sample was deleted, and its events never joined
+  // (expired, dropped) decided before cut.events_before_ms; pending ones stay (a
+  // compaction filter, retention.h: nothing on the request path reads or deletes them).
+  // RocksDB reclaims the rest of the space as it compacts (Compact() to force it).
+  // INVALID_ARGUMENT if first_sample is not a multiple of kLogChunkSamples, or if the cut
+  // moves back from the stored one (nothing is written).
+  absl::Status ApplyRetention(uint32_t problem, const std::vector<uint32_t>& backfilled,
+                              const v1::RetentionRecord& cut);
   // The last cut applied; NOT_FOUND if none.
   absl::StatusOr<v1::RetentionRecord> GetRetention(uint32_t problem);
 

@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   decision::storage::v1::RetentionRecord cut;
   cut.set_first_sample(std::atoll(argv[2]));
   cut.set_events_before_ms(std::atoll(argv[3]));
-  if (!(*store)->ApplyRetention(0, 2, cut).ok()) return 1;
+  if (!(*store)->ApplyRetention(0, {0, 1}, cut).ok()) return 1;
   const char byte = 1;
   if (write(1, &byte, 1) != 1) return 1;
   for (;;) {

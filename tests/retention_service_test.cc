@@ -5,6 +5,7 @@
 // are refused with nothing changed.
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "core/estimator.h"
 #include "server/decision_service.h"
 #include "storage/format.h"
+#include "storage/store.h"
 #include "tests/grpc_harness.h"
 #include "tests/reference_estimators.h"
 #include "tests/service_fixture.h"
@@ -126,6 +128,24 @@ TEST_F(RetentionTest, KeepsTheNewestSamplesAndBackfillsANewExpertOverThem) {
   PlayRounds("p", 2 * kChunk);
   ASSERT_TRUE(service_->RunMaintenance().ok());
   EXPECT_EQ(GetProblem("p").retained_from(), 6 * kChunk);
+  // With the late expert's backfill chunks before the cut (it was backfilled over chunks
+  // 4, 5 and the start of 6; the early experts, registered before any sample, have none).
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, storage::StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    std::set<uint64_t> chunks;
+    ASSERT_TRUE((*store)
+                    ->ForEachBackfillChunk(0, static_cast<uint32_t>(late),
+                                           [&](uint64_t c, const storage::v1::BackfillChunk&) {
+                                             chunks.insert(c);
+                                             return absl::OkStatus();
+                                           })
+                    .ok());
+    EXPECT_EQ(chunks, std::set<uint64_t>({6}));
+  }
+  Open();
 }
 
 // ExportLog over gRPC streams the samples in pages: after a cut, a page that starts before

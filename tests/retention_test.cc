@@ -185,15 +185,15 @@ TEST(Retention, DeletesWhatItShouldAndNothingElse) {
     Fill(**store);
     EXPECT_TRUE(absl::IsNotFound((*store)->GetRetention(0).status()));
     // Refused: a cut inside a chunk; nothing is deleted.
-    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(kChunk + 1, 0)).code(),
+    EXPECT_EQ((*store)->ApplyRetention(0, {0, 1}, Cut(kChunk + 1, 0)).code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(Samples(**store, 0).size(), static_cast<size_t>(kSamples));
-    ASSERT_TRUE((*store)->ApplyRetention(0, 2, Cut(kChunk, kChunk)).ok());
-    ASSERT_TRUE((*store)->ApplyRetention(0, 2, Cut(2 * kChunk, 2 * kChunk)).ok());
+    ASSERT_TRUE((*store)->ApplyRetention(0, {0, 1}, Cut(kChunk, kChunk)).ok());
+    ASSERT_TRUE((*store)->ApplyRetention(0, {0, 1}, Cut(2 * kChunk, 2 * kChunk)).ok());
     // Refused: a cut that moves back.
-    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(kChunk, 2 * kChunk)).code(),
+    EXPECT_EQ((*store)->ApplyRetention(0, {0, 1}, Cut(kChunk, 2 * kChunk)).code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ((*store)->ApplyRetention(0, 2, Cut(2 * kChunk, kChunk)).code(),
+    EXPECT_EQ((*store)->ApplyRetention(0, {0, 1}, Cut(2 * kChunk, kChunk)).code(),
               absl::StatusCode::kInvalidArgument);
     ExpectCut(**store, /*compacted=*/false);
     ASSERT_TRUE((*store)->Close().ok());
@@ -250,7 +250,7 @@ TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
     ASSERT_TRUE((*store)->Compact().ok());
   }
   const int64_t before = SstBytes(dir);
-  ASSERT_TRUE((*store)->ApplyRetention(0, 0, Cut(2 * kChunk, 0)).ok());
+  ASSERT_TRUE((*store)->ApplyRetention(0, {}, Cut(2 * kChunk, 0)).ok());
   const int64_t after = SstBytes(dir);
   // Two of the three samples' files are gone, without a compaction.
   EXPECT_LT(after, before / 2) << before << " -> " << after;
