@@ -728,27 +728,38 @@ absl::Status Store::ApplyRetention(uint32_t problem, const std::vector<uint32_t>
   }
   std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
   if (db_ == nullptr) return NotOpen();
-  // The deleted ranges, from the problem's first key: [prefix + 0, prefix + to).
+  // Range tombstones alone free nothing until compactions reach the files under them, and
+  // with keys in sequence order the oldest files, at the bottom level, are the last a
+  // compaction reaches: 100M samples with 10M kept had left 8 GB in the samples family.
+  // So the first cut, and then one every kDropFilesChunks chunks, also drops the table files
+  // wholly before it (DeleteFilesInRange). Its tombstones then cover everything before the cut, so that the
+  // keys of a file straddling it stay deleted whichever older tombstones go with the
+  // dropped files; the other cuts delete only what the last one left ([from, to)), since
+  // nested tombstones cost the table readers memory until compactions drop them.
+  constexpr uint64_t kDropFilesChunks = 64;
+  const uint64_t from = stored.ok() ? static_cast<uint64_t>(stored->first_sample()) : 0;
+  const uint64_t to = static_cast<uint64_t>(cut.first_sample());
+  const bool drop_files = !stored.ok() || from / kLogChunkSamples / kDropFilesChunks !=
+                                             to / kLogChunkSamples / kDropFilesChunks;
+  const uint64_t begin = drop_files ? 0 : from;
   struct Range {
     rocksdb::ColumnFamilyHandle* family;
     std::string begin, end;
   };
   std::vector<Range> ranges;
   const auto add = [&](rocksdb::ColumnFamilyHandle* family, const std::string& prefix,
-                       uint64_t end) {
-    if (end == 0) return;
+                       uint64_t first, uint64_t end) {
+    if (first >= end) return;
     Range r{family, prefix, prefix};
-    AppendU64(&r.begin, 0);
+    AppendU64(&r.begin, first);
     AppendU64(&r.end, end);
     ranges.push_back(std::move(r));
   };
-  const uint64_t to = static_cast<uint64_t>(cut.first_sample());
-  add(samples_, Key32(problem), to);
-  add(logchunks_, Key32(problem), to / kLogChunkSamples);
-  for (uint32_t e : backfilled) add(backfill_, Key32x2(problem, e), to / kLogChunkSamples);
-  // Each tombstone covers everything before the cut, not only what the last cut left: the
-  // files wholly inside are then dropped (below), older tombstones possibly with them, and
-  // the keys of files that straddle the cut stay covered by this one.
+  add(samples_, Key32(problem), begin, to);
+  add(logchunks_, Key32(problem), begin / kLogChunkSamples, to / kLogChunkSamples);
+  for (uint32_t e : backfilled) {
+    add(backfill_, Key32x2(problem, e), begin / kLogChunkSamples, to / kLogChunkSamples);
+  }
   rocksdb::WriteBatch batch;
   rocksdb::Status s;
   for (const Range& r : ranges) {
@@ -759,19 +770,17 @@ absl::Status Store::ApplyRetention(uint32_t problem, const std::vector<uint32_t>
   lock.unlock();
   if (absl::Status w = Write(&batch, "retention"); !w.ok()) return w;
   cuts_->Set(problem, {cut.first_sample(), cut.events_before_ms()});
-  // Range tombstones alone free nothing until compactions reach the files under them, and
-  // with keys in sequence order the old files at the bottom level are rarely compacted:
-  // 100M samples with 10M kept left 8 GB in the samples family. Files wholly inside the
-  // deleted ranges are dropped now, once the tombstones are durable (a crash must not find
-  // files gone and the cut not written). The new tombstones are in the memtable, not in
-  // any file this can drop.
+  // The files wholly before the cut, once its tombstones are durable (a crash must not
+  // find files gone and the cut not written). The new tombstones are in the memtable, not
+  // in any file this can drop.
+  if (!drop_files) return absl::OkStatus();
   lock.lock();
   if (db_ == nullptr) return NotOpen();
   s = db_->FlushWAL(/*sync=*/true);
   for (const Range& r : ranges) {
     if (!s.ok()) break;
-    const rocksdb::Slice begin(r.begin), end(r.end);
-    s = rocksdb::DeleteFilesInRange(db_, r.family, &begin, &end, /*include_end=*/false);
+    const rocksdb::Slice lo(r.begin), hi(r.end);
+    s = rocksdb::DeleteFilesInRange(db_, r.family, &lo, &hi, /*include_end=*/false);
   }
   if (!s.ok()) return WriteError(*health_, s, "retention file deletion");
   return absl::OkStatus();
