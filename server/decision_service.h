@@ -260,7 +260,8 @@ class DecisionService {
   void ExportProblemMetrics(Problem* p);
   // One problem's deferred decisions, log chunks and expiry.
   absl::Status MaintainWrites(Problem* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
-  // One problem's expert pool; `backfill_budget` bounds the time spent backfilling.
+  // One problem's expert pool; `backfill_budget` bounds the time spent reading a restart's
+  // event ids and backfilling.
   absl::Status MaintainPool(Problem* p, std::chrono::milliseconds backfill_budget)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_);
 

@@ -158,6 +158,11 @@ Metrics::Metrics()
                        .Help("RocksDB's memory by part: memtables, table_readers (index and "
                              "filter blocks outside the block cache), block_cache")
                        .Register(*registry_);
+  store_family_size_ = &prometheus::BuildGauge()
+                            .Name("decision_store_family_bytes")
+                            .Help("Approximate size of each of the store's column families "
+                                  "(SST files and memtables): events, samples, logchunks, ...")
+                            .Register(*registry_);
   audit_write_errors_ = &prometheus::BuildCounter()
                              .Name("decision_audit_write_errors_total")
                              .Help("Audit records of administrative calls that could not be written")

@@ -34,6 +34,10 @@ class Metrics {
   // Storage.
   prometheus::Histogram& storage_write_latency() { return *storage_write_latency_; }
   prometheus::Gauge& storage_size() { return *storage_size_; }
+  // decision_store_family_bytes{family}: the store's size per column family.
+  prometheus::Gauge& store_family_size(const std::string& family) {
+    return store_family_size_->Add({{"family", family}});
+  }
   // decision_store_memory_bytes{part}: memtables, table_readers, block_cache.
   prometheus::Gauge& store_memory(const std::string& part) {
     return store_memory_->Add({{"part", part}});
@@ -129,6 +133,7 @@ class Metrics {
   prometheus::Histogram* storage_write_latency_;
   prometheus::Gauge* storage_size_;
   prometheus::Family<prometheus::Gauge>* store_memory_;
+  prometheus::Family<prometheus::Gauge>* store_family_size_;
   prometheus::Counter* audit_write_errors_;
   prometheus::Gauge* store_healthy_;
   prometheus::Counter* store_write_errors_;

@@ -188,7 +188,7 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
       // The claim keeps every other Choose of this id from deciding it until this one has
       // (they wait for it), and keeps a reward from joining what is not yet answered.
       pending_.Claim(event_id);
-      lookup = event_ids_.MayContain(event_id);
+      lookup = event_ids_loading_ || event_ids_.MayContain(event_id);
     }
     // A new event id (the common case): select in the same critical section.
     if (!answered && !lookup) selection = SelectLocked(x);
@@ -216,6 +216,9 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
 
 void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
                                 v1::ChooseResponse* response, Done done) {
+  if (env_.hooks != nullptr && env_.hooks->before_event_lookup) {
+    env_.hooks->before_event_lookup(event_id);
+  }
   absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
   if (stored.ok()) {
     std::vector<ChooseWaiter> waiters;

@@ -104,6 +104,13 @@ inline constexpr size_t kMaxLearnBatch = 512;  // scored in one PredictBatch per
 inline constexpr size_t kMaxUnlearnedSamples = 2 * kMaxLearnBatch;
 // The longest the learner holds mu_ at a time (it learns a batch in slices of about this).
 inline constexpr int64_t kMaxLearnSliceUs = 200;
+// Stored event ids a load step reads into Choose's filter (StepEventIdLoad), and how many
+// it inserts per hold of mu_.
+inline constexpr int64_t kEventIdLoadStep = 16384;
+inline constexpr int64_t kEventIdInsertsPerLock = 1024;
+// Retention asks the store to compact a problem's events (Store::CompactEventsSoon) once it
+// has cut half the samples it keeps since the last time, and at least this many.
+inline constexpr int64_t kEventCompactionMinSamples = 4 * storage::kLogChunkSamples;
 // Log chunk c and backfill chunk c cover the same samples.
 static_assert(storage::kLogChunkSamples == storage::kBackfillChunkSamples);
 
@@ -147,6 +154,9 @@ struct ProblemHooks {
   // In a backfill step (the expert-pool thread), once a chunk is scored and before it is
   // written.
   std::function<void(int expert_id)> after_backfill_scoring;
+  // In Choose, before a caller's event id is looked up in the store (the filter could not
+  // rule it out).
+  std::function<void(const std::string& event_id)> before_event_lookup;
 };
 
 class Problem {
@@ -298,6 +308,10 @@ class Problem {
   // Backfills up to one chunk of the oldest backfilling expert; completes it when done.
   // Sets *worked if it did anything.
   absl::Status StepBackfill(bool* worked) ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // After a load, reads the next kEventIdLoadStep stored event ids into Choose's event-id
+  // filter (a restart serves before it has read them: until the last step, every Choose
+  // with a caller id looks the id up in the store). Sets *worked if it read any.
+  absl::Status StepEventIdLoad(bool* worked) ABSL_LOCKS_EXCLUDED(mu_);
   // Batch boundaries follow rounds (joined samples), as in the paper: the first after the
   // warm-up, then every b sqrt(t) (NextRefresh), whatever the traffic speed. When the log
   // has reached one or more boundaries, re-estimates all divergences once and appends every
@@ -702,8 +716,14 @@ class Problem {
   std::optional<ExportedState> exported_ ABSL_GUARDED_BY(mu_);
   PendingTable pending_ ABSL_GUARDED_BY(mu_);
   // Every event id decided in this problem, pending or stored: a Choose with a new caller
-  // id skips the store lookup when the filter rules the id out.
+  // id skips the store lookup when the filter rules the id out. After a load, until
+  // StepEventIdLoad has read the stored ids (loading, from after the cursor), it holds only
+  // the new ones, and rules nothing out.
   EventIdFilter event_ids_ ABSL_GUARDED_BY(mu_);
+  bool event_ids_loading_ ABSL_GUARDED_BY(mu_) = false;
+  std::string event_ids_cursor_;  // the last id read; only StepEventIdLoad touches it
+  int64_t event_ids_loaded_ = 0;  // ids read so far (the same)
+  std::chrono::steady_clock::time_point event_ids_load_start_;  // the same
   // The log chunk being filled by the learner, and the complete ones not yet written
   // (WriteLogChunks), in chunk order.
   ChunkRows current_chunk_ ABSL_GUARDED_BY(mu_);
@@ -732,6 +752,8 @@ class Problem {
   int64_t retained_from_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t events_cut_ms_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_age_check_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  // The cut at which the store last compacted this problem's events (since the load).
+  int64_t events_compacted_at_ ABSL_GUARDED_BY(mu_) = 0;
   // Set when a written sample could not be learned: the estimator no longer matches the
   // store, so every later join fails with it (nothing more is written at that position)
   // until a restart reloads the problem.

@@ -384,6 +384,7 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
 
 bool Problem::PoolWorkRemains() const {
   absl::MutexLock lock(&mu_);
+  if (event_ids_loading_) return true;
   if (experts_.durable_size() > ducb_.num_experts()) return true;  // backfill
   if (ducb_.num_samples() >= next_refresh_at_ && reservoir_.size() > 0) return true;
   for (int k = 0; k < experts_.durable_size(); ++k) {

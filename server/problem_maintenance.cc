@@ -1,7 +1,9 @@
 // Problem: the maintenance work other than the expert pool's (problem_experts.cc): expiry
 // of decisions whose reward did not come, checkpoints, log chunks, training sets, metrics.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,49 @@
 namespace decision::server {
 
 using storage::v1::CheckpointRecord;
+
+// ---------------------------------------------------------------------------- Event ids
+
+absl::Status Problem::StepEventIdLoad(bool* worked) {
+  *worked = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!event_ids_loading_) return absl::OkStatus();
+  }
+  if (event_ids_loaded_ == 0) event_ids_load_start_ = std::chrono::steady_clock::now();
+  // Read without mu_ (store I/O), inserted in slices: a Choose waits for one slice at most.
+  std::vector<std::string> ids;
+  ids.reserve(kEventIdLoadStep);
+  absl::StatusOr<bool> more =
+      env_.store->ScanEventIds(index_, &event_ids_cursor_, kEventIdLoadStep,
+                               [&](absl::string_view id) { ids.emplace_back(id); });
+  if (!more.ok()) return more.status();
+  // Stamped with the load time: under retention the filter forgets them one window after
+  // the restart, not at their own age.
+  const int64_t now_ms = env_.clock->NowMs();
+  for (size_t i = 0; i < ids.size(); i += kEventIdInsertsPerLock) {
+    absl::MutexLock lock(&mu_);
+    const size_t end = std::min(ids.size(), i + static_cast<size_t>(kEventIdInsertsPerLock));
+    for (size_t j = i; j < end; ++j) event_ids_.Insert(ids[j], now_ms);
+  }
+  event_ids_loaded_ += static_cast<int64_t>(ids.size());
+  *worked = true;
+  if (*more) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    event_ids_loading_ = false;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                       event_ids_load_start_)
+                             .count();
+  if (seconds >= 1.0) {
+    std::fprintf(stderr,
+                 "decisiond: problem %s read its %lld stored event ids in %.2f s (until then "
+                 "every Choose with an event id looked it up in the store)\n",
+                 id().c_str(), static_cast<long long>(event_ids_loaded_), seconds);
+  }
+  return absl::OkStatus();
+}
 
 // ------------------------------------------------------------------------------- Expiry
 

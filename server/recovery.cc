@@ -14,11 +14,12 @@
 //   6. RescoreTail        the samples the chunks do not cover, scored by the models again
 //   7. Finish             the reservoir, the batch schedule, the counts
 //   8. LoadPending        the decisions still waiting for their reward
-//   9. LoadEventIds       every stored event id, for Choose's idempotency filter
-//  10. MeasureCosts       the scoring cost of experts stored without one (not written)
+//   9. MeasureCosts       the scoring cost of experts stored without one (not written)
 //
 // Steps 5 and 6 cost what was learned since the last checkpoint (a batch boundary: at most
-// about b sqrt(t) samples), not the whole history. A checkpoint written before the
+// about b sqrt(t) samples), not the whole history. The stored event ids, which Choose's
+// idempotency filter holds, are read once the problem serves (Problem::StepEventIdLoad,
+// from maintenance): their number grows with the window kept. A checkpoint written before the
 // estimators' state was (no estimator_state) makes them learn the whole log again.
 #include <chrono>
 #include <cmath>
@@ -56,8 +57,9 @@ class Recovery {
     DECISION_RETURN_IF_ERROR(RescoreTail());
     DECISION_RETURN_IF_ERROR(Finish());
     DECISION_RETURN_IF_ERROR(LoadPending());
-    const auto event_ids = std::chrono::steady_clock::now();
-    DECISION_RETURN_IF_ERROR(LoadEventIds());
+    // The stored event ids are read after the load, by maintenance (StepEventIdLoad): a
+    // restart's time does not grow with them.
+    p_.event_ids_loading_ = true;
     const auto end = std::chrono::steady_clock::now();
     MeasureCosts();
     SetMetrics();
@@ -67,12 +69,11 @@ class Recovery {
       std::fprintf(stderr,
                    "decisiond: problem %s loaded in %.2f s: %.2f s replaying %lld samples (%lld "
                    "from log chunks, %lld scored again; %lld learned past its estimator "
-                   "state), %.2f s reading its event ids\n",
-                   p_.id().c_str(), seconds(end - start), seconds(event_ids - replay),
+                   "state)\n",
+                   p_.id().c_str(), seconds(end - start), seconds(end - replay),
                    static_cast<long long>(next_ - start_), static_cast<long long>(from_chunks),
                    static_cast<long long>(next_ - start_ - from_chunks),
-                   static_cast<long long>(p_.ducb_.num_samples() - replay_from_),
-                   seconds(end - event_ids));
+                   static_cast<long long>(p_.ducb_.num_samples() - replay_from_));
     }
     return absl::OkStatus();
   }
@@ -226,6 +227,7 @@ class Recovery {
                                    " (was the state deleted?)"));
     }
     p_.retained_from_ = cut->first_sample();
+    p_.events_compacted_at_ = cut->first_sample();
     p_.events_cut_ms_ = cut->events_before_ms();
     return absl::OkStatus();
   }
@@ -451,14 +453,6 @@ class Recovery {
     p_.decisions_ =
         std::max<int64_t>(p_.decisions_, p_.ducb_.num_samples() + p_.pending_.answered());
     return absl::OkStatus();
-  }
-
-  // Stamped with the load time (only keys are read): under retention the filter forgets
-  // them one window after the restart, not at their own age.
-  absl::Status LoadEventIds() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const int64_t now_ms = p_.env_.clock->NowMs();
-    return store_.ForEachEventId(
-        index_, [&](absl::string_view event_id) { p_.event_ids_.Insert(event_id, now_ms); });
   }
 
   // Experts stored before costs were (score_cost_us 0) are measured over the reservoir, as

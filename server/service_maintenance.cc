@@ -62,7 +62,12 @@ absl::Status DecisionService::RunWriteRound() {
   }
   if (export_metrics) {
     last_metrics_export_ = now;
-    metrics_->storage_size().Set(static_cast<double>(store_->ApproximateSizeBytes()));
+    double total = 0;
+    for (const storage::Store::FamilySize& f : store_->FamilySizes()) {
+      metrics_->store_family_size(f.family).Set(static_cast<double>(f.bytes));
+      total += static_cast<double>(f.bytes);
+    }
+    metrics_->storage_size().Set(total);
     const storage::Store::MemoryUsage memory = store_->Memory();
     metrics_->store_memory("memtables").Set(static_cast<double>(memory.memtables));
     metrics_->store_memory("table_readers").Set(static_cast<double>(memory.table_readers));
@@ -125,9 +130,15 @@ absl::Status DecisionService::MaintainPool(Problem* p,
   if (!p->TakePoolWork()) return absl::OkStatus();
   FirstError errors(p->id());
   errors.Keep("writing quarantined experts", p->PersistFailures());
-  // Backfill one chunk at a time, within the budget.
+  // A restart's event ids, then backfill, one step at a time, within the budget.
   const auto start = std::chrono::steady_clock::now();
   bool worked = true;
+  absl::Status load = absl::OkStatus();
+  while (worked && load.ok() && std::chrono::steady_clock::now() - start < backfill_budget) {
+    load = p->StepEventIdLoad(&worked);
+  }
+  errors.Keep("reading event ids", load);
+  worked = true;
   absl::Status backfill = absl::OkStatus();
   while (worked && backfill.ok() && std::chrono::steady_clock::now() - start < backfill_budget) {
     backfill = p->StepBackfill(&worked);

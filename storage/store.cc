@@ -354,7 +354,10 @@ bool Store::MemtablesEmptyLocked() {
 }
 
 absl::Status Store::Recover() {
+  // A compaction of events running would hold db_mu_ until it ends: cancel it.
+  compact_canceled_ = true;
   std::unique_lock<std::shared_mutex> lock(db_mu_);
+  compact_canceled_ = false;
   if (closed_) return absl::FailedPreconditionError("storage is closed");
   if (health_->writable()) return absl::OkStatus();
   absl::Status failed;
@@ -381,6 +384,7 @@ absl::Status Store::Recover() {
 }
 
 absl::Status Store::Close() {
+  StopEventCompactions();
   std::unique_lock<std::shared_mutex> lock(db_mu_);
   closed_ = true;
   if (db_ == nullptr) return absl::OkStatus();
@@ -481,16 +485,23 @@ absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_v
   return record;
 }
 
-absl::Status Store::ForEachEventId(uint32_t problem,
-                                   const std::function<void(absl::string_view)>& fn) {
+absl::StatusOr<bool> Store::ScanEventIds(uint32_t problem, std::string* after, int64_t limit,
+                                         const std::function<void(absl::string_view)>& fn) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return NotOpen();
   const std::string prefix = Key32(problem);
+  const std::string start = absl::StrCat(prefix, *after);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), events_));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    fn(absl::string_view(it->key().data() + prefix.size(), it->key().size() - prefix.size()));
+  it->Seek(start);
+  if (!after->empty() && it->Valid() && it->key() == start) it->Next();
+  int64_t visited = 0;
+  for (; visited < limit && it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    after->assign(it->key().data() + prefix.size(), it->key().size() - prefix.size());
+    fn(*after);
+    ++visited;
   }
-  return FromRocks(it->status(), "event id scan");
+  if (absl::Status s = FromRocks(it->status(), "event id scan"); !s.ok()) return s;
+  return visited == limit && it->Valid() && it->key().starts_with(prefix);
 }
 
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
@@ -860,6 +871,80 @@ absl::Status Store::Compact() {
   return absl::OkStatus();
 }
 
+void Store::CompactEventsSoon(uint32_t problem) {
+  absl::MutexLock lock(&compact_mu_);
+  if (compact_stop_) return;
+  if (std::find(compact_queue_.begin(), compact_queue_.end(), problem) != compact_queue_.end()) {
+    return;
+  }
+  compact_queue_.push_back(problem);
+  if (!compactor_.joinable()) compactor_ = std::thread([this] { CompactEventsLoop(); });
+}
+
+void Store::WaitForEventCompactions() {
+  absl::MutexLock lock(&compact_mu_);
+  compact_mu_.Await(absl::Condition(
+      +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
+        return s->compact_stop_ || (s->compact_queue_.empty() && !s->compact_running_);
+      },
+      this));
+}
+
+Store::EventCompactions Store::event_compactions() {
+  absl::MutexLock lock(&compact_mu_);
+  return compactions_;
+}
+
+void Store::StopEventCompactions() {
+  {
+    absl::MutexLock lock(&compact_mu_);
+    compact_stop_ = true;
+    compact_queue_.clear();
+  }
+  compact_canceled_ = true;
+  if (compactor_.joinable()) compactor_.join();
+}
+
+void Store::CompactEventsLoop() {
+  for (;;) {
+    uint32_t problem;
+    {
+      absl::MutexLock lock(&compact_mu_);
+      compact_running_ = false;
+      compact_mu_.Await(absl::Condition(
+          +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
+            return s->compact_stop_ || !s->compact_queue_.empty();
+          },
+          this));
+      if (compact_stop_) return;
+      problem = compact_queue_.front();
+      compact_queue_.pop_front();
+      compact_running_ = true;
+    }
+    CompactEventsOf(problem);
+  }
+}
+
+void Store::CompactEventsOf(uint32_t problem) {
+  rocksdb::Status s = rocksdb::Status::Aborted("the store is not open");
+  {
+    std::shared_lock<std::shared_mutex> lock(db_mu_);
+    if (db_ != nullptr) {
+      rocksdb::CompactRangeOptions options;
+      options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+      options.exclusive_manual_compaction = false;  // RocksDB's own compactions go on
+      options.canceled = &compact_canceled_;
+      const std::string begin = Key32(problem);
+      const std::string end = problem == UINT32_MAX ? std::string() : Key32(problem + 1);
+      const rocksdb::Slice b(begin), e(end);
+      s = db_->CompactRange(options, events_, &b, end.empty() ? nullptr : &e);
+    }
+  }
+  // A failure is RocksDB's background error too (Health()); the next cut asks again.
+  absl::MutexLock lock(&compact_mu_);
+  ++(s.ok() ? compactions_.done : compactions_.failed);
+}
+
 Store::MemoryUsage Store::Memory() {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   MemoryUsage m;
@@ -876,15 +961,28 @@ Store::MemoryUsage Store::Memory() {
 }
 
 uint64_t Store::ApproximateSizeBytes() {
-  std::shared_lock<std::shared_mutex> lock(db_mu_);
-  if (db_ == nullptr) return 0;
   uint64_t total = 0;
-  for (rocksdb::ColumnFamilyHandle* h : handles_) {
-    uint64_t v = 0;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kTotalSstFilesSize, &v)) total += v;
-    if (db_->GetIntProperty(h, rocksdb::DB::Properties::kSizeAllMemTables, &v)) total += v;
-  }
+  for (const FamilySize& f : FamilySizes()) total += f.bytes;
   return total;
+}
+
+std::vector<Store::FamilySize> Store::FamilySizes() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  std::vector<FamilySize> sizes;
+  if (db_ == nullptr) return sizes;
+  // handles_[0] is RocksDB's default family, which holds nothing of ours.
+  for (size_t i = 1; i < handles_.size(); ++i) {
+    uint64_t bytes = 0;
+    uint64_t v = 0;
+    if (db_->GetIntProperty(handles_[i], rocksdb::DB::Properties::kTotalSstFilesSize, &v)) {
+      bytes += v;
+    }
+    if (db_->GetIntProperty(handles_[i], rocksdb::DB::Properties::kSizeAllMemTables, &v)) {
+      bytes += v;
+    }
+    sizes.push_back({kFamilyNames[i - 1], bytes});
+  }
+  return sizes;
 }
 
 absl::Status Store::PutTrainingJob(uint32_t problem, int64_t job_id,

@@ -30,11 +30,14 @@
 #ifndef DECISION_STORAGE_STORE_H_
 #define DECISION_STORAGE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -178,9 +181,11 @@ class Store {
       const std::function<absl::Status(int64_t deadline_ms, absl::string_view event_id)>& fn);
   // NOT_FOUND if the event is unknown.
   absl::StatusOr<v1::EventRecord> GetEvent(uint32_t problem, absl::string_view event_id);
-  // The ids of every stored event of `problem` (keys only: no record is parsed).
-  absl::Status ForEachEventId(uint32_t problem,
-                              const std::function<void(absl::string_view)>& fn);
+  // Up to `limit` stored event ids of `problem` in key order, after `*after` (from the
+  // first if it is empty: an event id never is), keys only (no record is parsed). Sets
+  // `*after` to the last id visited, to resume from. Returns whether ids may remain.
+  absl::StatusOr<bool> ScanEventIds(uint32_t problem, std::string* after, int64_t limit,
+                                    const std::function<void(absl::string_view)>& fn);
 
   // The sample at `sequence`; NOT_FOUND if the store has none there.
   absl::StatusOr<v1::SampleRecord> GetSample(uint32_t problem, int64_t sequence);
@@ -237,6 +242,22 @@ class Store {
                               const v1::RetentionRecord& cut);
   // The last cut applied; NOT_FOUND if none.
   absl::StatusOr<v1::RetentionRecord> GetRetention(uint32_t problem);
+  // Asks for a compaction of all of `problem`'s events, the bottom level included, on the
+  // store's compaction thread (one at a time; a problem already queued is not queued
+  // again). The events' retention filter drops records only in the files a compaction
+  // rewrites, and RocksDB's own compactions may never rewrite old events: with event ids in
+  // time order (a counter, a time-based id) old files do not overlap new ones, so they move
+  // down the levels whole and stay at the bottom. The owner asks once enough was cut
+  // (server/problem_retention.cc). Close and Recover cancel the one running.
+  void CompactEventsSoon(uint32_t problem);
+  // Blocks until no compaction asked for by CompactEventsSoon is queued or running (tests).
+  void WaitForEventCompactions();
+  // Event compactions finished, and failed or cancelled, since the store opened.
+  struct EventCompactions {
+    int64_t done = 0;
+    int64_t failed = 0;
+  };
+  EventCompactions event_compactions();
 
   // Deletion on request (DecisionService.DeleteEvents): in one write, deletes each event's
   // record and, where `sequence` >= 0, rewrites that sample as `sample` (redacted).
@@ -255,6 +276,12 @@ class Store {
 
   // Bytes on disk (SST files and WAL), approximately.
   uint64_t ApproximateSizeBytes();
+  // The same per column family (its SST files and memtables), in kFamilyNames order.
+  struct FamilySize {
+    const char* family;
+    uint64_t bytes;
+  };
+  std::vector<FamilySize> FamilySizes();
   // RocksDB's memory: the memtables (every family, immutable ones included; one budget of
   // 64 MiB), the table readers' index and filter blocks held outside the block cache (they
   // grow with the data kept), and the block cache's use (at most 32 MiB).
@@ -303,6 +330,10 @@ class Store {
   bool MemtablesEmptyLocked();
   // The status of a call while db_ is null: closed, or being reopened by Recover.
   absl::Status NotOpen() const;
+  // The compaction thread (CompactEventsSoon), and one compaction of a problem's events.
+  void CompactEventsLoop();
+  void CompactEventsOf(uint32_t problem);
+  void StopEventCompactions();
 
   std::string path_;
   StoreOptions options_;
@@ -327,6 +358,15 @@ class Store {
   rocksdb::ColumnFamilyHandle* logchunks_ = nullptr;
   rocksdb::ColumnFamilyHandle* audit_ = nullptr;
   rocksdb::ColumnFamilyHandle* training_jobs_ = nullptr;
+  // CompactEventsSoon's queue and thread (started by the first request). Close and Recover
+  // set compact_canceled_, which stops the running compaction, before they wait for db_mu_.
+  absl::Mutex compact_mu_;
+  std::deque<uint32_t> compact_queue_ ABSL_GUARDED_BY(compact_mu_);
+  bool compact_running_ ABSL_GUARDED_BY(compact_mu_) = false;
+  bool compact_stop_ ABSL_GUARDED_BY(compact_mu_) = false;
+  EventCompactions compactions_ ABSL_GUARDED_BY(compact_mu_);
+  std::thread compactor_;
+  std::atomic<bool> compact_canceled_{false};
   absl::Mutex audit_mu_;  // one append at a time: sequences are dense
   int64_t next_audit_ ABSL_GUARDED_BY(audit_mu_) = 0;
 };

@@ -1,7 +1,7 @@
 // Retention in the store (Store::ApplyRetention): the range deletions remove what they
 // should and nothing else, the events' compaction filter drops only old events that are
-// not pending, the cut survives a reopen, and a kill -9 during compaction loses nothing
-// that was kept.
+// not pending (also where the event ids are in time order, by CompactEventsSoon), the cut
+// survives a reopen, and a kill -9 during compaction loses nothing that was kept.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,19 +116,22 @@ std::set<uint64_t> BackfillChunks(Store& store, uint32_t problem, uint32_t exper
 int64_t Events(Store& store, uint32_t problem, int64_t* oldest_joined) {
   int64_t count = 0;
   *oldest_joined = -1;
-  EXPECT_TRUE(store
-                  .ForEachEventId(problem,
-                                  [&](absl::string_view id) {
-                                    ++count;
-                                    auto e = store.GetEvent(problem, id);
-                                    ASSERT_TRUE(e.ok());
-                                    if (e->state() == v1::EVENT_STATE_JOINED &&
-                                        (*oldest_joined < 0 ||
-                                         e->decided_at_ms() < *oldest_joined)) {
-                                      *oldest_joined = e->decided_at_ms();
-                                    }
-                                  })
-                  .ok());
+  // In pages of 3 ids, which the scan resumes after the last one.
+  std::string after;
+  for (bool more = true; more;) {
+    absl::StatusOr<bool> page =
+        store.ScanEventIds(problem, &after, 3, [&](absl::string_view id) {
+          ++count;
+          auto e = store.GetEvent(problem, id);
+          ASSERT_TRUE(e.ok());
+          if (e->state() == v1::EVENT_STATE_JOINED &&
+              (*oldest_joined < 0 || e->decided_at_ms() < *oldest_joined)) {
+            *oldest_joined = e->decided_at_ms();
+          }
+        });
+    EXPECT_TRUE(page.ok()) << page.status();
+    more = page.ok() && *page;
+  }
   return count;
 }
 
@@ -269,6 +272,52 @@ TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
 
 // A kill -9 at any point of a compaction that applies the cut: the reopened store holds
 // what was kept, intact, and compacting again finishes the deletion.
+// Event ids in time order (a counter, a time-based id): the files of old events do not
+// overlap new ones, so RocksDB's compactions move them down whole and the events' filter
+// never sees them. CompactEventsSoon rewrites the problem's events, the bottom level
+// included: the cut ones go, the kept ones and the other problem's stay.
+TEST(Retention, ACompactionOfAProblemsEventsDropsTheCutOnes) {
+  const std::string dir = TempDir("event_compaction");
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  const auto id = [](int64_t i) { return absl::StrCat("t", 1000000000 + i); };
+  for (int64_t c = 0; c < 3; ++c) {
+    for (uint32_t problem : {0u, 1u}) {
+      Store::WriteGroup group;
+      for (int64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) {
+        v1::EventRecord event;
+        event.set_state(v1::EVENT_STATE_JOINED);
+        event.set_decided_at_ms(i);
+        event.set_sequence(i);
+        v1::SampleRecord sample;
+        sample.set_event_id(id(i));
+        ASSERT_TRUE((*store)->AddJoin(&group, problem, id(i), event, i, sample, false).ok());
+      }
+      ASSERT_TRUE((*store)->Commit(&group).ok());
+    }
+    ASSERT_TRUE((*store)->Flush().ok());
+    ASSERT_TRUE((*store)->Compact().ok());  // to the bottom level, before any cut
+  }
+  int64_t oldest;
+  ASSERT_TRUE((*store)->ApplyRetention(0, {}, Cut(2 * kChunk, 0)).ok());
+  EXPECT_EQ(Events(**store, 0, &oldest), 3 * kChunk);  // the cut alone drops no event
+  (*store)->CompactEventsSoon(0);
+  (*store)->WaitForEventCompactions();
+  EXPECT_EQ((*store)->event_compactions().done, 1);
+  EXPECT_EQ((*store)->event_compactions().failed, 0);
+  EXPECT_EQ(Events(**store, 0, &oldest), kChunk);
+  EXPECT_EQ(oldest, 2 * kChunk);
+  EXPECT_TRUE(absl::IsNotFound((*store)->GetEvent(0, id(2 * kChunk - 1)).status()));
+  EXPECT_TRUE((*store)->GetEvent(0, id(2 * kChunk)).ok());
+  EXPECT_EQ(Events(**store, 1, &oldest), 3 * kChunk);
+  EXPECT_EQ(oldest, 0);
+  // A close with compactions asked for ends them (cancelled or done), without waiting
+  // for more.
+  (*store)->CompactEventsSoon(0);
+  (*store)->CompactEventsSoon(1);
+  ASSERT_TRUE((*store)->Close().ok());
+}
+
 TEST(Retention, AKillDuringCompactionLosesNothingKept) {
   for (int trial = 0; trial < 3; ++trial) {
     const std::string dir = TempDir(absl::StrCat("kill", trial));

@@ -330,6 +330,36 @@ TEST_F(ServiceTest, DurableChooseAnswersOnceTheDecisionIsWritten) {
   EXPECT_EQ(Choose("p", "e").SerializeAsString(), c.SerializeAsString());
 }
 
+// A restart serves before it has read the stored event ids back into Choose's filter (their
+// number grows with the retention window): until maintenance has read them, every caller
+// id is looked up in the store, so a retry still gets its stored decision; once read, new
+// ids skip the store again.
+TEST_F(ServiceTest, ARestartServesBeforeReadingItsEventIdsAndChooseStaysIdempotent) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const v1::ChooseResponse joined = Choose("p", "joined");
+  ASSERT_TRUE(Reward("p", "joined", 1.0).ok());
+  const v1::ChooseResponse open = Choose("p", "open");
+  PlayRounds("p", kEventIdLoadStep + 100);  // more ids than one load step reads
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  int lookups = 0;
+  hooks_.before_event_lookup = [&](const std::string&) { ++lookups; };
+  Reopen();
+  EXPECT_EQ(Choose("p", "joined").SerializeAsString(), joined.SerializeAsString());
+  EXPECT_EQ(Choose("p", "open").SerializeAsString(), open.SerializeAsString());  // pending
+  const v1::ChooseResponse fresh = Choose("p", "fresh");
+  EXPECT_EQ(lookups, 2);  // "joined" and "fresh": the filter rules nothing out yet
+  // Every round reads at least one step: two read them all, the third finds nothing left.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(service_->RunMaintenance().ok());
+  lookups = 0;
+  for (int i = 0; i < 100; ++i) Choose("p", "new-" + std::to_string(i));
+  EXPECT_LE(lookups, 5);  // the filter's false positives (about 1-2%)
+  lookups = 0;
+  EXPECT_EQ(Choose("p", "joined").SerializeAsString(), joined.SerializeAsString());
+  EXPECT_EQ(Choose("p", "fresh").SerializeAsString(), fresh.SerializeAsString());
+  EXPECT_EQ(lookups, 1);  // "fresh" is still pending
+  EXPECT_EQ(GetProblem("p").decisions(), kEventIdLoadStep + 100 + 3 + 100);
+}
+
 TEST_F(ServiceTest, RestartRestoresEstimatesPendingDecisionsAndExperts) {
   CreateProblem("p", /*wait_ms=*/1'000'000);
   RegisterLinear("p", 4.0);
