@@ -128,9 +128,16 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
       updated.set_retired_width(e.width);
     }
   }
+  // The model's payload is not kept in memory: the stored record has it (a model never
+  // changes once registered).
+  absl::StatusOr<ExpertRecord> stored =
+      env_.store->GetExpert(index_, static_cast<uint32_t>(expert_id));
+  if (!stored.ok()) return stored.status();
+  *updated.mutable_model() = std::move(*stored->mutable_model());
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));
+  DropModelPayload(updated.mutable_model());
   std::optional<CheckpointWrite> folded;
   {
     absl::MutexLock lock(&mu_);
@@ -244,6 +251,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     record.set_score_cost_us(cost_us);
     ExpertSlot slot;
     slot.record = record;
+    DropModelPayload(slot.record.mutable_model());
     slot.backfilled = record.backfill_first();
     slot.model = std::move(built);
     slot.metrics = env_.metrics->ForExpert(id(), expert_id);

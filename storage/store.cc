@@ -465,6 +465,10 @@ absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,
   return Put(&Store::experts_, Key32x2(problem, expert), record, "expert");
 }
 
+absl::StatusOr<v1::ExpertRecord> Store::GetExpert(uint32_t problem, uint32_t expert) {
+  return Get<v1::ExpertRecord>(&Store::experts_, Key32x2(problem, expert), "expert");
+}
+
 absl::Status Store::ForEachExpert(
     uint32_t problem, const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn) {
   const std::string prefix = Key32(problem);

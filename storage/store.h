@@ -171,6 +171,8 @@ class Store {
       const std::function<absl::Status(uint32_t, const absl::Status&)>& damaged = nullptr);
 
   absl::Status PutExpert(uint32_t problem, uint32_t expert, const v1::ExpertRecord& record);
+  // NOT_FOUND if the problem has no such expert.
+  absl::StatusOr<v1::ExpertRecord> GetExpert(uint32_t problem, uint32_t expert);
   absl::Status ForEachExpert(
       uint32_t problem,
       const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn);
