@@ -11,7 +11,8 @@
 // It grows without rebuilding: when the newest filter holds its capacity, a new one four
 // times its size is added, and a lookup probes each (4 filters at 1M ids, 8 at 10^9).
 // Memory: about 1.25 MB per million ids, plus the newest filter's spare room (up to four
-// times that). Not persisted: the owner refills it from the store after a start (while it serves).
+// times that). Not persisted: after a start the owner refills it from the store while it
+// serves.
 //
 // Retention: each filter remembers the newest insertion time among its ids, and
 // DropBefore forgets the filters whose ids are all older than a cut (the store deletes

@@ -123,9 +123,9 @@ absl::Status Problem::ApplyRetention() {
   events_cut_ms_ = events_before;
   // The events the cut ends go only where a compaction rewrites their files, which with
   // event ids in time order RocksDB's own compactions never do for old ones (bench/scale,
-  // 1M of 8M samples kept: the events family grew 30 bytes a sample). Half the kept samples cut
-  // since the last compaction of this problem's events: another, so that at most about
-  // one and a half windows of events stay on disk, for two rewrites of them per window.
+  // 1M of 8M samples kept: the events family grew 30 bytes a sample). Once half the kept
+  // samples were cut since the last compaction of this problem's events, another: at most
+  // about one and a half windows of events stay on disk, for two rewrites per window.
   if (cut - events_compacted_at_ >= std::max(kEventCompactionMinSamples, (t - cut) / 2)) {
     env_.store->CompactEventsSoon(index_);
     events_compacted_at_ = cut;

@@ -19,8 +19,8 @@
 // Steps 5 and 6 cost what was learned since the last checkpoint (a batch boundary: at most
 // about b sqrt(t) samples), not the whole history. The stored event ids, which Choose's
 // idempotency filter holds, are read once the problem serves (Problem::StepEventIdLoad,
-// from maintenance): their number grows with the window kept. A checkpoint written before the
-// estimators' state was (no estimator_state) makes them learn the whole log again.
+// from maintenance): their number grows with the window kept. A checkpoint written before
+// the estimators' state was (no estimator_state) makes them learn the whole log again.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
