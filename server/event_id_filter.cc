@@ -1,6 +1,9 @@
 #include "server/event_id_filter.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <new>
 
 #include "absl/hash/hash.h"
 
@@ -24,6 +27,12 @@ Hashes HashId(absl::string_view id) {
   return {h, z};
 }
 
+// The block of h1 among `blocks`: the high word of h1 * blocks, which spreads h1 evenly
+// over any number of blocks (Lemire's multiply-shift range reduction).
+uint64_t BlockOf(uint64_t h1, uint64_t blocks) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(h1) * blocks) >> 64);
+}
+
 }  // namespace
 
 EventIdFilter::EventIdFilter(int64_t first_capacity)
@@ -31,25 +40,33 @@ EventIdFilter::EventIdFilter(int64_t first_capacity)
   AddFilter(first_capacity_);
 }
 
+void EventIdFilter::Unmap::operator()(uint64_t* words) const { munmap(words, bytes); }
+
 void EventIdFilter::AddFilter(int64_t capacity) {
-  // ~10 bits per id, in whole 512-bit blocks, a power of two of them.
-  int64_t blocks = 1;
-  while (blocks * kWordsPerBlock * 64 < capacity * 10) blocks *= 2;
+  // kBitsPerId per id, in whole 512-bit blocks.
+  const uint64_t blocks = std::max<uint64_t>(1, (capacity * kBitsPerId + 511) / 512);
+  const size_t bytes = blocks * kWordsPerBlock * sizeof(uint64_t);
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) throw std::bad_alloc();  // as operator new would
   Filter f;
-  f.words.assign(static_cast<size_t>(blocks * kWordsPerBlock), 0);
+  f.words = std::unique_ptr<uint64_t[], Unmap>(static_cast<uint64_t*>(mapped), Unmap{bytes});
+  f.blocks = blocks;
   f.capacity = capacity;
   filters_.push_back(std::move(f));
 }
 
+int64_t EventIdFilter::NextCapacity() const {
+  return dropped_ ? std::max(first_capacity_, size_ / 3) : kGrowth * filters_.back().capacity;
+}
+
 void EventIdFilter::Insert(absl::string_view event_id, int64_t now_ms) {
   if (filters_.back().count >= filters_.back().capacity) {
-    AddFilter(dropped_ ? std::max(first_capacity_, size_) : kGrowth * filters_.back().capacity);
+    AddFilter(NextCapacity());
   }
   Filter& f = filters_.back();
   f.newest_ms = std::max(f.newest_ms, now_ms);
   const Hashes h = HashId(event_id);
-  const uint64_t blocks = f.words.size() / kWordsPerBlock;
-  uint64_t* block = &f.words[(h.h1 & (blocks - 1)) * kWordsPerBlock];
+  uint64_t* block = &f.words[BlockOf(h.h1, f.blocks) * kWordsPerBlock];
   for (int i = 0; i < kProbes; ++i) {
     const uint64_t bit = (h.h2 >> (9 * i)) & 511;
     block[bit >> 6] |= uint64_t{1} << (bit & 63);
@@ -62,8 +79,7 @@ bool EventIdFilter::MayContain(absl::string_view event_id) const {
   const Hashes h = HashId(event_id);
   for (const Filter& f : filters_) {
     if (f.count == 0) continue;
-    const uint64_t blocks = f.words.size() / kWordsPerBlock;
-    const uint64_t* block = &f.words[(h.h1 & (blocks - 1)) * kWordsPerBlock];
+    const uint64_t* block = &f.words[BlockOf(h.h1, f.blocks) * kWordsPerBlock];
     bool all = true;
     for (int i = 0; i < kProbes && all; ++i) {
       const uint64_t bit = (h.h2 >> (9 * i)) & 511;
@@ -87,13 +103,19 @@ int64_t EventIdFilter::DropBefore(int64_t before_ms) {
   }
   filters_.resize(kept);
   size_ -= forgot;
-  if (forgot > 0) dropped_ = true;
+  if (forgot > 0 && !dropped_) {
+    dropped_ = true;
+    // The newest filter was sized while the filters grew fourfold, maybe for far more ids
+    // than a generation takes from now on: then it takes no more (it goes with its ids).
+    Filter& newest = filters_.back();
+    if (newest.capacity > NextCapacity()) newest.capacity = newest.count;
+  }
   return forgot;
 }
 
 int64_t EventIdFilter::memory_bytes() const {
   int64_t bytes = 0;
-  for (const Filter& f : filters_) bytes += static_cast<int64_t>(f.words.size() * 8);
+  for (const Filter& f : filters_) bytes += static_cast<int64_t>(f.blocks * kWordsPerBlock * 8);
   return bytes;
 }
 

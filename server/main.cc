@@ -60,6 +60,9 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
 ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
+ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
+          "how often the memory the allocator holds free goes back to the operating system "
+          "(glibc's malloc_trim; 0: never)");
 ABSL_FLAG(std::string, background_priority, "low",
           "CPU priority of the background threads, so that under CPU saturation the threads "
           "answering requests run first: low (learner, maintenance, expert pool and trainer at "
@@ -147,6 +150,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
+  options.malloc_trim_interval_ms = absl::GetFlag(FLAGS_malloc_trim_interval_ms);
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
   options.max_pending_decisions = absl::GetFlag(FLAGS_max_pending_decisions);
   options.max_pending_decisions_mb = absl::GetFlag(FLAGS_max_pending_decisions_mb);

@@ -18,6 +18,8 @@
 // maintenance round then only asks the store to resume, at most every
 // store_recovery_interval_ms, and runs its tasks again (writing the deferred decisions
 // first) once it does; the expert-pool rounds wait for that.
+#include <malloc.h>  // malloc_trim (glibc)
+
 #include <algorithm>
 #include <cstdio>
 
@@ -86,6 +88,14 @@ absl::Status DecisionService::RunPoolRound() {
     absl::Status s = MaintainPool(p, std::chrono::milliseconds(100));
     if (status.ok()) status = s;
   }
+#ifdef __GLIBC__
+  const auto now = std::chrono::steady_clock::now();
+  if (options_.malloc_trim_interval_ms > 0 &&
+      now - last_malloc_trim_ >= std::chrono::milliseconds(options_.malloc_trim_interval_ms)) {
+    last_malloc_trim_ = now;
+    malloc_trim(0);
+  }
+#endif
   return status;
 }
 
