@@ -173,6 +173,19 @@ void ExpectCut(Store& store, bool compacted) {
   EXPECT_EQ(pending, 3);
 }
 
+// Sample i of `problem`, joined (decided at i ms), with `features` features.
+void AddJoined(Store& store, Store::WriteGroup* group, uint32_t problem, const std::string& id,
+               int64_t i, int features) {
+  v1::EventRecord event;
+  event.set_state(v1::EVENT_STATE_JOINED);
+  event.set_decided_at_ms(i);
+  event.set_sequence(i);
+  v1::SampleRecord sample;
+  sample.set_event_id(id);
+  for (int f = 0; f < features; ++f) sample.add_features(static_cast<double>(i * 64 + f));
+  ASSERT_TRUE(store.AddJoin(group, problem, id, event, i, sample, false).ok());
+}
+
 v1::RetentionRecord Cut(int64_t first_sample, int64_t events_before_ms) {
   v1::RetentionRecord cut;
   cut.set_first_sample(first_sample);
@@ -239,14 +252,7 @@ TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
   for (int64_t c = 0; c < 3; ++c) {
     Store::WriteGroup group;
     for (int64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) {
-      v1::EventRecord event;
-      event.set_state(v1::EVENT_STATE_JOINED);
-      event.set_decided_at_ms(i);
-      event.set_sequence(i);
-      v1::SampleRecord sample;
-      sample.set_event_id(EventId(i));
-      for (int f = 0; f < 64; ++f) sample.add_features(static_cast<double>(i * 64 + f));
-      ASSERT_TRUE((*store)->AddJoin(&group, 0, EventId(i), event, i, sample, false).ok());
+      AddJoined(**store, &group, 0, EventId(i), i, /*features=*/64);
     }
     ASSERT_TRUE((*store)->Commit(&group).ok());
     ASSERT_TRUE((*store)->Flush().ok());
@@ -285,13 +291,7 @@ TEST(Retention, ACompactionOfAProblemsEventsDropsTheCutOnes) {
     for (uint32_t problem : {0u, 1u}) {
       Store::WriteGroup group;
       for (int64_t i = c * kChunk; i < (c + 1) * kChunk; ++i) {
-        v1::EventRecord event;
-        event.set_state(v1::EVENT_STATE_JOINED);
-        event.set_decided_at_ms(i);
-        event.set_sequence(i);
-        v1::SampleRecord sample;
-        sample.set_event_id(id(i));
-        ASSERT_TRUE((*store)->AddJoin(&group, problem, id(i), event, i, sample, false).ok());
+        AddJoined(**store, &group, problem, id(i), i, /*features=*/0);
       }
       ASSERT_TRUE((*store)->Commit(&group).ok());
     }
