@@ -964,12 +964,6 @@ Store::MemoryUsage Store::Memory() {
   return m;
 }
 
-uint64_t Store::ApproximateSizeBytes() {
-  uint64_t total = 0;
-  for (const FamilySize& f : FamilySizes()) total += f.bytes;
-  return total;
-}
-
 std::vector<Store::FamilySize> Store::FamilySizes() {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   std::vector<FamilySize> sizes;

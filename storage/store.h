@@ -276,9 +276,8 @@ class Store {
   absl::Status ForEachAudit(int64_t start, int64_t limit,
                             const std::function<absl::Status(int64_t, const v1::AuditRecord&)>& fn);
 
-  // Bytes on disk (SST files and WAL), approximately.
-  uint64_t ApproximateSizeBytes();
-  // The same per column family (its SST files and memtables), in kFamilyNames order.
+  // Bytes per column family (its SST files and memtables), approximately, in kFamilyNames
+  // order.
   struct FamilySize {
     const char* family;
     uint64_t bytes;
