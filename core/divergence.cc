@@ -98,7 +98,7 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,
-                                absl::Span<const bool> fixed) {
+                                absl::Span<const bool> fixed, absl::Span<const bool> absent) {
   const int n = static_cast<int>(predictions.size());
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
@@ -107,11 +107,20 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
     *out = DivergenceMatrix::Identity(0);
     return absl::OkStatus();
   }
-  const size_t rows = predictions[0].size() / num_arms;
+  if (!absent.empty() && absent.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(absent.size(), " absent-expert flags for ", n, " experts"));
+  }
+  const auto is_absent = [&](int e) { return !absent.empty() && absent[e]; };
+  int first_present = 0;
+  while (first_present < n && is_absent(first_present)) ++first_present;
+  // Every expert absent: nothing is computed (their predictions give no row count).
+  const size_t rows = first_present == n ? 1 : predictions[first_present].size() / num_arms;
   if (rows == 0) {
     return absl::InvalidArgumentError("divergences need at least one context");
   }
   for (int e = 0; e < n; ++e) {
+    if (is_absent(e)) continue;
     if (predictions[e].size() != rows * num_arms) {
       return absl::InvalidArgumentError(
           absl::StrCat("expert ", e, " has ", predictions[e].size(),
@@ -137,11 +146,14 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
     return (i < keep && j < keep) ||
            (!fixed.empty() && (fixed[i] || fixed[j]) && i < covered && j < covered);
   };
+  // A fixed expert's row is read by no estimate: its pairs (f, j) that are not copied are 1.
+  const auto row_read = [&](int i) { return !is_absent(i) && (fixed.empty() || !fixed[i]); };
   const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
   const size_t group_size = rows / groups;
-  // log pi once per expert, context and arm (not once per pair).
+  // log pi once per expert, context and arm (not once per pair), for the rows computed.
   std::vector<std::vector<double>> log_predictions(n);
   for (int e = 0; e < n; ++e) {
+    if (!row_read(e)) continue;
     log_predictions[e].resize(predictions[e].size());
     for (size_t i = 0; i < predictions[e].size(); ++i) {
       log_predictions[e][i] = std::log(predictions[e][i]);
@@ -160,7 +172,7 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
         d.sigma[ij] = previous->Sigma(i, j);
         continue;
       }
-      if (i == j) continue;
+      if (i == j || !row_read(i) || is_absent(j)) continue;  // 1, from Identity
       for (int g = 0; g < groups; ++g) {
         // A group's contexts are contiguous rows: one vectorised pass over all of them.
         const size_t at = g * group_size * num_arms;

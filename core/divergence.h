@@ -91,14 +91,21 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 // (which must cover them); all others are computed. keep = 0 computes everything.
 // `fixed` (empty, or one flag per expert): the pairs (i, j) with a flagged i or j, both
 // < previous->num_experts, are copied from `previous` too (the pairs of retired and failed
-// experts, fixed at their retirement or failure: Estimator::Retire). Pairs of a flagged
-// expert with an expert `previous` does not cover are computed.
-// Cost: O((N^2 - keep^2 - fixed pairs) * R * K).
+// experts, fixed at their retirement or failure: Estimator::Retire). Of the pairs of a
+// flagged expert f with an expert `previous` does not cover, (j, f) is computed and (f, j)
+// is 1: f's row is read by no estimate (Estimator::Retire drops it; a failed expert's
+// estimate is not reported), so only what weighs f's samples in j's estimate is needed.
+// `absent` (empty, or one flag per expert): the pairs with a flagged expert that are not
+// copied are 1 (M and sigma), not computed, and a flagged expert's predictions are not read
+// (they may be empty): an expert whose pairs weigh no sample (a retired one none of whose
+// samples is kept).
+// Cost: O((N^2 - keep^2 - fixed and absent pairs) * R * K).
 // Returns INVALID_ARGUMENT for mismatched sizes, no contexts, or non-positive probabilities.
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,
-                                absl::Span<const bool> fixed = {});
+                                absl::Span<const bool> fixed = {},
+                                absl::Span<const bool> absent = {});
 
 // Convenience: predicts every expert on the reservoir's contexts, then ComputeDivergences.
 absl::Status EstimateDivergences(absl::Span<const Expert* const> experts,

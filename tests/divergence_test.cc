@@ -135,14 +135,55 @@ TEST(Divergence, FixedExpertsPairsAreCopiedAndTheRestComputed) {
   ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, fixed).ok());
   EXPECT_EQ(kept.M(0, 1), 7.0);
   EXPECT_EQ(kept.M(1, 0), 5.0);
-  EXPECT_EQ(kept.M(0, 2), full.M(0, 2));  // pairs with a new expert: computed
+  // With a new expert: the new expert's row is computed, the fixed one's is 1 (no
+  // estimate reads it).
   EXPECT_EQ(kept.M(2, 0), full.M(2, 0));
+  EXPECT_EQ(kept.Sigma(2, 0), full.Sigma(2, 0));
+  EXPECT_EQ(kept.M(0, 2), 1.0);
+  EXPECT_EQ(kept.Sigma(0, 2), 1.0);
   EXPECT_EQ(kept.M(2, 1), full.M(2, 1));
   const bool none[3] = {false, false, false};
   ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &kept, none).ok());
   EXPECT_EQ(kept.M(1, 0), full.M(1, 0));
   const bool too_few[2] = {true, false};
   EXPECT_EQ(ComputeDivergences(p, 2, 1, &previous, 0, &kept, too_few).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An absent expert (its pairs weigh no sample) is not read: its pairs that are not copied
+// are 1, copied ones stay, and every other pair is what a computation with it gives.
+TEST(Divergence, AbsentExpertsPairsAreOneUnlessCopied) {
+  DivergenceMatrix full, got;
+  auto p = Flatten();
+  p.push_back(p[1]);
+  p.push_back(p[0]);
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, nullptr, 0, &full).ok());
+  DivergenceMatrix previous = DivergenceMatrix::Identity(3);
+  previous.m[1] = 7.0;  // (0, 1)
+  previous.m[3] = 5.0;  // (1, 0)
+  const bool fixed[4] = {true, false, false, false};
+  const bool absent[4] = {true, false, false, false};
+  p[0].clear();  // not read
+  ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &got, fixed, absent).ok());
+  EXPECT_EQ(got.M(0, 1), 7.0);  // copied (fixed, both covered)
+  EXPECT_EQ(got.M(1, 0), 5.0);
+  for (const auto [i, j] : {std::pair{0, 3}, std::pair{3, 0}}) {  // with a new expert
+    EXPECT_EQ(got.M(i, j), 1.0);
+    EXPECT_EQ(got.Sigma(i, j), 1.0);
+  }
+  for (int i = 1; i < 4; ++i) {
+    for (int j = 1; j < 4; ++j) {
+      EXPECT_EQ(got.M(i, j), full.M(i, j)) << i << j;
+      EXPECT_EQ(got.Sigma(i, j), full.Sigma(i, j)) << i << j;
+    }
+  }
+  // Everyone absent: nothing to compute, nothing read.
+  const bool all[4] = {true, true, true, true};
+  std::vector<std::vector<double>> none(4);
+  ASSERT_TRUE(ComputeDivergences(none, 2, 1, nullptr, 0, &got, {}, all).ok());
+  EXPECT_EQ(got.M(1, 2), 1.0);
+  const bool too_few[2] = {true, false};
+  EXPECT_EQ(ComputeDivergences(p, 2, 1, &previous, 0, &got, fixed, too_few).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
