@@ -93,13 +93,14 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_problem_id(problem_id);
   e.set_expert_id(id);
   e.set_name(slot.record.name());
-  e.set_kind(slot.failure.empty() ? slot.model->kind() : KindOf(slot.record.model()));
+  const bool own_model = slot.failure.empty() && !Unloaded(id);
+  e.set_kind(own_model ? slot.model->kind() : KindOf(slot.record.model()));
   e.set_status(ExpertStatusToWire(slot.record.status()));
   if (!slot.failure.empty()) {
     e.set_status(v1::EXPERT_STATUS_FAILED);
     e.set_error(slot.failure);
   }
-  e.set_smoothing(slot.failure.empty() ? slot.model->smoothing() : slot.record.smoothing());
+  e.set_smoothing(own_model ? slot.model->smoothing() : slot.record.smoothing());
   // Counted from its window's start (retention): the samples it has and will have.
   const int64_t first = slot.record.backfill_first();
   e.set_window_start(first);

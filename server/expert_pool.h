@@ -26,9 +26,11 @@
 // and the joins score it with the uniform stand-in (free), since no other expert's estimate
 // reads its column (only their own and the chooser's logged propensity). The estimator
 // frees its row and fixes its divergence pairs (Estimator::Retire); its model is still
-// scored on the reservoir for the pairs of experts registered later. Ids are dense: expert
-// k is the k-th registered. D-UCB estimates experts [0, n) once they finish backfilling, in
-// id order.
+// scored on the reservoir for the pairs of experts registered later, until no kept sample
+// is one it chose: then its model is unloaded (Problem::UnloadQuietExperts, record
+// unloaded_at_sample), since no later expert's window holds one of its samples. Ids are
+// dense: expert k is the k-th registered. D-UCB estimates experts [0, n) once they finish
+// backfilling, in id order.
 #ifndef DECISION_SERVER_EXPERT_POOL_H_
 #define DECISION_SERVER_EXPERT_POOL_H_
 
@@ -76,6 +78,17 @@ struct ExpertSlot {
   std::string failure;
   // A runtime quarantine whose FAILED record is not written yet (Problem::PersistFailures).
   bool failure_unwritten = false;
+  // Choose calls that selected it and have not yet put their decision in the pending table
+  // (or given up): with the pending table's count (PendingTable::ChosenBy), what says
+  // whether a sample it chose may still come.
+  int selections_in_flight = 0;
+  // Samples it chose that were written since it was registered in this process; unknown
+  // (false) for an expert loaded at a restart.
+  bool chosen_known = false;
+  int64_t chosen = 0;
+  // Frozen, with no selection in flight and no decision pending: every sample it chose is
+  // below this sequence (-1: not yet seen so).
+  int64_t quiet_below = -1;
 };
 
 class ExpertPool {
@@ -104,6 +117,9 @@ class ExpertPool {
     return slots_[id].record.status() == storage::v1::EXPERT_STATE_RETIRED &&
            slots_[id].record.has_retired_mean();
   }
+  // Whether expert `id`'s model is unloaded (frozen, and no kept sample is one it chose):
+  // `model` is the uniform stand-in.
+  bool Unloaded(int id) const { return slots_[id].record.has_unloaded_at_sample(); }
 
   // The record of expert `id` retired, to be written. NOT_FOUND for an unknown id.
   // `selectable` is the number of experts D-UCB may select now: retiring the last one of an

@@ -94,6 +94,12 @@ Metrics::Metrics()
                          .Help("The first joined sample the store keeps (retention deleted the "
                                "ones before it; 0 without retention)")
                          .Register(*registry_)),
+      experts_unloaded_(prometheus::BuildGauge()
+                            .Name("decision_experts_unloaded")
+                            .Help("Retired experts whose model is no longer in memory: no "
+                                  "kept sample is one they chose (retention cut them all, "
+                                  "or they never chose one)")
+                            .Register(*registry_)),
       regret_(prometheus::BuildGauge()
                   .Name("decision_estimated_regret")
                   .Help("Estimated cumulative regret against the best expert in hindsight: "
@@ -223,6 +229,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.pending = &pending_.Add(labels);
   m.samples = &samples_.Add(labels);
   m.retained_from = &retained_from_.Add(labels);
+  m.experts_unloaded = &experts_unloaded_.Add(labels);
   m.estimated_regret = &regret_.Add(labels);
   m.scoring_cost = &scoring_cost_.Add(labels);
   m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));

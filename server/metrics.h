@@ -69,6 +69,7 @@ class Metrics {
     prometheus::Gauge* samples;
     // The first joined sample the store keeps (retention): samples - this is the log kept.
     prometheus::Gauge* retained_from;
+    prometheus::Gauge* experts_unloaded;
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;
@@ -119,6 +120,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& retained_from_;
+  prometheus::Family<prometheus::Gauge>& experts_unloaded_;
   prometheus::Family<prometheus::Gauge>& regret_;
   prometheus::Family<prometheus::Gauge>& scoring_cost_;
   prometheus::Family<prometheus::Gauge>& expert_estimate_;

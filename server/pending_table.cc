@@ -11,6 +11,12 @@ void PendingTable::SetState(PendingDecision& d, DecisionState s) {
   d.state = s;
 }
 
+void PendingTable::CountChosen(const storage::v1::EventRecord& record, int64_t delta) {
+  const auto it = chosen_by_.try_emplace(record.expert_id(), 0).first;
+  it->second += delta;
+  if (it->second == 0) chosen_by_.erase(it);
+}
+
 PendingDecision* PendingTable::Find(absl::string_view event_id) {
   auto it = decisions_.find(event_id);
   return it == decisions_.end() ? nullptr : &it->second;
@@ -41,6 +47,7 @@ std::vector<ChooseWaiter> PendingTable::Decide(const std::string& event_id,
   assert(inserted || d.state == DecisionState::kDeciding);
   if (inserted) d.state = DecisionState::kDeciding;
   d.record = std::move(record);
+  CountChosen(d.record, 1);
   SetState(d, state);
   if (state == DecisionState::kWriting) return {};  // its waiters wait for the write
   deadlines_.insert({d.record.deadline_ms(), event_id});
@@ -51,7 +58,9 @@ std::vector<ChooseWaiter> PendingTable::Decide(const std::string& event_id,
 
 void PendingTable::Restore(const std::string& event_id, storage::v1::EventRecord record) {
   PendingDecision& d = decisions_[event_id];
+  if (d.state != DecisionState::kDeciding) CountChosen(d.record, -1);  // restored twice
   d.record = std::move(record);
+  CountChosen(d.record, 1);
   SetState(d, DecisionState::kStored);
   deadlines_.insert({d.record.deadline_ms(), event_id});
 }
@@ -130,6 +139,7 @@ void PendingTable::Erase(const std::string& event_id) {
   PendingDecision& d = it->second;
   if (d.state == DecisionState::kUnwritten) unwritten_.erase(d.unwritten_position);
   if (Answered(d.state)) deadlines_.erase({d.record.deadline_ms(), event_id});
+  if (d.state != DecisionState::kDeciding) CountChosen(d.record, -1);
   SetState(d, DecisionState::kDeciding);  // not answered: keeps answered_ exact
   decisions_.erase(it);
 }

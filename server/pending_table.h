@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -123,12 +124,18 @@ class PendingTable {
   }
   // Decisions answered and not joined yet (every state but kDeciding and kWriting).
   int64_t answered() const { return answered_; }
+  // Decisions of expert `expert` in the table (every state but kDeciding).
+  int64_t ChosenBy(int expert) const {
+    const auto it = chosen_by_.find(expert);
+    return it == chosen_by_.end() ? 0 : it->second;
+  }
 
  private:
   static bool Answered(DecisionState s) {
     return s != DecisionState::kDeciding && s != DecisionState::kWriting;
   }
   void SetState(PendingDecision& d, DecisionState s);
+  void CountChosen(const storage::v1::EventRecord& record, int64_t delta);
 
   absl::node_hash_map<std::string, PendingDecision> decisions_;
   std::set<std::pair<int64_t, std::string>> deadlines_;  // answered decisions only
@@ -136,6 +143,7 @@ class PendingTable {
   int64_t unwritten_since_ms_ = 0;  // when unwritten_ last became non-empty
   int64_t answered_ = 0;
   int64_t flushing_ = 0;
+  absl::flat_hash_map<int, int64_t> chosen_by_;  // expert id -> decisions, none at 0
 };
 
 }  // namespace decision::server

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
                                         p->record_.num_features(), 0.0));
   uniform.metrics = env.metrics->ForExpert(p->id(), 0);
   uniform.metrics.backfill_progress->Set(1.0);
+  uniform.chosen_known = true;
   CheckpointWrite checkpoint;
   const storage::v1::ExpertRecord first = uniform.record;
   {
@@ -154,6 +155,7 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
         absl::StrCat("problem ", id(), " has no selectable expert"));
   }
   s.model = experts_.at(s.expert).model;
+  ++experts_.at(s.expert).selections_in_flight;  // until its decision is pending (Decide)
   s.u = absl::Uniform<double>(gen_, 0.0, 1.0);
   if (offer) reservoir_.Offer(x, gen_);
   return s;
@@ -275,6 +277,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     absl::StatusOr<Selection> next;
     {
       absl::MutexLock lock(&mu_);
+      --experts_.at(selection.expert).selections_in_flight;
       QuarantineLocked(selection.expert, absl::StrCat("choose: ", s.message()));
       next = SelectLocked(x, /*offer=*/false);
     }
@@ -300,6 +303,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
       absl::MutexLock lock(&mu_);
       event_ids_.Insert(event_id, now);
       pending_.Decide(event_id, event, DecisionState::kWriting, now);
+      --experts_.at(selection.expert).selections_in_flight;
     }
     WriteOp op;
     op.kind = WriteOp::kDecision;
@@ -315,6 +319,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     absl::MutexLock lock(&mu_);
     event_ids_.Insert(event_id, now);
     waiters = pending_.Decide(event_id, event, DecisionState::kUnwritten, now);
+    --experts_.at(selection.expert).selections_in_flight;
     pending_.Find(event_id)->deliveries = 1 + static_cast<int>(waiters.size());
     ++decisions_;
     metrics_.decisions->Increment();

@@ -279,6 +279,12 @@ class Problem {
   // (mean - width), then the lowest-UCB ones until at most max_active are selectable.
   // Never retires the last selectable expert.
   absl::Status RetireDominated(int max_active) ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // Unloads the model of every frozen retired expert none of whose samples is kept: it can
+  // never choose again (no selection in flight, no decision pending), and every sample it
+  // chose is below the retention cut (or it chose none). No expert registered later has one
+  // of its samples in its window, so its divergence pairs with those weigh nothing and are
+  // 1; the record says so (unloaded_at_sample), and a restart does not load the model.
+  absl::Status UnloadQuietExperts() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
 
   // Read-only queries (in memory, short lock).
   std::vector<v1::Expert> ListExperts() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -258,6 +258,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     slot.metrics.backfill_progress->Set(0.0);
     slot.metrics.score_cost->Set(cost_us * 1e-6);
     slot.durable = false;
+    slot.chosen_known = true;
     experts_.Add(std::move(slot));
     ExportScoringCostLocked();
   }
@@ -318,6 +319,40 @@ absl::Status Problem::RetireDominated(int max_active) {
   return absl::OkStatus();
 }
 
+absl::Status Problem::UnloadQuietExperts() {
+  absl::MutexLock writes(&expert_writes_mu_);
+  std::vector<std::pair<int, ExpertRecord>> unload;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t written = WrittenSamplesLocked();
+    for (int k = 0; k < experts_.durable_size(); ++k) {
+      ExpertSlot& slot = experts_.at(k);
+      if (!experts_.Frozen(k) || experts_.Unloaded(k) || !slot.failure.empty()) continue;
+      if (slot.quiet_below < 0) {
+        // Frozen: never selected again. Once no selection of it is in flight and none of
+        // its decisions is pending, every sample it chose is written (a join leaves the
+        // pending table in the lock hold that gives its sample a sequence).
+        if (slot.selections_in_flight > 0 || pending_.ChosenBy(k) > 0) continue;
+        slot.quiet_below = slot.chosen_known && slot.chosen == 0 ? 0 : written;
+      }
+      if (slot.quiet_below > retained_from_) continue;
+      ExpertRecord updated = slot.record;
+      updated.set_unloaded_at_sample(retained_from_);
+      unload.emplace_back(k, std::move(updated));
+    }
+  }
+  for (const auto& [k, updated] : unload) {
+    DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
+    {
+      absl::MutexLock lock(&mu_);
+      experts_.at(k).model = stand_in_;
+      metrics_.experts_unloaded->Increment();
+    }
+    reservoir_predictions_.Drop(k);
+  }
+  return absl::OkStatus();
+}
+
 Problem::ReservoirCopy Problem::CopyReservoirLocked() const {
   return {{reservoir_.contexts().begin(), reservoir_.contexts().end()},
           {reservoir_.stamps().begin(), reservoir_.stamps().end()}};
@@ -346,23 +381,23 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   // `fixed`; the estimator keeps them fixed too, Estimator::Retire). A failed expert's
   // pairs weigh the samples chosen while it was healthy, and the stand-in is not the
   // policy that chose them. A fixed expert is scored only for a pair with a new expert.
+  // An unloaded expert's pairs with the new ones weigh no kept sample: not computed
+  // (ComputeDivergences' `absent`), and neither are a fixed expert's when every pair of it
+  // is copied.
   const int covered = std::min(n, previous.num_experts);
   const std::unique_ptr<bool[]> fixed(new bool[n]());  // (a span of vector<bool> is not)
+  const std::unique_ptr<bool[]> absent(new bool[n]());
   {
     absl::MutexLock lock(&mu_);
     for (int e = 0; e < covered; ++e) {
       fixed[e] = !experts_.at(e).failure.empty() || experts_.Frozen(e);
+      absent[e] = experts_.Unloaded(e) || (fixed[e] && covered == n);
     }
   }
   std::vector<std::vector<double>> predictions(n);
   std::vector<ScoringFailure> failures;
   for (int e = 0; e < n; ++e) {
-    if (fixed[e] && covered == n) {  // nothing reads it: any valid distributions do
-      predictions[e].resize(rows * k);
-      DECISION_RETURN_IF_ERROR(
-          stand_in_->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
-      continue;
-    }
+    if (absent[e]) continue;
     absl::Status s = reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
                                                     &predictions[e]);
     for (size_t i = 0; s.ok() && i < predictions[e].size(); ++i) {
@@ -386,7 +421,8 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   DivergenceMatrix out;
   DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
                                               &previous, keep, &out,
-                                              absl::MakeConstSpan(fixed.get(), n)));
+                                              absl::MakeConstSpan(fixed.get(), n),
+                                              absl::MakeConstSpan(absent.get(), n)));
   return out;
 }
 

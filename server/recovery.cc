@@ -97,6 +97,8 @@ class Recovery {
         // Quarantined: its model is not even loaded.
         slot.failure = er.failure();
         slot.model = p_.stand_in_;
+      } else if (er.has_unloaded_at_sample()) {
+        slot.model = p_.stand_in_;  // retired, and nothing needs its model any more
       } else {
         absl::StatusOr<std::unique_ptr<Expert>> model =
             BuildExpert(er.model(), r.num_arms(), r.num_features(), er.smoothing());
@@ -461,13 +463,19 @@ class Recovery {
   void MeasureCosts() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int id = 0; id < num_experts(); ++id) {
       ExpertSlot& slot = p_.experts_.at(id);
-      if (!slot.failure.empty() || slot.record.score_cost_us() > 0.0) continue;
+      if (!slot.failure.empty() || p_.experts_.Unloaded(id) ||
+          slot.record.score_cost_us() > 0.0) {
+        continue;
+      }
       slot.record.set_score_cost_us(
           p_.ScoringCostUs(slot.record.name(), *slot.model, p_.reservoir_.contexts()));
     }
   }
 
   void SetMetrics() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    int unloaded = 0;
+    for (int id = 0; id < num_experts(); ++id) unloaded += p_.experts_.Unloaded(id);
+    p_.metrics_.experts_unloaded->Set(unloaded);
     for (int id = 0; id < num_experts(); ++id) {
       const ExpertSlot& slot = p_.experts_.at(id);
       const int64_t first = slot.record.backfill_first();

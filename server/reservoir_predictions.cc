@@ -84,6 +84,14 @@ absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<con
   return absl::OkStatus();
 }
 
+void ReservoirPredictions::Drop(int expert) {
+  absl::MutexLock lock(&mu_);
+  const auto it = entries_.find(expert);
+  if (it == entries_.end()) return;
+  bytes_ -= BytesOf(it->second);
+  entries_.erase(it);
+}
+
 int64_t ReservoirPredictions::bytes() const {
   absl::MutexLock lock(&mu_);
   return bytes_;

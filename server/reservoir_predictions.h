@@ -45,6 +45,9 @@ class ReservoirPredictions {
                        absl::Span<const double> contexts, absl::Span<const uint64_t> stamps,
                        std::vector<double>* out) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Forgets expert `expert`'s predictions (and its model: the entry holds it).
+  void Drop(int expert) ABSL_LOCKS_EXCLUDED(mu_);
+
   int64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Rows predicted and rows served from the cache, since construction.
   int64_t rows_predicted() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -173,6 +173,7 @@ absl::Status DecisionService::MaintainPool(Problem* p,
     }
   }
   errors.Keep("retention", p->ApplyRetention());
+  errors.Keep("unloading retired experts", p->UnloadQuietExperts());
   // Work left (a backfill beyond the budget, a boundary the throttle delays, a failed
   // task retried): the next round visits again.
   if (!errors.status().ok() || p->PoolWorkRemains()) p->MarkPoolWork();

@@ -148,6 +148,105 @@ TEST_F(RetentionTest, KeepsTheNewestSamplesAndBackfillsANewExpertOverThem) {
   Open();
 }
 
+// A retired expert's model is unloaded once no kept sample is one it chose: at once if it
+// never chose one, and otherwise once retention has cut its last sample, never while a
+// decision it made is still pending. What was learned does not change: its frozen estimate
+// stays, a later expert's pairs with it are 1 (they weigh no sample of its window) and its
+// estimate is the reference's over that window, and a restart does not load the model.
+TEST_F(RetentionTest, ARetiredExpertsModelIsUnloadedOnceNoKeptSampleIsOneItChose) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int chooser = RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  // A decision of `chooser`, still pending when it retires.
+  v1::ChooseResponse pending;
+  for (int i = 0; i < 1000; ++i) {
+    pending = Choose("p");
+    if (pending.expert_id() == chooser) break;
+    ASSERT_TRUE(Reward("p", pending.event_id(), 0.0).ok());
+  }
+  ASSERT_EQ(pending.expert_id(), chooser);
+  const int idle = RegisterLinear("p", 0.5);  // retired before any round: never chooses
+  RunMaintenanceUntilActive("p");
+  const auto retire = [&](int k) {
+    v1::RetireExpertRequest req;
+    req.set_problem_id("p");
+    req.set_expert_id(k);
+    v1::Expert retired;
+    ASSERT_TRUE(service_->RetireExpert(req, &retired).ok());
+  };
+  retire(chooser);
+  retire(idle);
+  const v1::ExpertEstimate frozen = Estimates("p").experts(chooser);
+  const int64_t retired_at = GetProblem("p").samples();
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 1);  // idle
+
+  // Retention cuts every sample `chooser` chose so far; its pending decision holds it.
+  ASSERT_TRUE(SetRetention(2 * kChunk, 0).ok());
+  PlayRounds("p", 4 * kChunk);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  ASSERT_GT(GetProblem("p").retained_from(), retired_at);
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 1);
+  // Joined now, its sample is kept: still loaded until the cut passes it too.
+  ASSERT_TRUE(Reward("p", pending.event_id(), 1.0).ok());
+  const int64_t last_chosen = GetProblem("p").samples() - 1;
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 1);
+  PlayRounds("p", 3 * kChunk);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  ASSERT_GT(GetProblem("p").retained_from(), last_chosen);
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 2);
+
+  std::vector<v1::Expert> experts = Experts();
+  for (const int k : {chooser, idle}) {
+    EXPECT_EQ(experts[k].status(), v1::EXPERT_STATUS_RETIRED) << k;
+    EXPECT_EQ(experts[k].kind(), "linear_softmax") << k;  // the record's, not the stand-in's
+  }
+  EXPECT_EQ(Estimates("p").experts(chooser).estimate(), frozen.estimate());
+  EXPECT_EQ(Estimates("p").experts(chooser).width(), frozen.width());
+
+  // A later expert: its window holds no sample of the unloaded ones.
+  const int late = RegisterLinear("p", 8.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  const v1::Estimates e = Estimates("p");
+  for (const int k : {chooser, idle}) {
+    for (const int64_t cell : {int64_t{late} * e.n() + k, int64_t{k} * e.n() + late}) {
+      EXPECT_EQ(e.m(cell), 1.0) << k;
+      EXPECT_EQ(e.sigma(cell), 1.0) << k;
+    }
+  }
+  EXPECT_GT(e.m(int64_t{late} * e.n()), 1.0);  // with the uniform expert: estimated
+  ExpectWindowedEstimateMatchesReference(late);
+
+  // The store says so, and a restart does not load them again.
+  Reopen();
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 2);
+  const v1::Estimates restarted = Estimates("p");
+  for (int k = 0; k < e.experts_size(); ++k) {
+    EXPECT_EQ(restarted.experts(k).estimate(), e.experts(k).estimate()) << k;
+  }
+  experts = Experts();
+  EXPECT_EQ(experts[chooser].kind(), "linear_softmax");
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, storage::StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const int k : {chooser, idle, late}) {
+      absl::StatusOr<storage::v1::ExpertRecord> r =
+          (*store)->GetExpert(0, static_cast<uint32_t>(k));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->has_unloaded_at_sample(), k != late) << k;
+      EXPECT_TRUE(r->model().has_linear_softmax()) << k;  // the model stays stored
+      EXPECT_GT(r->model().linear_softmax().weights_size(), 0) << k;
+    }
+  }
+  Open();
+}
+
 // ExportLog over gRPC streams the samples in pages: after a cut, a page that starts before
 // the first sample kept gets the samples from it on, and the next page must follow those
 // (not the requested start plus the page's length, which repeated the first pages).
