@@ -43,6 +43,16 @@
 //                                        with std::exp (the baseline, the form before the
 //                                        kernel), "kernel" DivergenceTerms (core/kernels.h).
 //                                        items/s = (pair, context) terms per second.
+//   BM_NewExpertDivergences/<form>       the divergences of one new expert against 160
+//                                        others, as a letter replay's last boundaries
+//                                        compute them (N = 161: 128 retired, 32 live, the
+//                                        new one; R = 2048 contexts, K = 26, 16 groups):
+//                                        "every_pair" computes both directions with every
+//                                        expert (the baseline, before retired experts'
+//                                        rows were left at 1), "retired_rows" leaves the
+//                                        128 retired rows at 1, "unloaded" also skips 80
+//                                        retired experts unloaded (no kept sample of
+//                                        theirs). Items = pairs computed.
 //   BM_UpdateLatency/<estimator>/32      the distribution of single-Learn latencies (p50,
 //                                        p99, p99.9, max, in us) over the first 300k samples
 //                                        of a fresh D-UCB with N = 32: the mean hides the
@@ -786,6 +796,48 @@ void BM_ScoreXgboost(benchmark::State& state, std::string model, size_t batch) {
   }
 }
 
+enum class NewExpertForm { kEveryPair, kRetiredRows, kUnloaded };
+
+void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {
+  constexpr int kExperts = 161, kRetired = 128, kUnloaded = 80;
+  constexpr size_t kRows = 2048;
+  // Softmax distributions of random logits (spread 3), one set per expert.
+  std::mt19937_64 gen(kSeed + 3);
+  std::normal_distribution<double> logit(0.0, 3.0);
+  std::vector<std::vector<double>> predictions(kExperts, std::vector<double>(kRows * kArms));
+  for (std::vector<double>& p : predictions) {
+    for (size_t r = 0; r < kRows; ++r) {
+      double* row = &p[r * kArms];
+      for (int a = 0; a < kArms; ++a) row[a] = logit(gen);
+      SoftmaxInPlace(absl::MakeSpan(row, kArms));
+    }
+  }
+  const DivergenceMatrix previous = DivergenceMatrix::Identity(kExperts - 1);
+  const std::unique_ptr<bool[]> fixed(new bool[kExperts]());
+  const std::unique_ptr<bool[]> absent(new bool[kExperts]());
+  for (int e = 0; e < kRetired; ++e) {
+    fixed[e] = form != NewExpertForm::kEveryPair;
+    absent[e] = form == NewExpertForm::kUnloaded && e < kUnloaded;
+  }
+  DivergenceMatrix out;
+  int64_t pairs = 0;
+  for (int i = 0; i < kExperts; ++i) {
+    for (int j = 0; j < kExperts; ++j) {
+      if (i == j || (i < kExperts - 1 && j < kExperts - 1) || absent[i] || absent[j]) continue;
+      pairs += !fixed[i];
+    }
+  }
+  for (auto _ : state) {
+    absl::Status s = ComputeDivergences(predictions, kArms, 16, &previous, kExperts - 1, &out,
+                                        absl::MakeConstSpan(fixed.get(), kExperts),
+                                        absl::MakeConstSpan(absent.get(), kExperts));
+    if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
+    benchmark::DoNotOptimize(out.m.data());
+  }
+  state.SetItemsProcessed(state.iterations() * pairs);
+  state.counters["pairs"] = static_cast<double>(pairs);
+}
+
 // Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
 // small enough to keep the log (and the memory) bounded.
 int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
@@ -796,6 +848,12 @@ void RegisterAll() {
   benchmark::RegisterBenchmark("BM_ScoreLinearExperts/batch256/32", BM_ScoreLinearExpertsBatch);
   benchmark::RegisterBenchmark("BM_DivergenceTerms/scalar/32", BM_DivergenceTerms, false);
   benchmark::RegisterBenchmark("BM_DivergenceTerms/kernel/32", BM_DivergenceTerms, true);
+  benchmark::RegisterBenchmark("BM_NewExpertDivergences/every_pair", BM_NewExpertDivergences,
+                               NewExpertForm::kEveryPair)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_NewExpertDivergences/retired_rows", BM_NewExpertDivergences,
+                               NewExpertForm::kRetiredRows)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_NewExpertDivergences/unloaded", BM_NewExpertDivergences,
+                               NewExpertForm::kUnloaded)->Unit(benchmark::kMillisecond);
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
     const std::string k = KindName(kind);
     for (int n : {8, 32, 128}) {
