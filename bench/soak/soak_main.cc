@@ -927,6 +927,7 @@ struct ResourceSample {
          dir_bytes = NAN, samples = NAN;
   double experts = NAN;        // experts in the problems' logs (backfill complete)
   double problem_bytes = NAN;  // decision_problem_memory_bytes, every part and problem
+  double unloaded = NAN;       // decision_experts_unloaded: retired experts without a model
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
   double cpu_pct = NAN;        // of one core, over the last second
   double latency_p50_ms = NAN, latency_p99_ms = NAN;  // of the load RPCs in the last second
@@ -1054,6 +1055,7 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     }
     s.storage_size_bytes = MetricSum(*page, "decision_storage_size_bytes");
     s.samples = MetricSum(*page, "decision_samples");
+    s.unloaded = MetricSum(*page, "decision_experts_unloaded");
     ReadProblemMemory(*page, &s);
   }
   return s;
@@ -1145,10 +1147,12 @@ class Sampler {
             "decisiond's CPU over the second (100 = one core); latency_*: client-side "
             "latency of the Choose and Reward calls that returned OK in the second; experts: "
             "experts the problems' estimators cover; problem_bytes: the memory decisiond "
-            "reports its problems keep (decision_problem_memory_bytes, all parts).\n";
+            "reports its problems keep (decision_problem_memory_bytes, all parts); "
+            "unloaded: retired experts whose model decisiond unloaded "
+            "(decision_experts_unloaded).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
-            "latency_p50_ms,latency_p99_ms,experts,problem_bytes";
+            "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1178,7 +1182,8 @@ class Sampler {
          << Num(r.storage_size_bytes) << "," << Num(r.dir_bytes) << "," << Num(r.samples) << ","
          << rpcs + c.late_precondition + c.late_other << "," << run_errors << "," << inj_errors
          << "," << c.late_precondition << "," << c.late_other << "," << Num(r.cpu_pct) << ","
-         << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes);
+         << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes)
+         << "," << Num(r.unloaded);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -1855,12 +1860,13 @@ int Soak::WriteSummary() {
   absl::StrAppendFormat(
       &out,
       "  between the two windows: joined samples %.0f -> %.0f, experts estimated %.0f -> "
-      "%.0f; RSS %+.1f MiB, of which what decisiond reports its problems keep "
+      "%.0f (models unloaded %.0f -> %.0f); RSS %+.1f MiB, of which what decisiond reports its problems keep "
       "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB "
       "memtables (storage size - SST bytes) %+.1f MiB, the rest "
       "(models, block cache, allocator, anything leaked) %+.1f MiB%s\n",
       early(&ResourceSample::samples), late(&ResourceSample::samples),
-      early(&ResourceSample::experts), late(&ResourceSample::experts), rss_growth_mib,
+      early(&ResourceSample::experts), late(&ResourceSample::experts),
+      early(&ResourceSample::unloaded), late(&ResourceSample::unloaded), rss_growth_mib,
       log_growth_mib, memtable_growth_mib, rest_mib,
       experts_added >= 1 ? absl::StrFormat(" (%.2f MiB per expert added)", rest_mib / experts_added)
                          : "");
