@@ -99,6 +99,14 @@ absl::Status ComputeDivergences(absl::Span<const std::vector<double>> prediction
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,
                                 absl::Span<const bool> fixed, absl::Span<const bool> absent) {
+  const std::vector<absl::Span<const double>> spans(predictions.begin(), predictions.end());
+  return ComputeDivergences(spans, num_arms, num_groups, previous, keep, out, fixed, absent);
+}
+
+absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predictions,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out,
+                                absl::Span<const bool> fixed, absl::Span<const bool> absent) {
   const int n = static_cast<int>(predictions.size());
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");

@@ -101,6 +101,12 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 // samples is kept).
 // Cost: O((N^2 - keep^2 - fixed and absent pairs) * R * K).
 // Returns INVALID_ARGUMENT for mismatched sizes, no contexts, or non-positive probabilities.
+absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predictions,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out,
+                                absl::Span<const bool> fixed = {},
+                                absl::Span<const bool> absent = {});
+// The same, from one vector per expert.
 absl::Status ComputeDivergences(absl::Span<const std::vector<double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,

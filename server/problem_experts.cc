@@ -394,24 +394,32 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
       absent[e] = experts_.Unloaded(e) || (fixed[e] && covered == n);
     }
   }
-  std::vector<std::vector<double>> predictions(n);
+  // Each expert's predictions as the cache holds them (shared, not copied).
+  std::vector<ReservoirPredictions::Shared> held(n);
+  std::vector<absl::Span<const double>> predictions(n);
   std::vector<ScoringFailure> failures;
   for (int e = 0; e < n; ++e) {
     if (absent[e]) continue;
-    absl::Status s = reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
-                                                    &predictions[e]);
-    for (size_t i = 0; s.ok() && i < predictions[e].size(); ++i) {
-      if (!(predictions[e][i] >= 0.0 && predictions[e][i] <= 1.0)) {
-        s = absl::InvalidArgumentError(absl::StrCat("a probability of ", predictions[e][i]));
+    absl::StatusOr<ReservoirPredictions::Shared> p =
+        reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps);
+    absl::Status s = p.status();
+    if (p.ok()) {
+      held[e] = *std::move(p);
+      for (const double v : *held[e]) {
+        if (!(v >= 0.0 && v <= 1.0)) {
+          s = absl::InvalidArgumentError(absl::StrCat("a probability of ", v));
+          break;
+        }
       }
     }
     if (!s.ok()) {
       failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
       models[e] = stand_in_;
-      predictions[e].resize(rows * k);
-      DECISION_RETURN_IF_ERROR(
-          models[e]->PredictBatch(contexts, rows, absl::MakeSpan(predictions[e])));
+      auto uniform = std::make_shared<std::vector<double>>(rows * k);
+      DECISION_RETURN_IF_ERROR(models[e]->PredictBatch(contexts, rows, absl::MakeSpan(*uniform)));
+      held[e] = std::move(uniform);
     }
+    predictions[e] = *held[e];
   }
   QuarantineFailures(failures);
   // An expert that failed just now keeps its pairs too.

@@ -10,13 +10,12 @@ namespace decision::server {
 
 int64_t ReservoirPredictions::BytesOf(const Entry& e) {
   return static_cast<int64_t>(e.stamps.capacity() * sizeof(uint64_t) +
-                              e.predictions.capacity() * sizeof(double));
+                              e.predictions->capacity() * sizeof(double));
 }
 
-absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<const Expert>& model,
-                                           absl::Span<const double> contexts,
-                                           absl::Span<const uint64_t> stamps,
-                                           std::vector<double>* out) {
+absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
+    int expert, const std::shared_ptr<const Expert>& model, absl::Span<const double> contexts,
+    absl::Span<const uint64_t> stamps) {
   const size_t rows = stamps.size();
   const size_t k = static_cast<size_t>(model->num_arms());
   const size_t d = static_cast<size_t>(model->num_features());
@@ -32,24 +31,21 @@ absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<con
     it = entries_.end();
   }
   if (it == entries_.end()) {
-    out->resize(rows * k);
+    auto fresh = std::make_shared<std::vector<double>>(rows * k);
     rows_predicted_ += static_cast<int64_t>(rows);
     if (rows > 0) {
-      DECISION_RETURN_IF_ERROR(
-          model->PredictBatch(contexts, rows, absl::MakeSpan(*out)));
+      DECISION_RETURN_IF_ERROR(model->PredictBatch(contexts, rows, absl::MakeSpan(*fresh)));
     }
-    Entry entry{model, std::vector<uint64_t>(stamps.begin(), stamps.end()), *out};
+    Entry entry{model, std::vector<uint64_t>(stamps.begin(), stamps.end()), fresh};
     if (bytes_ + BytesOf(entry) <= budget_bytes_) {
       bytes_ += BytesOf(entry);
       entries_.emplace(expert, std::move(entry));
     }
-    return absl::OkStatus();
+    return Shared(std::move(fresh));
   }
   Entry& entry = it->second;
   bytes_ -= BytesOf(entry);
   const size_t before = entry.stamps.size();
-  entry.stamps.resize(rows, 0);  // 0 is never a stamp: new rows count as changed
-  entry.predictions.resize(rows * k);
   std::vector<size_t> changed;
   std::vector<double> changed_contexts;
   for (size_t i = 0; i < rows; ++i) {
@@ -60,28 +56,35 @@ absl::Status ReservoirPredictions::Predict(int expert, const std::shared_ptr<con
   }
   rows_predicted_ += static_cast<int64_t>(changed.size());
   rows_reused_ += static_cast<int64_t>(rows - changed.size());
-  if (!changed.empty()) {
+  if (!changed.empty() || entry.predictions->size() != rows * k) {
     std::vector<double> fresh(changed.size() * k);
-    if (absl::Status s = model->PredictBatch(changed_contexts,
-                                             changed.size(),
-                                             absl::MakeSpan(fresh));
-        !s.ok()) {
-      entries_.erase(it);
-      return s;
+    if (!changed.empty()) {
+      if (absl::Status s = model->PredictBatch(changed_contexts, changed.size(),
+                                               absl::MakeSpan(fresh));
+          !s.ok()) {
+        entries_.erase(it);
+        return s;
+      }
     }
+    // A result handed out earlier is never written: copy on write.
+    if (entry.predictions.use_count() > 1) {
+      entry.predictions = std::make_shared<std::vector<double>>(*entry.predictions);
+    }
+    entry.stamps.resize(rows, 0);  // 0 is never a stamp: new rows count as changed
+    entry.predictions->resize(rows * k);
     for (size_t c = 0; c < changed.size(); ++c) {
       std::copy(fresh.begin() + c * k, fresh.begin() + (c + 1) * k,
-                entry.predictions.begin() + changed[c] * k);
+                entry.predictions->begin() + changed[c] * k);
       entry.stamps[changed[c]] = stamps[changed[c]];
     }
   }
-  *out = entry.predictions;
+  Shared out = entry.predictions;
   if (bytes_ + BytesOf(entry) <= budget_bytes_) {
     bytes_ += BytesOf(entry);
   } else {
     entries_.erase(it);  // grew past the budget (the reservoir filled up)
   }
-  return absl::OkStatus();
+  return out;
 }
 
 void ReservoirPredictions::Drop(int expert) {

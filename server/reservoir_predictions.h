@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "core/expert.h"
@@ -35,15 +36,18 @@ class ReservoirPredictions {
  public:
   explicit ReservoirPredictions(int64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
-  // Sets `out` to `model`'s predictions (rows x K, row-major) on `contexts` (rows x
-  // num_features, row-major), where rows = stamps.size() and row i carries stamps[i]. Rows
-  // whose stamp is the one they had at the last call for the same `expert` and the same
-  // model object come from the cache; the others are predicted in one PredictBatch. Returns
-  // the model's error (the expert's entry is dropped then) or INVALID_ARGUMENT for sizes
-  // that do not match.
-  absl::Status Predict(int expert, const std::shared_ptr<const Expert>& model,
-                       absl::Span<const double> contexts, absl::Span<const uint64_t> stamps,
-                       std::vector<double>* out) ABSL_LOCKS_EXCLUDED(mu_);
+  using Shared = std::shared_ptr<const std::vector<double>>;
+
+  // `model`'s predictions (rows x K, row-major) on `contexts` (rows x num_features,
+  // row-major), where rows = stamps.size() and row i carries stamps[i]. Rows whose stamp is
+  // the one they had at the last call for the same `expert` and the same model object come
+  // from the cache; the others are predicted in one PredictBatch. The result is shared with
+  // the cache, not copied, and never changes: a later call that changes rows while a result
+  // is still held writes a copy. Returns the model's error (the expert's entry is dropped
+  // then) or INVALID_ARGUMENT for sizes that do not match.
+  absl::StatusOr<Shared> Predict(int expert, const std::shared_ptr<const Expert>& model,
+                                 absl::Span<const double> contexts,
+                                 absl::Span<const uint64_t> stamps) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets expert `expert`'s predictions (and its model: the entry holds it).
   void Drop(int expert) ABSL_LOCKS_EXCLUDED(mu_);
@@ -57,7 +61,7 @@ class ReservoirPredictions {
   struct Entry {
     std::shared_ptr<const Expert> model;  // the object the predictions were made by
     std::vector<uint64_t> stamps;
-    std::vector<double> predictions;
+    std::shared_ptr<std::vector<double>> predictions;  // never null
   };
   static int64_t BytesOf(const Entry& e);
 

@@ -76,6 +76,17 @@ TEST(ContextReservoirTest, AStampChangesExactlyWhenItsRowIsRewritten) {
   }
 }
 
+// Predict, with the result copied to *out.
+absl::Status PredictInto(ReservoirPredictions& cache, int expert,
+                         const std::shared_ptr<const Expert>& model, const ContextReservoir& r,
+                         std::vector<double>* out) {
+  absl::StatusOr<ReservoirPredictions::Shared> p =
+      cache.Predict(expert, model, r.contexts(), r.stamps());
+  if (!p.ok()) return p.status();
+  *out = **p;
+  return absl::OkStatus();
+}
+
 TEST(ReservoirPredictionsTest, OnlyChangedRowsArePredictedAndTheResultIsExact) {
   const std::shared_ptr<const Expert> tree = TreeExpert();
   std::mt19937_64 gen(2);
@@ -83,14 +94,14 @@ TEST(ReservoirPredictionsTest, OnlyChangedRowsArePredictedAndTheResultIsExact) {
   ReservoirPredictions cache(int64_t{1} << 20);
   std::vector<double> out;
   Offer(&r, 100, gen);  // not yet full
-  ASSERT_TRUE(cache.Predict(0, tree, r.contexts(), r.stamps(), &out).ok());
+  ASSERT_TRUE(PredictInto(cache, 0, tree, r, &out).ok());
   EXPECT_EQ(out, AllRows(*tree, r));
   EXPECT_EQ(cache.rows_predicted(), 100);
   EXPECT_GT(cache.bytes(), 0);
   int64_t predicted = cache.rows_predicted();
   for (int step = 0; step < 6; ++step) {
     Offer(&r, 50 + 40 * step, gen);
-    ASSERT_TRUE(cache.Predict(0, tree, r.contexts(), r.stamps(), &out).ok());
+    ASSERT_TRUE(PredictInto(cache, 0, tree, r, &out).ok());
     // Bit for bit what predicting all rows gives.
     EXPECT_EQ(out, AllRows(*tree, r)) << "step " << step;
     const int64_t changed = cache.rows_predicted() - predicted;
@@ -100,8 +111,33 @@ TEST(ReservoirPredictionsTest, OnlyChangedRowsArePredictedAndTheResultIsExact) {
   }
   EXPECT_GT(cache.rows_reused(), 0);
   // Nothing changed: nothing predicted.
-  ASSERT_TRUE(cache.Predict(0, tree, r.contexts(), r.stamps(), &out).ok());
+  ASSERT_TRUE(PredictInto(cache, 0, tree, r, &out).ok());
   EXPECT_EQ(cache.rows_predicted(), predicted);
+}
+
+// A result is shared with the cache, and a later call that changes rows does not change
+// a result still held.
+TEST(ReservoirPredictionsTest, AHeldResultIsNeverWritten) {
+  const std::shared_ptr<const Expert> tree = TreeExpert();
+  std::mt19937_64 gen(5);
+  ContextReservoir r(kFeatures, 64);
+  Offer(&r, 64, gen);
+  ReservoirPredictions cache(int64_t{1} << 20);
+  absl::StatusOr<ReservoirPredictions::Shared> first =
+      cache.Predict(0, tree, r.contexts(), r.stamps());
+  ASSERT_TRUE(first.ok());
+  const std::vector<double> expected = AllRows(*tree, r);
+  absl::StatusOr<ReservoirPredictions::Shared> same =
+      cache.Predict(0, tree, r.contexts(), r.stamps());
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->get(), first->get());  // nothing changed: the same vector, no copy
+  Offer(&r, 30, gen);
+  absl::StatusOr<ReservoirPredictions::Shared> later =
+      cache.Predict(0, tree, r.contexts(), r.stamps());
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(**first, expected);
+  EXPECT_EQ(**later, AllRows(*tree, r));
+  EXPECT_NE(**later, expected);
 }
 
 TEST(ReservoirPredictionsTest, AnotherModelForTheSameExpertIsPredictedInFull) {
@@ -112,12 +148,12 @@ TEST(ReservoirPredictionsTest, AnotherModelForTheSameExpertIsPredictedInFull) {
   Offer(&r, 64, gen);
   ReservoirPredictions cache(int64_t{1} << 20);
   std::vector<double> out;
-  ASSERT_TRUE(cache.Predict(4, tree, r.contexts(), r.stamps(), &out).ok());
-  ASSERT_TRUE(cache.Predict(4, uniform, r.contexts(), r.stamps(), &out).ok());
+  ASSERT_TRUE(PredictInto(cache, 4, tree, r, &out).ok());
+  ASSERT_TRUE(PredictInto(cache, 4, uniform, r, &out).ok());
   EXPECT_EQ(out, AllRows(*uniform, r));
   EXPECT_EQ(cache.rows_predicted(), 128);
   // Experts are kept apart.
-  ASSERT_TRUE(cache.Predict(5, tree, r.contexts(), r.stamps(), &out).ok());
+  ASSERT_TRUE(PredictInto(cache, 5, tree, r, &out).ok());
   EXPECT_EQ(out, AllRows(*tree, r));
 }
 
@@ -129,7 +165,7 @@ TEST(ReservoirPredictionsTest, PastTheBudgetNothingIsKeptAndResultsStayExact) {
   ReservoirPredictions cache(0);
   std::vector<double> out;
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(cache.Predict(0, tree, r.contexts(), r.stamps(), &out).ok());
+    ASSERT_TRUE(PredictInto(cache, 0, tree, r, &out).ok());
     EXPECT_EQ(out, AllRows(*tree, r));
     Offer(&r, 10, gen);
   }
@@ -144,7 +180,7 @@ TEST(ReservoirPredictionsTest, MismatchedSizesAreRefused) {
   std::vector<double> out;
   const std::vector<double> contexts(10);  // not a multiple of 3 features
   const std::vector<uint64_t> stamps = {1, 2, 3};
-  EXPECT_EQ(cache.Predict(0, tree, contexts, stamps, &out).code(),
+  EXPECT_EQ(cache.Predict(0, tree, contexts, stamps).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
