@@ -18,6 +18,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -27,13 +28,49 @@
 
 namespace decision::testing {
 
+namespace {
+
+// The directories MakeTempDir made, removed when the test program that made them exits
+// (not by a forked child that exits). DECISION_KEEP_TEST_DIRS=1 keeps them, to look at
+// after a failure.
+class TempDirs {
+ public:
+  ~TempDirs() {
+    if (getpid() != owner_ || std::getenv("DECISION_KEEP_TEST_DIRS") != nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& dir : dirs_) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  }
+  void Add(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dirs_.push_back(dir);
+  }
+
+ private:
+  const pid_t owner_ = getpid();
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
+TempDirs& MadeDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+}  // namespace
+
 std::string MakeTempDir() {
   const char* base = std::getenv("TEST_TMPDIR");
   std::string root = base != nullptr ? base : "/tmp";
   std::random_device rd;
   for (int attempt = 0; attempt < 100; ++attempt) {
     const std::string dir = absl::StrCat(root, "/decisiond-test-", getpid(), "-", rd());
-    if (std::filesystem::create_directories(dir)) return dir;
+    if (std::filesystem::create_directories(dir)) {
+      MadeDirs().Add(dir);
+      return dir;
+    }
   }
   return root + "/decisiond-test-fallback";
 }

@@ -17,7 +17,8 @@
 
 namespace decision::testing {
 
-// A fresh empty directory under $TEST_TMPDIR or /tmp.
+// A fresh empty directory under $TEST_TMPDIR or /tmp, removed with its contents when the
+// test program exits normally (DECISION_KEEP_TEST_DIRS=1 keeps it).
 std::string MakeTempDir();
 
 // A child process started with its stdout on a pipe, returned once it printed its first
