@@ -16,6 +16,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <malloc.h>  // mallopt (glibc)
 #include <signal.h>
 #include <unistd.h>
 
@@ -63,6 +64,11 @@ ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
 ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
           "how often the memory the allocator holds free goes back to the operating system "
           "(glibc's malloc_trim; 0: never)");
+ABSL_FLAG(int64_t, malloc_mmap_threshold_kb, 256,
+          "allocations of at least this many KiB get their own mapping, returned to the "
+          "operating system when freed (glibc's M_MMAP_THRESHOLD; 0: glibc's default, which "
+          "raises the threshold up to 32 MiB after large frees, so that large transient "
+          "buffers fragment the arenas; GLIBC_TUNABLES then applies)");
 ABSL_FLAG(std::string, background_priority, "low",
           "CPU priority of the background threads, so that under CPU saturation the threads "
           "answering requests run first: low (learner, maintenance, expert pool and trainer at "
@@ -388,5 +394,17 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage("decisiond: contextual-bandit decisions with stochastic experts");
   absl::ParseCommandLine(argc, argv);
+#ifdef __GLIBC__
+  // Before any thread starts. A fixed threshold also stops glibc's dynamic one: large
+  // buffers (reservoir predictions, scoring and training scratch, checkpoints) are mapped
+  // and unmapped instead of fragmenting the arenas (bench/README.md, "Soak").
+  const int64_t mmap_threshold_kb = absl::GetFlag(FLAGS_malloc_mmap_threshold_kb);
+  if (mmap_threshold_kb < 0 || mmap_threshold_kb > (int64_t{32} << 10)) {
+    std::fprintf(stderr, "decisiond: --malloc_mmap_threshold_kb=%lld: must be in [0, 32768]\n",
+                 static_cast<long long>(mmap_threshold_kb));
+    return 2;
+  }
+  if (mmap_threshold_kb > 0) mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold_kb << 10));
+#endif
   return Run();
 }
