@@ -29,8 +29,10 @@ Hashes HashId(absl::string_view id) {
 
 // The block of h1 among `blocks`: the high word of h1 * blocks, which spreads h1 evenly
 // over any number of blocks (Lemire's multiply-shift range reduction).
+__extension__ typedef unsigned __int128 Uint128;  // GCC and Clang; not ISO C++
+
 uint64_t BlockOf(uint64_t h1, uint64_t blocks) {
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(h1) * blocks) >> 64);
+  return static_cast<uint64_t>((static_cast<Uint128>(h1) * blocks) >> 64);
 }
 
 }  // namespace

@@ -777,8 +777,6 @@ TEST_F(IntegrationTest, HealthServiceAnswersServing) {
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
 }
 
-// Redirects this process's stderr to a file while a child is started (the child inherits
-// it), then restores it.
 // The caps' flags are range-checked at start-up: decisiond refuses to start (exit code 2)
 // rather than run with a cap that cannot hold or means nothing.
 TEST_F(IntegrationTest, CapFlagsOutOfRangeRefuseToStart) {
@@ -786,15 +784,19 @@ TEST_F(IntegrationTest, CapFlagsOutOfRangeRefuseToStart) {
        {"--max_experts_per_problem=0", "--max_experts_per_problem=257", "--max_problems=0",
         "--max_pending_decisions=0", "--max_pending_decisions_mb=0",
         "--metrics_pair_experts=-1", "--metrics_pair_experts=257",
-        "--max_problem_memory_mb=0"}) {
+        "--max_problem_memory_mb=0", "--malloc_mmap_threshold_kb=-1",
+        "--malloc_mmap_threshold_kb=32769"}) {
     EXPECT_FALSE(DecisiondProcess::Start(dir_, {flag}).ok()) << flag;
   }
   auto p = DecisiondProcess::Start(
-      dir_, {"--max_experts_per_problem=1", "--max_problems=1", "--max_problem_memory_mb=1"});
+      dir_, {"--max_experts_per_problem=1", "--max_problems=1", "--max_problem_memory_mb=1",
+             "--malloc_mmap_threshold_kb=0"});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->Terminate(), 0);
 }
 
+// Redirects this process's stderr to a file while a child is started (the child inherits
+// it), then restores it.
 class StderrToFile {
  public:
   explicit StderrToFile(const std::string& path) {
