@@ -167,7 +167,7 @@ TEST(Divergence, AbsentExpertsPairsAreOneUnlessCopied) {
   ASSERT_TRUE(ComputeDivergences(p, 2, 1, &previous, 0, &got, fixed, absent).ok());
   EXPECT_EQ(got.M(0, 1), 7.0);  // copied (fixed, both covered)
   EXPECT_EQ(got.M(1, 0), 5.0);
-  for (const auto [i, j] : {std::pair{0, 3}, std::pair{3, 0}}) {  // with a new expert
+  for (const auto& [i, j] : {std::pair{0, 3}, std::pair{3, 0}}) {  // with a new expert
     EXPECT_EQ(got.M(i, j), 1.0);
     EXPECT_EQ(got.Sigma(i, j), 1.0);
   }
