@@ -21,9 +21,10 @@
 // retention window W, they hold at most 1.5 W ids, and take 2.2 bytes per id of the window
 // on average, 2.9 at most, with 3 or 4 filters to probe (a third of the held ids; half gave
 // 2.8 and 4.1 bytes, all of them 4.1 and 5.2: a simulation of W = 150,000). The filter
-// that was the newest at the first drop, sized while they grew, takes no more ids. Each filter is sized to its
-// capacity, not to a power of two, and mapped with mmap, so that a dropped one goes back
-// to the operating system at once (a freed heap block of that size may not).
+// that was the newest at the first drop, sized while they grew, takes no more ids. Each
+// filter is sized to its capacity, not to a power of two, and mapped with mmap, so that a
+// dropped one goes back to the operating system at once (a freed heap block of that size
+// may not).
 //
 // Thread safety: not thread-safe (the Problem holds its lock).
 #ifndef DECISION_SERVER_EVENT_ID_FILTER_H_

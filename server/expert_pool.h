@@ -82,10 +82,9 @@ struct ExpertSlot {
   // (or given up): with the pending table's count (PendingTable::ChosenBy), what says
   // whether a sample it chose may still come.
   int selections_in_flight = 0;
-  // Samples it chose that were written since it was registered in this process; unknown
-  // (false) for an expert loaded at a restart.
-  bool chosen_known = false;
-  int64_t chosen = 0;
+  // Whether a sample it chose may be stored: false from its registration in this process
+  // until one is written; true for an expert loaded at a restart (its history is unknown).
+  bool may_have_chosen = true;
   // Frozen, with no selection in flight and no decision pending: every sample it chose is
   // below this sequence (-1: not yet seen so).
   int64_t quiet_below = -1;

@@ -12,9 +12,9 @@ void PendingTable::SetState(PendingDecision& d, DecisionState s) {
 }
 
 void PendingTable::CountChosen(const storage::v1::EventRecord& record, int64_t delta) {
-  const auto it = chosen_by_.try_emplace(record.expert_id(), 0).first;
-  it->second += delta;
-  if (it->second == 0) chosen_by_.erase(it);
+  const size_t expert = static_cast<size_t>(record.expert_id());
+  if (expert >= chosen_by_.size()) chosen_by_.resize(expert + 1, 0);
+  chosen_by_[expert] += delta;
 }
 
 PendingDecision* PendingTable::Find(absl::string_view event_id) {

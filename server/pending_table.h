@@ -29,7 +29,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -126,8 +125,7 @@ class PendingTable {
   int64_t answered() const { return answered_; }
   // Decisions of expert `expert` in the table (every state but kDeciding).
   int64_t ChosenBy(int expert) const {
-    const auto it = chosen_by_.find(expert);
-    return it == chosen_by_.end() ? 0 : it->second;
+    return static_cast<size_t>(expert) < chosen_by_.size() ? chosen_by_[expert] : 0;
   }
 
  private:
@@ -143,7 +141,7 @@ class PendingTable {
   int64_t unwritten_since_ms_ = 0;  // when unwritten_ last became non-empty
   int64_t answered_ = 0;
   int64_t flushing_ = 0;
-  absl::flat_hash_map<int, int64_t> chosen_by_;  // expert id -> decisions, none at 0
+  std::vector<int64_t> chosen_by_;  // decisions per expert id (ids are dense)
 };
 
 }  // namespace decision::server

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
                                         p->record_.num_features(), 0.0));
   uniform.metrics = env.metrics->ForExpert(p->id(), 0);
   uniform.metrics.backfill_progress->Set(1.0);
-  uniform.chosen_known = true;
+  uniform.may_have_chosen = false;
   CheckpointWrite checkpoint;
   const storage::v1::ExpertRecord first = uniform.record;
   {

@@ -255,7 +255,7 @@ void Problem::ApplyJoinLocked(WriteOp& op, const absl::Status& written) {
     pending_.AbortJoin(op.event_id, env_.clock->NowMs());
     return;
   }
-  ++experts_.at(op.event.expert_id()).chosen;  // a sample it chose is stored
+  experts_.at(op.event.expert_id()).may_have_chosen = true;  // a sample it chose is stored
   if (!learning_stopped_.ok()) {
     // The learner failed on an earlier sample while this group was written: this one is
     // stored past it, and a restart learns both from the store.

@@ -258,7 +258,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     slot.metrics.backfill_progress->Set(0.0);
     slot.metrics.score_cost->Set(cost_us * 1e-6);
     slot.durable = false;
-    slot.chosen_known = true;
+    slot.may_have_chosen = false;
     experts_.Add(std::move(slot));
     ExportScoringCostLocked();
   }
@@ -333,7 +333,7 @@ absl::Status Problem::UnloadQuietExperts() {
         // its decisions is pending, every sample it chose is written (a join leaves the
         // pending table in the lock hold that gives its sample a sequence).
         if (slot.selections_in_flight > 0 || pending_.ChosenBy(k) > 0) continue;
-        slot.quiet_below = slot.chosen_known && slot.chosen == 0 ? 0 : written;
+        slot.quiet_below = slot.may_have_chosen ? written : 0;
       }
       if (slot.quiet_below > retained_from_) continue;
       ExpertRecord updated = slot.record;
