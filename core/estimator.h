@@ -236,7 +236,8 @@ class Estimator {
   // AddExperts, shared by the experts it adds).
   virtual absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
                                                                     int64_t first_sample) const;
-  // The first sample expert k's estimate counts (0 unless it was added with a window).
+  // The first sample expert k's estimate counts (0 unless it was added with a window, and
+  // 0 again once every expert of that window is retired: Retire frees the window).
   virtual int64_t WindowStart(int k) const { return 0; }
 
   // Retires expert k for good: it chooses no new decision and nothing needs its live
@@ -250,7 +251,9 @@ class Estimator {
   //     there (divergences() shows them). A later expert's pair with k is taken from the
   //     `d` that adds it, then fixed too;
   //   - the samples k chose still weigh in the others' estimates under those fixed sigma,
-  //     including samples decided before and learnt after (Add with chooser k stays valid).
+  //     including samples decided before and learnt after (Add with chooser k stays valid);
+  //   - the window k was added with (NewExpertRows with a first sample) is freed once every
+  //     expert added with it is retired.
   // The others' estimates are unchanged by the call. OK if k is already retired;
   // INVALID_ARGUMENT if k is out of range; UNIMPLEMENTED for the other estimators.
   virtual absl::Status Retire(int k) {

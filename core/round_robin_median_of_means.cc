@@ -136,6 +136,7 @@ class RoundRobinMedianOfMeans final : public Estimator {
     sums_.swap(kept);
     retired_[k] = 1;
     SetLive();
+    if (window_of_[k] >= 0) ReleaseWindowIfRetired(window_of_[k]);
     return absl::OkStatus();
   }
   bool Retired(int k) const override { return retired_[k] != 0; }
@@ -541,6 +542,30 @@ class RoundRobinMedianOfMeans final : public Estimator {
     std::vector<double> before;        // [f][j]: grouped samples left out (s < start, skipped)
     std::vector<double> before_total;  // [f]: sum over j
   };
+  // Window w, once every expert added with it is retired, is read by no estimate (a retired
+  // expert's is the one it had at retirement): it goes, and the experts that had it count as
+  // windowless from then on (WindowStart 0). Without this the windows of retired experts
+  // would grow the state by 8 L N bytes per registration for good (a problem under
+  // retention that registers experts all the time).
+  void ReleaseWindowIfRetired(int w) {
+    for (int k = 0; k < n_; ++k) {
+      if (window_of_[k] == w && !retired_[k]) return;
+    }
+    windows_.erase(windows_.begin() + w);
+    for (int& v : window_of_) {
+      if (v == w) {
+        v = -1;
+      } else if (v > w) {
+        --v;
+      }
+    }
+    auto kept = excluded_tail_.begin();
+    for (auto [sample, window] : excluded_tail_) {
+      if (window == w) continue;
+      *kept++ = {sample, window > w ? window - 1 : window};
+    }
+    excluded_tail_.erase(kept, excluded_tail_.end());
+  }
   static void SetWindowTotals(Window* w) {
     const size_t fine = w->before.size() / w->n;
     w->before_total.assign(fine, 0.0);

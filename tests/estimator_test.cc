@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -654,12 +655,23 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
     // and the next to last, which is still in the tail when the experts are added.
     std::vector<std::vector<int64_t>> excluded(kMax);
     std::unique_ptr<Estimator> restored;
+    // Expert 2, the only one of the first window, is retired at t = 1091, when three later
+    // windows exist and the newest has a skipped sample in the tail: its window is freed and
+    // the others' renumbered under them.
+    constexpr int kRetired = 2, kRetiredAt = 1091;
+    std::optional<ExpertEstimate> frozen;
     const auto compare = [&](const std::string& where) {
       ASSERT_EQ(e->num_samples(), log.size());
       std::vector<double> ucb;
       for (int k = 0; k < n; ++k) {
         EXPECT_EQ(e->WindowStart(k), first[k]) << where;
         const ExpertEstimate inc = e->Estimate(k);
+        if (k == kRetired && frozen.has_value()) {
+          EXPECT_EQ(inc.mean, frozen->mean) << where;
+          EXPECT_EQ(inc.width, frozen->width) << where;
+          ucb.push_back(-1.0);  // never picked
+          continue;
+        }
         const ExpertEstimate ref =
             reference::MedianOfMeans(log, log.size(), full, o, k, first[k], excluded[k]);
         ExpectClose(inc.mean, ref.mean, where + " mean of expert " + std::to_string(k));
@@ -733,8 +745,26 @@ TEST(Estimator, WindowedExpertsMatchTheReference) {
           compare("after adding experts at t=" + std::to_string(t));
         }
       }
+      if (t == kRetiredAt) {
+        ASSERT_EQ(n, kMax);
+        const int64_t bytes = e->Stats().state_bytes;
+        frozen = e->Estimate(kRetired);
+        ASSERT_TRUE(e->Retire(kRetired).ok());
+        EXPECT_GE(bytes - e->Stats().state_bytes, 8 * MedianOfMeansFineGroups(o) * 2);
+        first[kRetired] = 0;
+        restored = nullptr;
+        compare("after retiring expert 2");
+      }
       if (t == 500 || t == 1200) {
+        const DivergenceMatrix previous = full;
         full = RandomDivergences(kMax, stream.gen());
+        // A retired expert's pairs stay as they were (Estimator::Retire).
+        for (int i = 0; i < kMax && frozen.has_value(); ++i) {
+          for (int j : {i * kMax + kRetired, kRetired * kMax + i}) {
+            full.m[j] = previous.m[j];
+            full.sigma[j] = previous.sigma[j];
+          }
+        }
         ASSERT_TRUE(e->SetDivergences(SampleLog(n), Block(full, n)).ok());
         if (restored != nullptr) {
           ASSERT_TRUE(restored->SetDivergences(SampleLog(n), Block(full, n)).ok());
@@ -916,7 +946,14 @@ TEST(Estimator, RetiredExpertsAreFoldedAndMatchTheReference) {
         retire(0, t);
         retire(4, t);  // one added after the first retirement
       }
-      if (t == 1200) retire(6, t);  // the windowed one
+      if (t == 1200) {
+        // The windowed one, the only expert of its window: the window (8 L per expert
+        // there when it was added, six of them) is freed with its row.
+        const int64_t bytes = e->Stats().state_bytes;
+        retire(6, t);
+        EXPECT_GE(bytes - e->Stats().state_bytes, 8 * MedianOfMeansFineGroups(o) * 6);
+        EXPECT_EQ(e->WindowStart(6), 0);
+      }
       if (t == 900 || t == 1300) {
         std::string saved;
         restored = RestoredCopy(*e, o, &saved);
