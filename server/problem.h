@@ -430,23 +430,42 @@ class Problem {
   // expert was not registered yet, or not durable when the chunk completed: its value is
   // in its backfill). The chunk being filled is the only per-sample state kept in memory;
   // complete ones wait in unwritten_chunks_ for WriteLogChunks.
+  //
+  // Experts frozen when the chunk started (retired with their estimate kept) have no
+  // column: nothing reads a frozen expert's value but where it is the chooser, and the
+  // chooser's value is kept for every sample (chooser_propensity, the logged one). Without
+  // this every expert ever registered would cost a column of every chunk, in memory and on
+  // disk, for as long as the problem lives. Expand() gives the full rows back (a frozen
+  // expert's value is the stand-in's 1/K the join scored it with, the chooser's its own).
   struct ChunkRows {
     int64_t chunk = 0;
     int width = 0;
+    std::vector<int32_t> dropped;  // ascending ids < width without a column
+    std::vector<int32_t> columns;  // the other ids < width, ascending: the stored columns
     std::vector<int32_t> chooser;
     std::vector<double> reward;
-    std::vector<double> propensities;  // [sample][width]
+    std::vector<double> chooser_propensity;  // pi_j(s)(V_s | X_s) for chooser j(s)
+    std::vector<double> propensities;        // [sample][columns.size()]
     int64_t size() const { return static_cast<int64_t>(chooser.size()); }
     int64_t first() const { return chunk * storage::kLogChunkSamples; }
+    int stored() const { return static_cast<int>(columns.size()); }
+    // Sample s's values of experts [0, width). REQUIRES: dropped.empty() (Expand).
     const double* row(int64_t s) const { return &propensities[(s - first()) * width]; }
+    // Starts an empty chunk over experts [0, n) without the columns of `drop`.
+    void Start(int n, std::vector<int32_t> drop);
     // Appends a sample; a wider row widens the chunk (NaN for the earlier samples).
     void Append(int chooser_id, double reward_value, absl::Span<const double> p);
     // At least `n` experts' columns: NaN for the ones added.
     void Widen(int n);
-    // Keeps the first `n` experts' columns.
+    // Keeps the first `n` experts.
     void Narrow(int n);
+    // Keeps the first `n` samples.
+    void Truncate(int64_t n);
+    // Every expert's column: `fill` for a dropped one, its own value where it chose.
+    void Expand(double fill);
     int64_t memory_bytes() const {
       return static_cast<int64_t>(4 * chooser.capacity() + 8 * reward.capacity() +
+                                  8 * chooser_propensity.capacity() +
                                   8 * propensities.capacity());
     }
   };

@@ -205,7 +205,7 @@ absl::StatusOr<bool> Problem::FeedRowsFromMemoryLocked(int expert_id, ExpertRows
     for (int64_t s = std::max(from, c.first()); s < c.first() + c.size() && s < to; ++s) {
       const int64_t i = s - c.first();
       const int j = c.chooser[i];
-      absl::Status added = rows->Add(j, c.reward[i], c.row(s)[j], {tail[s - total]});
+      absl::Status added = rows->Add(j, c.reward[i], c.chooser_propensity[i], {tail[s - total]});
       if (!added.ok()) {
         return absl::InternalError(absl::StrCat("problem ", id(), ": sample ", s,
                                                 " cannot be learned: ", added.message()));

@@ -153,7 +153,7 @@ int64_t Problem::MemoryBound(const storage::v1::ProblemRecord& record, int num_e
   const bool retention = record.retention_max_samples() > 0 || record.retention_max_age_ms() > 0;
   return 2 * EstimatorStateBound(EstimatorOptionsOf(record), num_experts,
                                  retention ? num_experts : 0, num_retired) +
-         storage::kLogChunkSamples * (12 + 8 * int64_t{num_experts});
+         storage::kLogChunkSamples * (20 + 8 * int64_t{num_experts});
 }
 
 absl::Status Problem::WriteCheckpoint(CheckpointWrite& w) {
@@ -185,14 +185,32 @@ absl::Status Problem::Checkpoint() {
 
 // --------------------------------------------------------------------------- Log chunks
 
+void Problem::ChunkRows::Start(int n, std::vector<int32_t> drop) {
+  const int64_t at = chunk;
+  *this = ChunkRows();
+  chunk = at;
+  width = n;
+  dropped = std::move(drop);
+  size_t d = 0;
+  for (int k = 0; k < n; ++k) {
+    if (d < dropped.size() && dropped[d] == k) {
+      ++d;
+    } else {
+      columns.push_back(k);
+    }
+  }
+}
+
 void Problem::ChunkRows::Widen(int n) {
   if (n <= width) return;
-  std::vector<double> widened(chooser.size() * n, NAN);
+  const int old_stored = stored();
+  for (int k = width; k < n; ++k) columns.push_back(k);
+  width = n;
+  std::vector<double> widened(chooser.size() * stored(), NAN);
   for (size_t i = 0; i < chooser.size(); ++i) {
-    std::copy_n(&propensities[i * width], width, &widened[i * n]);
+    std::copy_n(&propensities[i * old_stored], old_stored, &widened[i * stored()]);
   }
   propensities.swap(widened);
-  width = n;
 }
 
 void Problem::ChunkRows::Append(int chooser_id, double reward_value,
@@ -200,26 +218,61 @@ void Problem::ChunkRows::Append(int chooser_id, double reward_value,
   // An expert registered meanwhile: the earlier samples have no value of it here.
   Widen(static_cast<int>(p.size()));
   if (propensities.capacity() == 0) {
-    propensities.reserve(storage::kLogChunkSamples * std::max(width, 1));
+    propensities.reserve(storage::kLogChunkSamples * std::max(stored(), 1));
     chooser.reserve(storage::kLogChunkSamples);
     reward.reserve(storage::kLogChunkSamples);
+    chooser_propensity.reserve(storage::kLogChunkSamples);
   }
   chooser.push_back(chooser_id);
   reward.push_back(reward_value);
-  propensities.insert(propensities.end(), p.begin(), p.end());
-  propensities.resize(chooser.size() * width, NAN);
+  chooser_propensity.push_back(p[chooser_id]);
+  for (int k : columns) {
+    propensities.push_back(k < static_cast<int>(p.size()) ? p[k] : NAN);
+  }
 }
 
 void Problem::ChunkRows::Narrow(int n) {
   if (n >= width) return;
-  for (size_t i = 0; i < chooser.size(); ++i) {
-    std::copy_n(&propensities[i * width], n, &propensities[i * n]);
-  }
-  propensities.resize(chooser.size() * n);
+  const int old_stored = stored();
+  while (!columns.empty() && columns.back() >= n) columns.pop_back();
+  while (!dropped.empty() && dropped.back() >= n) dropped.pop_back();
   width = n;
+  for (size_t i = 0; i < chooser.size(); ++i) {
+    std::copy_n(&propensities[i * old_stored], stored(), &propensities[i * stored()]);
+  }
+  propensities.resize(chooser.size() * stored());
+}
+
+void Problem::ChunkRows::Truncate(int64_t n) {
+  if (n >= size()) return;
+  chooser.resize(n);
+  reward.resize(n);
+  chooser_propensity.resize(n);
+  propensities.resize(n * stored());
+}
+
+void Problem::ChunkRows::Expand(double fill) {
+  if (dropped.empty()) return;
+  std::vector<double> full(chooser.size() * width, fill);
+  for (size_t i = 0; i < chooser.size(); ++i) {
+    double* row = &full[i * width];
+    for (int c = 0; c < stored(); ++c) row[columns[c]] = propensities[i * stored() + c];
+    row[chooser[i]] = chooser_propensity[i];
+  }
+  propensities.swap(full);
+  dropped.clear();
+  columns.clear();
+  for (int k = 0; k < width; ++k) columns.push_back(k);
 }
 
 void Problem::AppendToLogChunkLocked(int chooser, double reward, absl::Span<const double> p) {
+  if (current_chunk_.size() == 0 && current_chunk_.width == 0) {
+    std::vector<int32_t> frozen;
+    for (int k = 0; k < static_cast<int>(p.size()); ++k) {
+      if (experts_.Frozen(k)) frozen.push_back(k);
+    }
+    current_chunk_.Start(static_cast<int>(p.size()), std::move(frozen));
+  }
   current_chunk_.Append(chooser, reward, p);
   if (current_chunk_.size() < storage::kLogChunkSamples) return;
   // Written by WriteLogChunks, outside the lock. Experts whose registration is not written
@@ -237,6 +290,11 @@ storage::v1::LogChunk Problem::BuildLogChunk(const ChunkRows& rows) {
   c.mutable_chooser()->Add(rows.chooser.begin(), rows.chooser.end());
   c.mutable_reward()->Add(rows.reward.begin(), rows.reward.end());
   c.mutable_propensities()->Add(rows.propensities.begin(), rows.propensities.end());
+  if (!rows.dropped.empty()) {
+    c.mutable_dropped()->Add(rows.dropped.begin(), rows.dropped.end());
+    c.mutable_chooser_propensity()->Add(rows.chooser_propensity.begin(),
+                                        rows.chooser_propensity.end());
+  }
   return c;
 }
 
@@ -245,31 +303,53 @@ absl::StatusOr<Problem::ChunkRows> Problem::ChunkRowsOf(int64_t chunk,
                                                        int max_width) const {
   constexpr int64_t kSamples = storage::kLogChunkSamples;
   const int width = c.num_experts();
+  const auto damaged = [&](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat("problem ", id(), ": log chunk ", chunk, ": ", what));
+  };
   // Experts registered after the chunk was written are not in it (their values are in
   // their backfill): the width may be anything up to the experts stored. A chunk written
   // before it was complete (DeleteEvents) holds its first samples only.
-  const int n = c.chooser_size();
-  if (n < 1 || n > kSamples || c.reward_size() != n || width < 0 || width > max_width ||
-      c.propensities_size() != static_cast<int64_t>(n) * width) {
-    return absl::DataLossError(absl::StrCat(
-        "problem ", id(), ": log chunk ", chunk, " has ", c.chooser_size(), " choosers, ",
-        c.reward_size(), " rewards and ", c.propensities_size(), " propensities of ", width,
-        " experts; expected 1 to ", kSamples, " samples of at most ", max_width, " experts"));
+  if (width < 0 || width > max_width) {
+    return damaged(absl::StrCat(width, " experts; expected at most ", max_width));
   }
-  for (int i = 0; i < n; ++i) {
-    if (c.chooser(i) < 0 || c.chooser(i) >= width) {
-      return absl::DataLossError(absl::StrCat("problem ", id(), ": log chunk ", chunk,
-                                              ": sample ", chunk * kSamples + i,
-                                              " has chooser ", c.chooser(i), " of ", width,
-                                              " experts"));
+  std::vector<int32_t> dropped(c.dropped().begin(), c.dropped().end());
+  for (size_t i = 0; i < dropped.size(); ++i) {
+    if (dropped[i] < 0 || dropped[i] >= width || (i > 0 && dropped[i] <= dropped[i - 1])) {
+      return damaged(absl::StrCat("dropped expert ", dropped[i], " is not an ascending id of ",
+                                  width, " experts"));
     }
   }
   ChunkRows rows;
   rows.chunk = chunk;
-  rows.width = width;
+  rows.Start(width, std::move(dropped));
+  const int n = c.chooser_size();
+  const int expected_chooser = rows.dropped.empty() ? 0 : n;
+  if (n < 1 || n > kSamples || c.reward_size() != n ||
+      c.propensities_size() != static_cast<int64_t>(n) * rows.stored() ||
+      c.chooser_propensity_size() != expected_chooser) {
+    return damaged(absl::StrCat(
+        c.chooser_size(), " choosers, ", c.reward_size(), " rewards, ",
+        c.propensities_size(), " propensities of ", rows.stored(), " experts and ",
+        c.chooser_propensity_size(), " chooser propensities; expected 1 to ", kSamples,
+        " samples with one of each, a propensity per kept expert, and a chooser propensity "
+        "if an expert was dropped"));
+  }
   rows.chooser.assign(c.chooser().begin(), c.chooser().end());
   rows.reward.assign(c.reward().begin(), c.reward().end());
   rows.propensities.assign(c.propensities().begin(), c.propensities().end());
+  rows.chooser_propensity.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const int j = c.chooser(i);
+    if (j < 0 || j >= width) {
+      return damaged(absl::StrCat("sample ", chunk * kSamples + i, " has chooser ", j, " of ",
+                                  width, " experts"));
+    }
+    // Without dropped experts every column is stored, the chooser's among them.
+    rows.chooser_propensity[i] =
+        rows.dropped.empty() ? rows.propensities[static_cast<size_t>(i) * width + j]
+                             : c.chooser_propensity(i);
+  }
   return rows;
 }
 
@@ -293,8 +373,10 @@ absl::StatusOr<Problem::ChunkRows> Problem::ReadChunkRows(int64_t chunk, int wid
                               env_.store->GetLogChunk(index_, static_cast<uint64_t>(chunk)));
     DECISION_ASSIGN_OR_RETURN(rows, ChunkRowsOf(chunk, stored, stored_experts));
   }
-  // Values the chunk lacks (experts registered after its samples were learned) from the
-  // experts' backfill chunks, which cover the same samples.
+  // Every expert's column (a frozen expert's value is the stand-in's, as the join scored
+  // it), then the values the chunk lacks (experts registered after its samples were
+  // learned) from the experts' backfill chunks, which cover the same samples.
+  rows->Expand(1.0 / record_.num_arms());
   rows->Widen(width);
   for (int k = 0; k < static_cast<int>(backfill_totals.size()); ++k) {
     bool missing = false;

@@ -328,15 +328,17 @@ class Recovery {
           if (static_cast<int64_t>(chunk) != next_ / kSamples) return kStop;
           DECISION_ASSIGN_OR_RETURN(Problem::ChunkRows rows,
                                     p_.ChunkRowsOf(static_cast<int64_t>(chunk), c, num_experts()));
+          // Every expert's column, as the join scored the samples (a frozen expert's is the
+          // stand-in's); `rows` stays as stored, for the chunk being filled.
+          Problem::ChunkRows full = rows;
+          full.Expand(1.0 / p_.record_.num_arms());
           for (int64_t s = next_; s < rows.first() + rows.size(); ++s) {
             const int64_t i = s - rows.first();
             DECISION_ASSIGN_OR_RETURN(
-                const bool replayed, Replay(s, rows.chooser[i], rows.reward[i], rows.row(s), rows.width));
+                const bool replayed, Replay(s, full.chooser[i], full.reward[i], full.row(s), full.width));
             if (!replayed) {
               // The rest of this chunk is re-scored: it is rebuilt in memory from here.
-              rows.chooser.resize(i);
-              rows.reward.resize(i);
-              rows.propensities.resize(i * rows.width);
+              rows.Truncate(i);
               partial_ = std::move(rows);
               return kStop;
             }

@@ -247,8 +247,8 @@ TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
 
 }  // namespace
 // decision_problem_memory_bytes says what a problem keeps: the sample log in whole
-// 4096-row chunks of 4 + 8 + 8 N bytes, and the estimator's state, which more samples do
-// not grow.
+// 4096-row chunks of 4 + 8 + 8 + 8 N bytes (chooser, reward, the chooser's propensity and
+// the experts' columns), and the estimator's state, which more samples do not grow.
 // Neither part grows with the samples: the log is in the store (issue 16).
 TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   CreateProblem("p");
@@ -263,7 +263,7 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   GetProblem("p");  // everything learned
   const int n = static_cast<int>(Experts().size());
   ASSERT_EQ(n, 3);  // the uniform expert and the two linear ones
-  EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
+  EXPECT_EQ(memory("sample_log"), 4096.0 * (20 + 8 * n));
   // Round-robin median of means: 240 fine groups of N (N + 4) doubles, and a little more;
   // once a checkpoint carried it, as much again for the buffer it is written from.
   const double state = 240.0 * n * (n + 4) * 8;
@@ -278,7 +278,7 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   // the chunk being filled stays. Nothing per sample grows.
   PlayRounds("p", 4096);
   GetProblem("p");
-  EXPECT_EQ(memory("sample_log"), 4096.0 * (12 + 8 * n));
+  EXPECT_EQ(memory("sample_log"), 4096.0 * (20 + 8 * n));
   EXPECT_LT(memory("estimator"), 2 * state + 64 * 1024);
   // A retired expert's row is freed and its column folded: the fine groups keep the sums
   // of the two live experts, 240 x 2 x 2 doubles: 9600 bytes fewer. (The buffer the state
@@ -292,6 +292,11 @@ TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
   const double after = memory("estimator");
   EXPECT_LE(after, before - 240.0 * (9 - 4) * 8);
   EXPECT_GE(after, 240.0 * (2 * 2 + 4 * n) * 8);
+  // The chunks started after its retirement have no column of it (its value is the
+  // stand-in's, or where it chose the chooser's, kept for every sample).
+  PlayRounds("p", static_cast<int>(2 * 4096 + 10 - GetProblem("p").samples()));
+  GetProblem("p");
+  EXPECT_EQ(memory("sample_log"), 4096.0 * (20 + 8 * (n - 1)));
 }
 
 }  // namespace decision::server

@@ -424,6 +424,42 @@ TEST_F(CorruptRecordTest, LogChunkWithAChooserOutOfRange) {
   EXPECT_THAT(s.message(), HasSubstr("sample 7"));
 }
 
+// A chunk without the columns of experts frozen when it started (Problem::ChunkRows):
+// the dropped ids must be ascending experts of the chunk, and the chooser's propensity of
+// every sample must come with them.
+TEST_F(CorruptRecordTest, LogChunkWithDamagedDroppedColumns) {
+  const auto dropped_chunk = [] {
+    storage::v1::LogChunk c = FullChunk(1);  // expert 0's column; expert 1 dropped
+    c.set_num_experts(2);
+    c.add_dropped(1);
+    for (int64_t i = 0; i < storage::kLogChunkSamples; ++i) c.add_chooser_propensity(0.25);
+    return c;
+  };
+  const std::vector<std::pair<std::string, std::function<void(storage::v1::LogChunk*)>>> damages = {
+      {"dropped expert 2", [](storage::v1::LogChunk* c) { c->set_dropped(0, 2); }},
+      {"dropped expert 1", [](storage::v1::LogChunk* c) { c->add_dropped(1); }},
+      {"chooser propensities", [](storage::v1::LogChunk* c) { c->clear_chooser_propensity(); }},
+      {"chooser propensities", [](storage::v1::LogChunk* c) { c->add_propensities(0.25); }},
+  };
+  for (const auto& [what, damage] : damages) {
+    SCOPED_TRACE(what);
+    if (service_ != nullptr) {  // a fresh store for each damage
+      ASSERT_TRUE(service_->Shutdown().ok());
+      service_.reset();
+      dir_ = testing::MakeTempDir();
+      Open();
+    }
+    const absl::Status s = OpenAfter([&](storage::Store& store) {
+      storage::v1::LogChunk c = dropped_chunk();
+      damage(&c);
+      return store.PutLogChunk(0, 0, c);
+    });
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("log chunk 0"));
+    EXPECT_THAT(s.message(), HasSubstr(what));
+  }
+}
+
 TEST_F(CorruptRecordTest, CheckpointMatricesOfTheWrongSize) {
   const absl::Status s =
       OpenAfter(EditCheckpoint([](storage::v1::CheckpointRecord* c) { c->mutable_m()->RemoveLast(); }));

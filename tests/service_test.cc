@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "core/estimator.h"
+#include "storage/format.h"
+#include "storage/store.h"
 #include "tests/decisiond_process.h"
 #include "tests/reference_estimators.h"
 #include "tests/service_fixture.h"
@@ -265,6 +267,87 @@ TEST_F(ServiceTest, RetiredExpertIsFrozenAndScoredByTheStandIn) {
   Reopen();
   expect_frozen();
   ExpectEstimatesMatchReference("p");
+}
+
+// A frozen expert has no column in the log chunks started after its retirement, so that
+// memory and disk follow the live experts, not every expert ever registered. The log reads
+// as before: its value is the stand-in's 1/K, or, for a decision it made before its
+// retirement and joined after, the logged propensity. A restart replays such chunks exactly.
+TEST_F(ServiceTest, LogChunksLeaveOutFrozenExpertsColumns) {
+  constexpr int64_t kChunk = storage::kLogChunkSamples;
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int weak = RegisterLinear("p", 2.0);
+  RunMaintenanceUntilActive("p");
+  // Decisions of the expert to retire, left open: they join after its retirement.
+  std::vector<v1::ChooseResponse> open;
+  for (int i = 0; i < 3000 && open.size() < 3; ++i) {
+    const v1::ChooseResponse c = Choose("p");
+    if (c.expert_id() == weak) {
+      open.push_back(c);
+    } else {
+      ASSERT_TRUE(Reward("p", c.event_id(), c.arm() == Label() ? 1.0 : 0.0).ok());
+    }
+  }
+  ASSERT_EQ(open.size(), 3u);
+  RegisterLinear("p", 8.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  v1::RetireExpertRequest retire;
+  retire.set_problem_id("p");
+  retire.set_expert_id(weak);
+  v1::Expert retired;
+  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  const int64_t retired_at = GetProblem("p").samples();
+  ASSERT_LT(retired_at, kChunk);
+  PlayRounds("p", static_cast<int>(kChunk + 100 - retired_at));  // into chunk 1
+  for (const v1::ChooseResponse& c : open) ASSERT_TRUE(Reward("p", c.event_id(), 1.0).ok());
+  PlayRounds("p", static_cast<int>(2 * kChunk + 50 - GetProblem("p").samples()));
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // writes chunk 1
+
+  const auto expect_log = [&] {
+    const std::vector<v1::LoggedSample> log = Export("p");
+    ASSERT_EQ(static_cast<int64_t>(log.size()), 2 * kChunk + 50);
+    int chose_late = 0;
+    for (const v1::LoggedSample& s : log) {
+      ASSERT_EQ(s.expert_propensities_size(), 3) << s.sequence();
+      const double value = s.expert_propensities(weak);
+      if (s.expert_id() == weak) {
+        EXPECT_EQ(value, s.propensity()) << s.sequence();
+        chose_late += s.sequence() >= kChunk;
+      } else if (s.sequence() >= retired_at) {
+        EXPECT_EQ(value, 1.0 / kArms) << s.sequence();
+      }
+    }
+    EXPECT_EQ(chose_late, 3);  // the chooser's value of a chunk without its column
+  };
+  expect_log();
+  ExpectEstimatesMatchReference("p");
+  const v1::Estimates before = Estimates("p");
+
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, storage::StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    absl::StatusOr<storage::v1::LogChunk> first = (*store)->GetLogChunk(0, 0);
+    absl::StatusOr<storage::v1::LogChunk> second = (*store)->GetLogChunk(0, 1);
+    ASSERT_TRUE(first.ok() && second.ok());
+    EXPECT_EQ(first->dropped_size(), 0);  // started before the retirement
+    EXPECT_EQ(first->propensities_size(), 3 * kChunk);
+    EXPECT_EQ(first->chooser_propensity_size(), 0);
+    ASSERT_EQ(second->dropped_size(), 1);
+    EXPECT_EQ(second->dropped(0), weak);
+    EXPECT_EQ(second->propensities_size(), 2 * kChunk);
+    EXPECT_EQ(second->chooser_propensity_size(), kChunk);
+  }
+  Open();
+  expect_log();
+  ExpectEstimatesMatchReference("p");
+  const v1::Estimates after = Estimates("p");
+  for (int k = 0; k < before.experts_size(); ++k) {
+    EXPECT_EQ(after.experts(k).estimate(), before.experts(k).estimate()) << k;
+    EXPECT_EQ(after.experts(k).width(), before.experts(k).width()) << k;
+  }
 }
 
 TEST_F(ServiceTest, DeferredDecisionIsAnsweredAtOnceAndWrittenWithItsReward) {
