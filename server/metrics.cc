@@ -169,6 +169,16 @@ Metrics::Metrics()
                             .Help("Approximate size of each of the store's column families "
                                   "(SST files and memtables): events, samples, logchunks, ...")
                             .Register(*registry_);
+  store_live_sst_bytes_ = &prometheus::BuildGauge()
+                               .Name("decision_store_live_sst_bytes")
+                               .Help("Size of each column family's live SST files (the "
+                                     "current version's; files compaction replaced are not)")
+                               .Register(*registry_);
+  store_sst_files_ = &prometheus::BuildGauge()
+                          .Name("decision_store_sst_files")
+                          .Help("Live SST files of each column family (RocksDB keeps each "
+                                "open: one file descriptor each)")
+                          .Register(*registry_);
   audit_write_errors_ = &prometheus::BuildCounter()
                              .Name("decision_audit_write_errors_total")
                              .Help("Audit records of administrative calls that could not be written")

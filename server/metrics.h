@@ -38,6 +38,13 @@ class Metrics {
   prometheus::Gauge& store_family_size(const std::string& family) {
     return store_family_size_->Add({{"family", family}});
   }
+  // decision_store_live_sst_bytes{family}, decision_store_sst_files{family}.
+  prometheus::Gauge& store_live_sst_bytes(const std::string& family) {
+    return store_live_sst_bytes_->Add({{"family", family}});
+  }
+  prometheus::Gauge& store_sst_files(const std::string& family) {
+    return store_sst_files_->Add({{"family", family}});
+  }
   // decision_store_memory_bytes{part}: memtables, table_readers, block_cache.
   prometheus::Gauge& store_memory(const std::string& part) {
     return store_memory_->Add({{"part", part}});
@@ -136,6 +143,8 @@ class Metrics {
   prometheus::Gauge* storage_size_;
   prometheus::Family<prometheus::Gauge>* store_memory_;
   prometheus::Family<prometheus::Gauge>* store_family_size_;
+  prometheus::Family<prometheus::Gauge>* store_live_sst_bytes_;
+  prometheus::Family<prometheus::Gauge>* store_sst_files_;
   prometheus::Counter* audit_write_errors_;
   prometheus::Gauge* store_healthy_;
   prometheus::Counter* store_write_errors_;

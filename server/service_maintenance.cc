@@ -67,9 +67,14 @@ absl::Status DecisionService::RunWriteRound() {
     double total = 0;
     for (const storage::Store::FamilySize& f : store_->FamilySizes()) {
       metrics_->store_family_size(f.family).Set(static_cast<double>(f.bytes));
+      metrics_->store_live_sst_bytes(f.family).Set(static_cast<double>(f.live_sst_bytes));
+      metrics_->store_sst_files(f.family).Set(static_cast<double>(f.sst_files));
       total += static_cast<double>(f.bytes);
     }
     metrics_->storage_size().Set(total);
+    // Small record families merged into one file once they have a few (the store's
+    // compaction thread; only a metadata read here).
+    store_->CompactSmallFamiliesSoon();
     const storage::Store::MemoryUsage memory = store_->Memory();
     metrics_->store_memory("memtables").Set(static_cast<double>(memory.memtables));
     metrics_->store_memory("table_readers").Set(static_cast<double>(memory.table_readers));

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 #include "absl/strings/match.h"
@@ -266,6 +267,7 @@ absl::Status Store::OpenDbLocked() {
   for (const char* name : kFamilyNames) families.emplace_back(name, family_options);
   // Retention drops old events as the events family compacts (retention.h).
   families[3].options.compaction_filter = event_filter_.get();
+
   rocksdb::Status s = rocksdb::DB::Open(db_options, path_, families, &handles_, &db_);
   if (!s.ok()) {
     db_ = nullptr;
@@ -892,11 +894,56 @@ void Store::CompactEventsSoon(uint32_t problem) {
   if (!compactor_.joinable()) compactor_ = std::thread([this] { CompactEventsLoop(); });
 }
 
+namespace {
+constexpr uint64_t kSmallFamilyBytes = uint64_t{64} << 20;  // one table file's worth
+constexpr size_t kSmallFamilyFiles = 2;                     // merged when it has more
+}  // namespace
+
+std::vector<rocksdb::ColumnFamilyHandle*> Store::SmallFamiliesLocked() const {
+  return {handles_[0], problems_, experts_, checkpoints_, pending_, audit_, training_jobs_};
+}
+
+void Store::CompactSmallFamiliesSoon() {
+  bool due = false;
+  {
+    std::shared_lock<std::shared_mutex> lock(db_mu_);
+    if (db_ == nullptr) return;
+    for (rocksdb::ColumnFamilyHandle* h : SmallFamiliesLocked()) {
+      rocksdb::ColumnFamilyMetaData meta;
+      db_->GetColumnFamilyMetaData(h, &meta);
+      due |= meta.file_count > kSmallFamilyFiles && meta.size < kSmallFamilyBytes;
+    }
+  }
+  if (!due) return;
+  absl::MutexLock lock(&compact_mu_);
+  if (compact_stop_ || compact_small_) return;
+  compact_small_ = true;
+  if (!compactor_.joinable()) compactor_ = std::thread([this] { CompactEventsLoop(); });
+}
+
+void Store::CompactSmallFamilies() {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return;
+  for (rocksdb::ColumnFamilyHandle* h : SmallFamiliesLocked()) {
+    rocksdb::ColumnFamilyMetaData meta;
+    db_->GetColumnFamilyMetaData(h, &meta);
+    if (meta.file_count <= kSmallFamilyFiles || meta.size >= kSmallFamilyBytes) continue;
+    rocksdb::CompactRangeOptions options;
+    // The bottom level too: that is where the files moved down whole sit.
+    options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    options.exclusive_manual_compaction = false;
+    options.canceled = &compact_canceled_;
+    // A failure is RocksDB's background error too (Health()); the next call asks again.
+    db_->CompactRange(options, h, nullptr, nullptr).PermitUncheckedError();
+  }
+}
+
 void Store::WaitForEventCompactions() {
   absl::MutexLock lock(&compact_mu_);
   compact_mu_.Await(absl::Condition(
       +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
-        return s->compact_stop_ || (s->compact_queue_.empty() && !s->compact_running_);
+        return s->compact_stop_ ||
+               (s->compact_queue_.empty() && !s->compact_small_ && !s->compact_running_);
       },
       this));
 }
@@ -918,21 +965,29 @@ void Store::StopEventCompactions() {
 
 void Store::CompactEventsLoop() {
   for (;;) {
-    uint32_t problem;
+    std::optional<uint32_t> problem;
     {
       absl::MutexLock lock(&compact_mu_);
       compact_running_ = false;
       compact_mu_.Await(absl::Condition(
           +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
-            return s->compact_stop_ || !s->compact_queue_.empty();
+            return s->compact_stop_ || !s->compact_queue_.empty() || s->compact_small_;
           },
           this));
       if (compact_stop_) return;
-      problem = compact_queue_.front();
-      compact_queue_.pop_front();
+      if (!compact_queue_.empty()) {
+        problem = compact_queue_.front();
+        compact_queue_.pop_front();
+      } else {
+        compact_small_ = false;
+      }
       compact_running_ = true;
     }
-    CompactEventsOf(problem);
+    if (problem.has_value()) {
+      CompactEventsOf(*problem);
+    } else {
+      CompactSmallFamilies();
+    }
   }
 }
 
@@ -985,7 +1040,14 @@ std::vector<Store::FamilySize> Store::FamilySizes() {
     if (db_->GetIntProperty(handles_[i], rocksdb::DB::Properties::kSizeAllMemTables, &v)) {
       bytes += v;
     }
-    sizes.push_back({kFamilyNames[i - 1], bytes});
+    uint64_t live = 0, files = 0;
+    if (db_->GetIntProperty(handles_[i], rocksdb::DB::Properties::kLiveSstFilesSize, &v)) {
+      live = v;
+    }
+    rocksdb::ColumnFamilyMetaData meta;
+    db_->GetColumnFamilyMetaData(handles_[i], &meta);
+    files = meta.file_count;
+    sizes.push_back({kFamilyNames[i - 1], bytes, live, files});
   }
   return sizes;
 }

@@ -252,7 +252,18 @@ class Store {
   // down the levels whole and stay at the bottom. The owner asks once enough was cut
   // (server/problem_retention.cc). Close and Recover cancel the one running.
   void CompactEventsSoon(uint32_t problem);
-  // Blocks until no compaction asked for by CompactEventsSoon is queued or running (tests).
+  // The record families other than the log's (problems, experts, checkpoints, pending,
+  // audit, training jobs) are flushed a few KB at a time, at the WAL's cap and at every
+  // shutdown, and their keys often come in order (audit sequences, job ids): RocksDB then
+  // moves each small file down whole instead of merging it, and they pile up, an open file
+  // descriptor and a probe per lookup each, for as long as the store lives. This asks the
+  // compaction thread to merge each such family that has more than two files while it
+  // holds under 64 MiB (one table file's worth) into one. Cheap to call often: it reads
+  // the families' metadata only. The log's families (events, samples, backfill, log
+  // chunks) are left alone: retention drops their files whole.
+  void CompactSmallFamiliesSoon();
+  // Blocks until no compaction asked for by CompactEventsSoon or CompactSmallFamiliesSoon
+  // is queued or running (tests).
   void WaitForEventCompactions();
   // Event compactions finished, and failed or cancelled, since the store opened.
   struct EventCompactions {
@@ -280,7 +291,9 @@ class Store {
   // order.
   struct FamilySize {
     const char* family;
-    uint64_t bytes;
+    uint64_t bytes;           // SST files and memtables
+    uint64_t live_sst_bytes;  // the SST files of the current version (compacted ones not)
+    uint64_t sst_files;       // their count (RocksDB keeps each one open: an fd each)
   };
   std::vector<FamilySize> FamilySizes();
   // RocksDB's memory: the memtables (every family, immutable ones included; one budget of
@@ -334,6 +347,9 @@ class Store {
   // The compaction thread (CompactEventsSoon), and one compaction of a problem's events.
   void CompactEventsLoop();
   void CompactEventsOf(uint32_t problem);
+  void CompactSmallFamilies();
+  // The families CompactSmallFamiliesSoon looks after.
+  std::vector<rocksdb::ColumnFamilyHandle*> SmallFamiliesLocked() const;
   void StopEventCompactions();
 
   std::string path_;
@@ -364,6 +380,7 @@ class Store {
   absl::Mutex compact_mu_;
   std::deque<uint32_t> compact_queue_ ABSL_GUARDED_BY(compact_mu_);
   bool compact_running_ ABSL_GUARDED_BY(compact_mu_) = false;
+  bool compact_small_ ABSL_GUARDED_BY(compact_mu_) = false;  // CompactSmallFamiliesSoon asked
   bool compact_stop_ ABSL_GUARDED_BY(compact_mu_) = false;
   EventCompactions compactions_ ABSL_GUARDED_BY(compact_mu_);
   std::thread compactor_;

@@ -193,6 +193,46 @@ v1::RetentionRecord Cut(int64_t first_sample, int64_t events_before_ms) {
   return cut;
 }
 
+// The small families (records, checkpoints, audit, ...) are flushed a few KB at a time (at
+// the WAL's cap, at every shutdown), and with keys in order RocksDB moves each file down
+// whole: without CompactSmallFamiliesSoon they pile up (an open fd each) for good. The log's
+// families are left alone (retention drops their files whole).
+TEST(Store, SmallFamiliesKeepOneTableFile) {
+  const std::string dir = TempDir("small_families");
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int flush = 0; flush < 3; ++flush) {
+    v1::ExpertRecord expert;
+    expert.set_name(absl::StrCat("e", flush));
+    ASSERT_TRUE((*store)->PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
+    Store::WriteGroup group;
+    AddJoined(**store, &group, 0, EventId(flush), flush, /*features=*/4);
+    ASSERT_TRUE((*store)->Commit(&group).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+  }
+  const auto files = [&](const std::string& family) {
+    for (const Store::FamilySize& f : (*store)->FamilySizes()) {
+      if (family == f.family) return f.sst_files;
+    }
+    return uint64_t{0};
+  };
+  (*store)->WaitForEventCompactions();  // whatever RocksDB started after the flushes
+  EXPECT_EQ(files("experts"), 3u);        // moved down whole, not merged
+  (*store)->CompactSmallFamiliesSoon();
+  (*store)->WaitForEventCompactions();
+  EXPECT_EQ(files("experts"), 1u);
+  EXPECT_EQ(files("samples"), 3u);
+  // All three records are in the one file.
+  int experts = 0;
+  ASSERT_TRUE((*store)
+                  ->ForEachExpert(0, [&](uint32_t, const v1::ExpertRecord&) {
+                    ++experts;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(experts, 3);
+}
+
 TEST(Retention, DeletesWhatItShouldAndNothingElse) {
   const std::string dir = TempDir("deletes");
   {
@@ -259,10 +299,24 @@ TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
     ASSERT_TRUE((*store)->Compact().ok());
   }
   const int64_t before = SstBytes(dir);
+  // What decisiond exports of it (decision_store_sst_files, decision_store_live_sst_bytes).
+  const auto samples_family = [&] {
+    for (const Store::FamilySize& f : (*store)->FamilySizes()) {
+      if (std::string(f.family) == "samples") return f;
+    }
+    return Store::FamilySize{"none", 0, 0, 0};
+  };
+  const Store::FamilySize three = samples_family();
+  EXPECT_EQ(three.sst_files, 3u);
+  EXPECT_GT(three.live_sst_bytes, 0u);
   ASSERT_TRUE((*store)->ApplyRetention(0, {}, Cut(2 * kChunk, 0)).ok());
   const int64_t after = SstBytes(dir);
   // Two of the three samples' files are gone, without a compaction.
   EXPECT_LT(after, before / 2) << before << " -> " << after;
+  const Store::FamilySize one = samples_family();
+  EXPECT_EQ(one.sst_files, 1u);
+  EXPECT_LT(one.live_sst_bytes, three.live_sst_bytes / 2);
+  EXPECT_GT(one.live_sst_bytes, 0u);
   const std::set<int64_t> kept = Samples(**store, 0);
   ASSERT_EQ(kept.size(), static_cast<size_t>(kChunk));
   EXPECT_EQ(*kept.begin(), 2 * kChunk);
