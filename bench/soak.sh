@@ -63,7 +63,9 @@ $marks
 f = '$out/timeline.csv'
 set ylabel 'MiB'
 plot f using 1:(column('rss_kb')/1024) with lines lw 2 title 'decisiond RSS', \
-     f using 1:(column('problem_bytes')/1048576) with lines lw 1 title 'problem memory (decision_problem_memory_bytes)'
+     f using 1:(column('problem_bytes')/1048576) with lines lw 1 title 'problem memory (decision_problem_memory_bytes)', \
+     f using 1:(column('memtable_bytes')/1048576) with lines lw 1 title 'RocksDB memtables', \
+     f using 1:(column('block_cache_bytes')/1048576) with lines lw 1 title 'RocksDB block cache'
 set ylabel 'count'
 plot f using 1:(column('fds')) with lines lw 2 title 'open fds', \
      f using 1:(column('threads')) with lines lw 2 title 'threads', \

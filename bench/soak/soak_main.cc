@@ -13,7 +13,8 @@
 //     FAILED_PRECONDITION: counted as "late probes", not as errors) and a few acknowledged
 //     rewards are sent again with another value (the API answers OK, first = false);
 //   - registers experts at intervals (table, linear softmax, small XGBoost models built from
-//     the data), retires one now and then, and calls TrainExperts; with
+//     the data), retires satimage's down to a steady pool between registrations (letter's
+//     auto-training retires its own), and calls TrainExperts; with
 //     --expert_churn=false (a control: growth by design without the experts piling up) it
 //     registers the first six only, waits until they are active, and then changes no expert
 //     (no registration, retirement or TrainExperts, letter's auto-training off);
@@ -803,11 +804,11 @@ class Churn {
     }
   }
 
-  // Retires a random active expert other than the uniform one, if that leaves another
-  // selectable one (retiring the last is FAILED_PRECONDITION by the API). Call it for a
-  // problem without auto-training only: auto-training retires experts on its own, which
-  // could leave the chosen one the last between the listing and the retirement.
-  void Retire(int p) {
+  // Retires random active experts other than the uniform one until at most `keep` are
+  // active, never the last selectable one (retiring it is FAILED_PRECONDITION by the API).
+  // Call it for a problem without auto-training only: auto-training retires experts on its
+  // own, which could leave the chosen one the last between the listing and the retirement.
+  void RetireDownTo(int p, int keep) {
     const ProblemSpec& spec = (*s_->problems)[p];
     std::vector<int> candidates;
     int active = 0;
@@ -822,12 +823,14 @@ class Churn {
       }
       return r.status();
     });
-    if (candidates.empty() || active < 2) return;
-    const int id =
-        candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(gen_)];
-    if (Call("RetireExpert",
-             [&](DecisionClient& c) { return c.RetireExpert(spec.id, id).status(); })) {
-      counts_->retired++;
+    std::shuffle(candidates.begin(), candidates.end(), gen_);
+    for (int id : candidates) {
+      if (active <= std::max(keep, 1)) return;
+      if (Call("RetireExpert",
+               [&](DecisionClient& c) { return c.RetireExpert(spec.id, id).status(); })) {
+        counts_->retired++;
+        --active;
+      }
     }
   }
 
@@ -928,6 +931,10 @@ struct ResourceSample {
   double experts = NAN;        // experts in the problems' logs (backfill complete)
   double problem_bytes = NAN;  // decision_problem_memory_bytes, every part and problem
   double unloaded = NAN;       // decision_experts_unloaded: retired experts without a model
+  // decision_store_memory_bytes{part="memtables"} and {part="block_cache"}: RocksDB's
+  // memtables (64 MiB budget, freed by flushes) and block cache (32 MiB, point lookups).
+  double memtable_bytes = NAN, block_cache_bytes = NAN;
+  double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
   double cpu_pct = NAN;        // of one core, over the last second
   double latency_p50_ms = NAN, latency_p99_ms = NAN;  // of the load RPCs in the last second
@@ -973,6 +980,19 @@ std::string Label(absl::string_view line, absl::string_view label) {
   if (at == absl::string_view::npos) return "";
   const size_t from = at + key.size();
   return std::string(line.substr(from, line.find('"', from) - from));
+}
+
+// The value of the sample of metric `name` whose label `label` is `value`; NaN if absent.
+double MetricWithLabel(const std::string& page, const std::string& name,
+                       absl::string_view label, absl::string_view value) {
+  std::istringstream in(page);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(absl::StrCat(name, "{"), 0) != 0 || Label(line, label) != value) continue;
+    double v;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+  }
+  return NAN;
 }
 
 // What decisiond reports of the memory its problems keep (decision_problem_memory_bytes:
@@ -1056,6 +1076,11 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     s.storage_size_bytes = MetricSum(*page, "decision_storage_size_bytes");
     s.samples = MetricSum(*page, "decision_samples");
     s.unloaded = MetricSum(*page, "decision_experts_unloaded");
+    s.memtable_bytes =
+        MetricWithLabel(*page, "decision_store_memory_bytes", "part", "memtables");
+    s.block_cache_bytes =
+        MetricWithLabel(*page, "decision_store_memory_bytes", "part", "block_cache");
+    s.sst_files = MetricSum(*page, "decision_store_sst_files");
     ReadProblemMemory(*page, &s);
   }
   return s;
@@ -1149,10 +1174,13 @@ class Sampler {
             "experts the problems' estimators cover; problem_bytes: the memory decisiond "
             "reports its problems keep (decision_problem_memory_bytes, all parts); "
             "unloaded: retired experts whose model decisiond unloaded "
-            "(decision_experts_unloaded).\n";
+            "(decision_experts_unloaded); memtable_bytes, block_cache_bytes: RocksDB's "
+            "memtables and block cache (decision_store_memory_bytes); sst_files: the live SST "
+            "files, which RocksDB keeps open (decision_store_sst_files).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
-            "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded";
+            "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded,memtable_bytes,"
+            "block_cache_bytes,sst_files";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1183,7 +1211,8 @@ class Sampler {
          << rpcs + c.late_precondition + c.late_other << "," << run_errors << "," << inj_errors
          << "," << c.late_precondition << "," << c.late_other << "," << Num(r.cpu_pct) << ","
          << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes)
-         << "," << Num(r.unloaded);
+         << "," << Num(r.unloaded) << "," << Num(r.memtable_bytes) << ","
+         << Num(r.block_cache_bytes) << "," << Num(r.sst_files);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -1583,15 +1612,20 @@ int Soak::Run() {
   for (auto& w : workers) worker_threads.emplace_back([&w] { w->Run(); });
 
   // The churn schedule, in fractions of the duration: registrations every 1/30 (cycling
-  // through the problems and the three kinds), retirements every 1/12, TrainExperts every
-  // 1/8 (alternating problems), the retention hook every 1/10. Without churn: the hook only.
+  // through the problems and the three kinds), TrainExperts every 1/8 (alternating
+  // problems), the retention hook every 1/10. Without churn: the hook only. Experts come and
+  // go at a steady pool size, so that memory that grows with the experts ever registered
+  // shows (the live ones cost memory by design): half-way between two registrations,
+  // satimage's pool is retired down to kSatimagePool active experts (the uniform one and
+  // the three of the start); letter's auto-training retires its own.
   std::vector<std::pair<double, std::function<void()>>> schedule;
   for (int i = 1; i < 30 && expert_churn; ++i) {
     schedule.emplace_back(i / 30.0, [&churn, i] { churn.Register(i % 2, (i / 2) % 3); });
   }
-  // Retirements in satimage only (letter's auto-training retires experts itself).
-  for (int i = 1; i < 12 && expert_churn; ++i)
-    schedule.emplace_back(i / 12.0 + 0.01, [&churn] { churn.Retire(1); });
+  constexpr int kSatimagePool = 4;
+  for (int i = 1; i < 30 && expert_churn; ++i) {
+    schedule.emplace_back((i + 0.5) / 30.0, [&churn] { churn.RetireDownTo(1, kSatimagePool); });
+  }
   for (int i = 1; i < 8 && expert_churn; ++i)
     schedule.emplace_back(i / 8.0 + 0.02, [&churn, i] { churn.Train(i % 2); });
   for (int i = 1; i < 10; ++i)
@@ -1850,24 +1884,26 @@ int Soak::WriteSummary() {
       (late(&ResourceSample::rss_kb) - early(&ResourceSample::rss_kb)) / 1024;
   const double log_growth_mib =
       (late(&ResourceSample::problem_bytes) - early(&ResourceSample::problem_bytes)) / (1 << 20);
-  // RocksDB's memtables (64 MiB budget, freed by flushes): storage size minus SST files.
   const double memtable_growth_mib =
-      ((late(&ResourceSample::storage_size_bytes) - late(&ResourceSample::sst_bytes)) -
-       (early(&ResourceSample::storage_size_bytes) - early(&ResourceSample::sst_bytes))) /
+      (late(&ResourceSample::memtable_bytes) - early(&ResourceSample::memtable_bytes)) /
       (1 << 20);
-  const double rest_mib = rss_growth_mib - log_growth_mib - memtable_growth_mib;
+  const double block_cache_growth_mib =
+      (late(&ResourceSample::block_cache_bytes) - early(&ResourceSample::block_cache_bytes)) /
+      (1 << 20);
+  const double rest_mib =
+      rss_growth_mib - log_growth_mib - memtable_growth_mib - block_cache_growth_mib;
   const double experts_added = late(&ResourceSample::experts) - early(&ResourceSample::experts);
   absl::StrAppendFormat(
       &out,
       "  between the two windows: joined samples %.0f -> %.0f, experts estimated %.0f -> "
       "%.0f (models unloaded %.0f -> %.0f); RSS %+.1f MiB, of which what decisiond reports its problems keep "
-      "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB "
-      "memtables (storage size - SST bytes) %+.1f MiB, the rest "
-      "(models, block cache, allocator, anything leaked) %+.1f MiB%s\n",
+      "(decision_problem_memory_bytes: samples in memory, estimators) %+.1f MiB, RocksDB's "
+      "memtables %+.1f MiB and block cache %+.1f MiB, the rest "
+      "(models, allocator, anything leaked) %+.1f MiB%s\n",
       early(&ResourceSample::samples), late(&ResourceSample::samples),
       early(&ResourceSample::experts), late(&ResourceSample::experts),
       early(&ResourceSample::unloaded), late(&ResourceSample::unloaded), rss_growth_mib,
-      log_growth_mib, memtable_growth_mib, rest_mib,
+      log_growth_mib, memtable_growth_mib, block_cache_growth_mib, rest_mib,
       experts_added >= 1 ? absl::StrFormat(" (%.2f MiB per expert added)", rest_mib / experts_added)
                          : "");
   absl::StrAppendFormat(
@@ -1878,10 +1914,14 @@ int Soak::WriteSummary() {
       early(&ResourceSample::cpu_pct), late(&ResourceSample::cpu_pct),
       early(&ResourceSample::latency_p50_ms), early(&ResourceSample::latency_p99_ms),
       late(&ResourceSample::latency_p50_ms), late(&ResourceSample::latency_p99_ms));
-  absl::StrAppendFormat(&out, "  fds mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f\n", w, 2 * w,
-                        sampler_->Mean(w, 2 * w, &ResourceSample::fds), last - w, last,
+  absl::StrAppendFormat(&out,
+                        "  fds mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f; of them live SST "
+                        "files (decision_store_sst_files) %.1f then %.1f\n",
+                        w, 2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::fds), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::fds),
-                        sampler_->Max(&ResourceSample::fds));
+                        sampler_->Max(&ResourceSample::fds),
+                        sampler_->Mean(w, 2 * w, &ResourceSample::sst_files),
+                        sampler_->Mean(last - w, last, &ResourceSample::sst_files));
   absl::StrAppendFormat(&out, "  threads mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f\n", w,
                         2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::threads), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::threads),
