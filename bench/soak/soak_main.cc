@@ -935,6 +935,7 @@ struct ResourceSample {
   // memtables (64 MiB budget, freed by flushes) and block cache (32 MiB, point lookups).
   double memtable_bytes = NAN, block_cache_bytes = NAN;
   double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
+  double other_fds = NAN;  // fds - sst_files: what a leak of descriptors would grow
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
   double cpu_pct = NAN;        // of one core, over the last second
   double latency_p50_ms = NAN, latency_p99_ms = NAN;  // of the load RPCs in the last second
@@ -1081,6 +1082,7 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     s.block_cache_bytes =
         MetricWithLabel(*page, "decision_store_memory_bytes", "part", "block_cache");
     s.sst_files = MetricSum(*page, "decision_store_sst_files");
+    s.other_fds = s.fds - s.sst_files;  // NaN if either is
     ReadProblemMemory(*page, &s);
   }
   return s;
@@ -1916,12 +1918,15 @@ int Soak::WriteSummary() {
       late(&ResourceSample::latency_p50_ms), late(&ResourceSample::latency_p99_ms));
   absl::StrAppendFormat(&out,
                         "  fds mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f; of them live SST "
-                        "files (decision_store_sst_files) %.1f then %.1f\n",
+                        "files (decision_store_sst_files) %.1f then %.1f, the others %.1f then "
+                        "%.1f\n",
                         w, 2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::fds), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::fds),
                         sampler_->Max(&ResourceSample::fds),
                         sampler_->Mean(w, 2 * w, &ResourceSample::sst_files),
-                        sampler_->Mean(last - w, last, &ResourceSample::sst_files));
+                        sampler_->Mean(last - w, last, &ResourceSample::sst_files),
+                        sampler_->Mean(w, 2 * w, &ResourceSample::other_fds),
+                        sampler_->Mean(last - w, last, &ResourceSample::other_fds));
   absl::StrAppendFormat(&out, "  threads mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f\n", w,
                         2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::threads), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::threads),
