@@ -233,6 +233,35 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
   EXPECT_EQ(experts, 3);
 }
 
+// The descriptors a store holds on its own directory (RocksDB's directory handles).
+int DirectoryHandles(const std::string& dir) {
+  int n = 0;
+  const std::filesystem::path target = std::filesystem::canonical(dir);
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::filesystem::path to = std::filesystem::read_symlink(fd.path(), ec);
+    n += !ec && to == target;
+  }
+  return n;
+}
+
+// RocksDB holds a directory handle per column family it creates until the database
+// closes: a new store is created, closed and opened again, so that its first incarnation
+// holds the descriptors every later one does.
+TEST(Store, ANewStoreHoldsTheDescriptorsOfAReopenedOne) {
+  const std::string dir = TempDir("descriptors");
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int created = DirectoryHandles(dir);
+  ASSERT_TRUE((*store)->Close().ok());
+  store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  const int reopened = DirectoryHandles(dir);
+  EXPECT_EQ(created, reopened);
+  EXPECT_GE(reopened, 1);
+  EXPECT_LE(reopened, 2);
+}
+
 TEST(Retention, DeletesWhatItShouldAndNothingElse) {
   const std::string dir = TempDir("deletes");
   {
