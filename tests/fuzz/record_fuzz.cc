@@ -12,7 +12,8 @@
 //      LoadExperts does, then predictions (each a distribution);
 //   2  CheckpointRecord: the divergence matrices and reservoir as LoadCheckpoint and
 //      BuildEstimator check and use them (DUcb::FromLog, the context reservoir);
-//   3  LogChunk: LoadLogChunks' shape check, then every sample into a SampleLog and D-UCB;
+//   3  LogChunk: ChunkRowsOf's checks, the rows expanded, then every sample into a SampleLog
+//      and D-UCB;
 //   4  BackfillChunk: LoadBackfills' size check;
 //   5  SampleRecord: RescoreTail's check, then a uniform and a table expert score it;
 //   6  EventRecord: LoadPending's check of a pending event;
@@ -110,14 +111,33 @@ void Checkpoint(const rec::ProblemRecord& r, const rec::CheckpointRecord& c) {
 void LogChunk(const rec::ProblemRecord& r, const rec::LogChunk& c) {
   constexpr int64_t kSamples = storage::kLogChunkSamples;
   const int width = c.num_experts();
-  if (c.chooser_size() != kSamples || c.reward_size() != kSamples || width < 0 ||
-      width > kExperts || c.propensities_size() != kSamples * width) {
+  if (width < 0 || width > kExperts) return;
+  // Problem::ChunkRowsOf's checks of the dropped (frozen) experts' columns.
+  std::vector<bool> dropped(width, false);
+  for (int i = 0; i < c.dropped_size(); ++i) {
+    const int k = c.dropped(i);
+    if (k < 0 || k >= width || (i > 0 && k <= c.dropped(i - 1))) return;
+    dropped[k] = true;
+  }
+  const int stored = width - c.dropped_size();
+  if (c.chooser_size() != kSamples || c.reward_size() != kSamples ||
+      c.propensities_size() != kSamples * stored ||
+      c.chooser_propensity_size() != (c.dropped_size() > 0 ? kSamples : 0)) {
     return;
   }
+  // Then the full rows, as ChunkRows::Expand makes them: 1/K for a dropped expert, the
+  // chooser's propensity where it chose.
   SampleLog log(width);
+  std::vector<double> row(width);
   for (int i = 0; i < kSamples; ++i) {
-    const absl::Span<const double> row(c.propensities().data() + i * width, width);
-    if (!log.Append(c.chooser(i), c.reward(i), row).ok()) return;  // DATA_LOSS
+    const int j = c.chooser(i);
+    if (j < 0 || j >= width) return;  // DATA_LOSS
+    int column = 0;
+    for (int k = 0; k < width; ++k) {
+      row[k] = dropped[k] ? 1.0 / r.num_arms() : c.propensities(i * stored + column++);
+    }
+    if (c.dropped_size() > 0) row[j] = c.chooser_propensity(i);
+    if (!log.Append(j, c.reward(i), row).ok()) return;  // DATA_LOSS
   }
   absl::StatusOr<DUcb> ducb =
       DUcb::FromLog(EstimatorOptionsOf(r), std::move(log), DivergenceMatrix::Identity(width));

@@ -255,6 +255,19 @@ void RecordSeeds() {
     chunk.add_propensities(i % 3 == 0 ? 1.0 : 0.5);
   }
   RecordSeed("log_chunk", 3, chunk);
+  // The same samples over three experts, expert 1 frozen when the chunk started: no
+  // column of it, the chooser's propensity apart (Problem::ChunkRows).
+  rec::LogChunk dropped;
+  dropped.set_num_experts(3);
+  dropped.add_dropped(1);
+  for (int i = 0; i < storage::kLogChunkSamples; ++i) {
+    dropped.add_chooser(i % 5 == 0 ? 1 : 0);
+    dropped.add_reward(i % 4 == 0 ? 1.0 : 0.0);
+    dropped.add_propensities(i % 3 == 0 ? 1.0 : 0.5);
+    dropped.add_propensities(0.25);
+    dropped.add_chooser_propensity(i % 5 == 0 ? 0.75 : (i % 3 == 0 ? 1.0 : 0.5));
+  }
+  RecordSeed("log_chunk_dropped", 3, dropped);
   rec::BackfillChunk backfill;
   for (double v : {0.5, 0.25, 1.0}) backfill.add_values(v);
   RecordSeed("backfill_chunk", 4, backfill);
