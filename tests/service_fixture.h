@@ -102,6 +102,15 @@ class ServiceTest : public ::testing::Test {
     return e.expert_id();
   }
 
+  // RetireExpert of `expert`; its answer's status.
+  absl::Status Retire(const std::string& problem, int expert) {
+    v1::RetireExpertRequest req;
+    req.set_problem_id(problem);
+    req.set_expert_id(expert);
+    v1::Expert retired;
+    return service_->RetireExpert(req, &retired);
+  }
+
   // The value of metric family `name`'s first series (a gauge or a counter), or -1 if the
   // family has none.
   double MetricValue(const std::string& name) {

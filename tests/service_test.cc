@@ -221,11 +221,7 @@ TEST_F(ServiceTest, RetiredExpertIsFrozenAndScoredByTheStandIn) {
   RunMaintenanceUntilActive("p");
   PlayRounds("p", 300);
   const v1::ExpertEstimate before = Estimates("p").experts(weak);
-  v1::RetireExpertRequest retire;
-  retire.set_problem_id("p");
-  retire.set_expert_id(weak);
-  v1::Expert retired;
-  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  ASSERT_TRUE(Retire("p", weak).ok());
   const int64_t retired_at = GetProblem("p").samples();
   // Its divergences with the others are fixed from now on (Estimator::Retire).
   const v1::Estimates at_retirement = Estimates("p");
@@ -292,11 +288,7 @@ TEST_F(ServiceTest, LogChunksLeaveOutFrozenExpertsColumns) {
   RegisterLinear("p", 8.0);
   RunMaintenanceUntilActive("p");
   PlayRounds("p", 300);
-  v1::RetireExpertRequest retire;
-  retire.set_problem_id("p");
-  retire.set_expert_id(weak);
-  v1::Expert retired;
-  ASSERT_TRUE(service_->RetireExpert(retire, &retired).ok());
+  ASSERT_TRUE(Retire("p", weak).ok());
   const int64_t retired_at = GetProblem("p").samples();
   ASSERT_LT(retired_at, kChunk);
   PlayRounds("p", static_cast<int>(kChunk + 100 - retired_at));  // into chunk 1
