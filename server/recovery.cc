@@ -329,9 +329,14 @@ class Recovery {
           DECISION_ASSIGN_OR_RETURN(Problem::ChunkRows rows,
                                     p_.ChunkRowsOf(static_cast<int64_t>(chunk), c, num_experts()));
           // Every expert's column, as the join scored the samples (a frozen expert's is the
-          // stand-in's); `rows` stays as stored, for the chunk being filled.
-          Problem::ChunkRows full = rows;
-          full.Expand(1.0 / p_.record_.num_arms());
+          // stand-in's): expanded in a copy when some column was dropped, since `rows`
+          // stays as stored for the chunk being filled.
+          std::optional<Problem::ChunkRows> expanded;
+          if (!rows.dropped.empty()) {
+            expanded = rows;
+            expanded->Expand(1.0 / p_.record_.num_arms());
+          }
+          const Problem::ChunkRows& full = expanded.has_value() ? *expanded : rows;
           for (int64_t s = next_; s < rows.first() + rows.size(); ++s) {
             const int64_t i = s - rows.first();
             DECISION_ASSIGN_OR_RETURN(

@@ -914,8 +914,11 @@ void Store::CompactEventsSoon(uint32_t problem) {
 }
 
 namespace {
-constexpr uint64_t kSmallFamilyBytes = uint64_t{64} << 20;  // one table file's worth
-constexpr size_t kSmallFamilyFiles = 2;                     // merged when it has more
+// A record family is merged into one file once it has more than two while it holds under
+// one table file's worth (64 MiB).
+bool WantsMerge(const rocksdb::ColumnFamilyMetaData& meta) {
+  return meta.file_count > 2 && meta.size < (uint64_t{64} << 20);
+}
 }  // namespace
 
 std::vector<rocksdb::ColumnFamilyHandle*> Store::SmallFamiliesLocked() const {
@@ -930,7 +933,7 @@ void Store::CompactSmallFamiliesSoon() {
     for (rocksdb::ColumnFamilyHandle* h : SmallFamiliesLocked()) {
       rocksdb::ColumnFamilyMetaData meta;
       db_->GetColumnFamilyMetaData(h, &meta);
-      due |= meta.file_count > kSmallFamilyFiles && meta.size < kSmallFamilyBytes;
+      due |= WantsMerge(meta);
     }
   }
   if (!due) return;
@@ -946,7 +949,7 @@ void Store::CompactSmallFamilies() {
   for (rocksdb::ColumnFamilyHandle* h : SmallFamiliesLocked()) {
     rocksdb::ColumnFamilyMetaData meta;
     db_->GetColumnFamilyMetaData(h, &meta);
-    if (meta.file_count <= kSmallFamilyFiles || meta.size >= kSmallFamilyBytes) continue;
+    if (!WantsMerge(meta)) continue;
     rocksdb::CompactRangeOptions options;
     // The bottom level too: that is where the files moved down whole sit.
     options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;

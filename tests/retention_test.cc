@@ -193,6 +193,15 @@ v1::RetentionRecord Cut(int64_t first_sample, int64_t events_before_ms) {
   return cut;
 }
 
+// Family `name`'s sizes and files, as decisiond exports them (decision_store_sst_files,
+// decision_store_live_sst_bytes); all zero if there is none of that name.
+Store::FamilySize FamilyOf(Store& store, const std::string& name) {
+  for (const Store::FamilySize& f : store.FamilySizes()) {
+    if (name == f.family) return f;
+  }
+  return Store::FamilySize{"none", 0, 0, 0};
+}
+
 // The small families (records, checkpoints, audit, ...) are flushed a few KB at a time (at
 // the WAL's cap, at every shutdown), and with keys in order RocksDB moves each file down
 // whole: without CompactSmallFamiliesSoon they pile up (an open fd each) for good. The log's
@@ -211,10 +220,7 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
     ASSERT_TRUE((*store)->Flush().ok());
   }
   const auto files = [&](const std::string& family) {
-    for (const Store::FamilySize& f : (*store)->FamilySizes()) {
-      if (family == f.family) return f.sst_files;
-    }
-    return uint64_t{0};
+    return FamilyOf(**store, family).sst_files;
   };
   (*store)->WaitForEventCompactions();  // whatever RocksDB started after the flushes
   EXPECT_EQ(files("experts"), 3u);        // moved down whole, not merged
@@ -329,20 +335,14 @@ TEST(Retention, FilesWhollyBeforeTheCutAreDroppedAtOnce) {
   }
   const int64_t before = SstBytes(dir);
   // What decisiond exports of it (decision_store_sst_files, decision_store_live_sst_bytes).
-  const auto samples_family = [&] {
-    for (const Store::FamilySize& f : (*store)->FamilySizes()) {
-      if (std::string(f.family) == "samples") return f;
-    }
-    return Store::FamilySize{"none", 0, 0, 0};
-  };
-  const Store::FamilySize three = samples_family();
+  const Store::FamilySize three = FamilyOf(**store, "samples");
   EXPECT_EQ(three.sst_files, 3u);
   EXPECT_GT(three.live_sst_bytes, 0u);
   ASSERT_TRUE((*store)->ApplyRetention(0, {}, Cut(2 * kChunk, 0)).ok());
   const int64_t after = SstBytes(dir);
   // Two of the three samples' files are gone, without a compaction.
   EXPECT_LT(after, before / 2) << before << " -> " << after;
-  const Store::FamilySize one = samples_family();
+  const Store::FamilySize one = FamilyOf(**store, "samples");
   EXPECT_EQ(one.sst_files, 1u);
   EXPECT_LT(one.live_sst_bytes, three.live_sst_bytes / 2);
   EXPECT_GT(one.live_sst_bytes, 0u);
