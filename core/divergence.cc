@@ -36,11 +36,14 @@ ContextReservoir::ContextReservoir(int num_features, int capacity)
   rows_.reserve(static_cast<size_t>(std::min(capacity, 4096)) * num_features);
 }
 
-void ContextReservoir::Offer(absl::Span<const double> x, absl::BitGenRef gen) {
+void ContextReservoir::Offer(absl::Span<const double> x, absl::Span<const int32_t> eligible,
+                             absl::BitGenRef gen) {
   ++seen_;
   if (size_ < static_cast<size_t>(capacity_)) {
     rows_.insert(rows_.end(), x.begin(), x.end());
     stamps_.push_back(next_stamp_++);
+    eligible_.emplace_back(eligible.begin(), eligible.end());
+    if (!eligible.empty()) ++restricted_rows_;
     ++size_;
     return;
   }
@@ -48,15 +51,23 @@ void ContextReservoir::Offer(absl::Span<const double> x, absl::BitGenRef gen) {
   if (slot < capacity_) {
     std::copy(x.begin(), x.end(), rows_.begin() + slot * num_features_);
     stamps_[slot] = next_stamp_++;
+    restricted_rows_ -= eligible_[slot].empty() ? 0 : 1;
+    eligible_[slot].assign(eligible.begin(), eligible.end());
+    restricted_rows_ += eligible.empty() ? 0 : 1;
   }
 }
 
-void ContextReservoir::Reset(std::vector<double> rows, int64_t seen) {
+void ContextReservoir::Reset(std::vector<double> rows, int64_t seen,
+                             std::vector<std::vector<int32_t>> eligible) {
   rows_ = std::move(rows);
   size_ = num_features_ == 0 ? 0 : rows_.size() / num_features_;
   seen_ = seen;
   stamps_.resize(size_);
   for (uint64_t& stamp : stamps_) stamp = next_stamp_++;
+  eligible_ = std::move(eligible);
+  eligible_.resize(size_);
+  restricted_rows_ = 0;
+  for (const std::vector<int32_t>& e : eligible_) restricted_rows_ += e.empty() ? 0 : 1;
 }
 
 namespace {
@@ -91,7 +102,9 @@ double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
 
 double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j) {
   double s = 0.0;
-  for (size_t v = 0; v < pi_i.size(); ++v) s += pi_i[v] * pi_i[v] / pi_j[v];
+  for (size_t v = 0; v < pi_i.size(); ++v) {
+    if (pi_i[v] > 0.0) s += pi_i[v] * pi_i[v] / pi_j[v];
+  }
   return s;
 }
 
@@ -127,6 +140,10 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
   if (rows == 0) {
     return absl::InvalidArgumentError("divergences need at least one context");
   }
+  // Probabilities are in (0, 1], except for arms that were not eligible for a context
+  // (Expert::PredictBatchEligible): 0 under every expert alike.
+  const absl::Span<const double> first =
+      first_present == n ? absl::Span<const double>() : predictions[first_present];
   for (int e = 0; e < n; ++e) {
     if (is_absent(e)) continue;
     if (predictions[e].size() != rows * num_arms) {
@@ -134,11 +151,19 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
           absl::StrCat("expert ", e, " has ", predictions[e].size(),
                        " predicted probabilities, expected ", rows, " x ", num_arms));
     }
-    for (double p : predictions[e]) {
-      if (!(p > 0.0 && p <= 1.0 + 1e-9)) {
+    for (size_t i = 0; i < predictions[e].size(); ++i) {
+      const double p = predictions[e][i];
+      if (!(p >= 0.0 && p <= 1.0 + 1e-9)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "expert ", e, " gives probability ", p,
             "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
+      }
+      if ((p == 0.0) != (first[i] == 0.0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expert ", e, " gives probability ", p, " to arm ", i % num_arms, " of context ",
+            i / num_arms, " and expert ", first_present, " ", first[i],
+            "; divergences need every eligible arm's probability in (0, 1] (smooth the "
+            "expert) and 0 for the others"));
       }
     }
   }
@@ -226,8 +251,12 @@ absl::Status EstimateDivergences(absl::Span<const Expert* const> experts,
                                                      " arms, expert 0 has ", k));
     }
     predictions[e].resize(reservoir.size() * k);
-    absl::Status s =
-        experts[e]->PredictBatch(reservoir.contexts(), reservoir.size(), absl::MakeSpan(predictions[e]));
+    std::vector<absl::Span<const int32_t>> eligible;
+    if (reservoir.any_eligible()) {
+      eligible.assign(reservoir.eligible().begin(), reservoir.eligible().end());
+    }
+    absl::Status s = experts[e]->PredictBatchEligible(reservoir.contexts(), reservoir.size(),
+                                                      eligible, absl::MakeSpan(predictions[e]));
     if (!s.ok()) return s;
   }
   return ComputeDivergences(predictions, k, num_groups, nullptr, 0, out);

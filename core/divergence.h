@@ -50,10 +50,15 @@ absl::Status ValidateDivergenceOptions(const DivergenceOptions& options);
 
 // A uniform random sample of at most `capacity` contexts from all contexts offered
 // (Vitter's algorithm R). Randomness is passed in.
+// A context may carry the arms eligible for it (Expert::PredictBatchEligible), kept with
+// its row.
 class ContextReservoir {
  public:
   ContextReservoir(int num_features, int capacity);
-  void Offer(absl::Span<const double> x, absl::BitGenRef gen);
+  void Offer(absl::Span<const double> x, absl::BitGenRef gen) { Offer(x, {}, gen); }
+  // The same draws as Offer(x, gen): the eligible arms do not change which rows are kept.
+  void Offer(absl::Span<const double> x, absl::Span<const int32_t> eligible,
+             absl::BitGenRef gen);
   size_t size() const { return size_; }
   int64_t seen() const { return seen_; }
   int num_features() const { return num_features_; }
@@ -65,9 +70,15 @@ class ContextReservoir {
   // stamp is never reused by this reservoir. A caller that kept something computed from a
   // row (an expert's prediction on it) knows it is still valid while the stamp is the same.
   absl::Span<const uint64_t> stamps() const { return stamps_; }
-  // Restores a reservoir from stored rows and the count of contexts seen. Every row gets a
-  // new stamp.
-  void Reset(std::vector<double> rows, int64_t seen);
+  // One entry per row: its eligible arms, empty for every arm. A row's stamp covers them.
+  const std::vector<std::vector<int32_t>>& eligible() const { return eligible_; }
+  // Whether some row has eligible arms.
+  bool any_eligible() const { return restricted_rows_ > 0; }
+  // Restores a reservoir from stored rows and the count of contexts seen, with the rows'
+  // eligible arms (empty: none restricted; else one entry per row). Every row gets a new
+  // stamp.
+  void Reset(std::vector<double> rows, int64_t seen,
+             std::vector<std::vector<int32_t>> eligible = {});
 
  private:
   int num_features_;
@@ -77,12 +88,14 @@ class ContextReservoir {
   uint64_t next_stamp_ = 1;
   std::vector<double> rows_;
   std::vector<uint64_t> stamps_;
+  std::vector<std::vector<int32_t>> eligible_;
+  size_t restricted_rows_ = 0;  // rows with a non-empty eligible_ entry
 };
 
 // Per-context quantities for the pair (i, j), given the two distributions over K arms:
 //   log_f1_term = log sum_v pi_i(v) exp(pi_i(v)/pi_j(v) - 1)
 //   f2_term     = sum_v pi_i(v)^2 / pi_j(v)
-// REQUIRES: equal sizes, pi_j(v) > 0 for all v.
+// REQUIRES: equal sizes; pi_j(v) > 0, or pi_i(v) = pi_j(v) = 0 (an arm not eligible).
 double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 
@@ -100,7 +113,10 @@ double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 // (they may be empty): an expert whose pairs weigh no sample (a retired one none of whose
 // samples is kept).
 // Cost: O((N^2 - keep^2 - fixed and absent pairs) * R * K).
-// Returns INVALID_ARGUMENT for mismatched sizes, no contexts, or non-positive probabilities.
+// A context whose eligible arms were restricted (Expert::PredictBatchEligible) has
+// probability 0 for the other arms under every expert: the sums run over its eligible arms.
+// Returns INVALID_ARGUMENT for mismatched sizes, no contexts, a probability outside [0, 1],
+// or a 0 where another expert's probability is positive.
 absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predictions,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out,

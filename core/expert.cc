@@ -168,6 +168,106 @@ absl::Status Expert::PredictBatch(absl::Span<const double> rows, size_t n,
   return absl::OkStatus();
 }
 
+absl::Status Expert::PredictEligible(absl::Span<const double> x,
+                                     absl::Span<const int32_t> eligible,
+                                     absl::Span<double> probs) const {
+  const absl::Span<const int32_t> one[1] = {eligible};
+  return PredictBatchEligible(x, 1, one, probs);
+}
+
+absl::Status Expert::PredictBatchEligible(absl::Span<const double> rows, size_t n,
+                                          absl::Span<const absl::Span<const int32_t>> eligible,
+                                          absl::Span<double> probs) const {
+  if (eligible.empty()) return PredictBatch(rows, n, probs);
+  if (eligible.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(eligible.size(), " eligible-arm sets for ", n, " rows"));
+  }
+  for (size_t r = 0; r < n; ++r) {
+    if (absl::Status s = ValidateEligibleArms(eligible[r], num_arms_); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", r, ": ", s.message()));
+    }
+  }
+  // Sizes and finiteness as PredictBatch checks them.
+  const bool rows_match = num_features_ == 0
+                              ? rows.empty()
+                              : rows.size() % num_features_ == 0 &&
+                                    rows.size() / num_features_ == n;
+  if (!rows_match) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context batch has ", rows.size(), " values, expected ", n, " rows x ",
+                     num_features_, " features"));
+  }
+  if (probs.size() % num_arms_ != 0 || probs.size() / num_arms_ != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output has ", probs.size(), " slots, expected ", n, " x ", num_arms_, " arms"));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (absl::Status s = CheckAllFinite(rows, "feature"); !s.ok()) return s;
+  if (absl::Status s = PredictRaw(rows, n, probs); !s.ok()) return s;
+  for (size_t r = 0; r < n; ++r) {
+    RestrictToEligible(eligible[r], smoothing_, probs.subspan(r * num_arms_, num_arms_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEligibleArms(absl::Span<const int32_t> arms, int num_arms) {
+  if (arms.empty()) return absl::OkStatus();
+  std::vector<bool> seen(num_arms, false);
+  for (size_t i = 0; i < arms.size(); ++i) {
+    const int32_t a = arms[i];
+    if (a < 0 || a >= num_arms) {
+      return absl::InvalidArgumentError(absl::StrCat("eligible arm ", a, " (entry ", i,
+                                                     ") is not an arm in [0, ", num_arms, ")"));
+    }
+    if (seen[a]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eligible arm ", a, " is listed twice (entry ", i, ")"));
+    }
+    seen[a] = true;
+  }
+  return absl::OkStatus();
+}
+
+void RestrictToEligible(absl::Span<const int32_t> eligible, double smoothing,
+                        absl::Span<double> probs) {
+  const size_t k = probs.size();
+  if (eligible.empty() || eligible.size() == k) {
+    // Every arm: the plain smoothing (the same bits as Expert::Smooth).
+    if (smoothing == 0.0) return;
+    const double floor = smoothing / static_cast<double>(k);
+    const double keep = 1.0 - smoothing;
+    for (double& p : probs) p = keep * p + floor;
+    return;
+  }
+  if (eligible.size() == 1) {  // certain (the sum below could round to 1 - 2^-53)
+    std::fill(probs.begin(), probs.end(), 0.0);
+    probs[eligible[0]] = 1.0;
+    return;
+  }
+  double mass = 0.0;
+  for (const int32_t a : eligible) mass += probs[a];
+  const double floor = smoothing / static_cast<double>(eligible.size());
+  // No mass on E (or a non-finite sum): uniform over E.
+  const bool uniform = !(mass > 0.0 && std::isfinite(mass));
+  const double keep = uniform ? 0.0 : (1.0 - smoothing) / mass;
+  const double base = uniform ? 1.0 / static_cast<double>(eligible.size()) : floor;
+  // Written through a copy of the eligible values: `probs` is cleared first.
+  double kept[64];
+  std::vector<double> heap;
+  double* values = kept;
+  if (eligible.size() > 64) {
+    heap.resize(eligible.size());
+    values = heap.data();
+  }
+  for (size_t i = 0; i < eligible.size(); ++i) values[i] = probs[eligible[i]];
+  std::fill(probs.begin(), probs.end(), 0.0);
+  // At most 1, whatever the rounding.
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    probs[eligible[i]] = std::min(1.0, keep * values[i] + base);
+  }
+}
+
 void Expert::Smooth(absl::Span<double> probs) const {
   if (smoothing_ == 0.0) return;
   const double floor = smoothing_ / num_arms_;

@@ -18,6 +18,7 @@
 #ifndef DECISION_CORE_EXPERT_H_
 #define DECISION_CORE_EXPERT_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,21 @@ absl::Status ValidateExpertShape(int num_arms, int num_features, double smoothin
 
 // Checks that `x` has `num_features` entries, all finite.
 absl::Status ValidateContext(absl::Span<const double> x, int num_features);
+
+// The arms eligible for one decision (an ad server's per-request eligibility): distinct arm
+// ids in [0, num_arms). Empty means every arm. INVALID_ARGUMENT names the first offending
+// entry (out of range, or repeated).
+absl::Status ValidateEligibleArms(absl::Span<const int32_t> arms, int num_arms);
+
+// Restricts a distribution to the eligible arms E, in place: `probs` holds the unsmoothed
+// pi(.|x) over every arm and becomes
+//     pi_E(v|x) = (1 - eta) * pi(v|x) / sum_{u in E} pi(u|x) + eta / |E|   for v in E,
+//     pi_E(v|x) = 0                                                      otherwise,
+// i.e. renormalised over E and smoothed over E (uniform over E if pi gives E no mass).
+// Empty E: every arm, the plain smoothing (1 - eta) pi + eta / K.
+// REQUIRES: ValidateEligibleArms(eligible, probs.size()).
+void RestrictToEligible(absl::Span<const int32_t> eligible, double smoothing,
+                        absl::Span<double> probs);
 
 class Expert {
  public:
@@ -61,6 +77,17 @@ class Expert {
   // REQUIRES: probs.size() == n * num_arms().
   absl::Status PredictBatch(absl::Span<const double> rows, size_t n,
                             absl::Span<double> probs) const;
+
+  // Per-request eligibility: each row's distribution restricted to its eligible arms
+  // (RestrictToEligible: renormalised and smoothed over them, 0 for the other arms).
+  // `eligible` is empty (no row restricted) or has one entry per row, each empty (every
+  // arm) or a set of distinct arms in [0, K); a row with every arm eligible gets exactly
+  // PredictBatch's distribution. INVALID_ARGUMENT for a bad set or a count that is not n.
+  absl::Status PredictBatchEligible(absl::Span<const double> rows, size_t n,
+                                    absl::Span<const absl::Span<const int32_t>> eligible,
+                                    absl::Span<double> probs) const;
+  absl::Status PredictEligible(absl::Span<const double> x, absl::Span<const int32_t> eligible,
+                               absl::Span<double> probs) const;
 
  protected:
   Expert(int num_arms, int num_features, double smoothing)

@@ -106,7 +106,8 @@ __attribute__((target_clones("avx2", "default"))) void DivergenceTerms(
   double* t = scratch;       // log pi_i + ratio - 1, then shifted by its row's max
   double* q = scratch + n;   // pi_i * ratio
   for (size_t e = 0; e < n; ++e) {
-    const double ratio = pi_i[e] / pi_j[e];
+    // An arm that was not eligible has pi_i = pi_j = 0: its terms are 0 (t = -inf).
+    const double ratio = pi_j[e] > 0.0 ? pi_i[e] / pi_j[e] : 0.0;
     t[e] = log_pi_i[e] + ratio - 1.0;
     q[e] = pi_i[e] * ratio;
   }

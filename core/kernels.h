@@ -31,7 +31,10 @@ void LinearLogits(absl::Span<const double> weights_t, absl::Span<const double> b
 //   log_f1[r] = log sum_v pi_i(v) exp(pi_i(v) / pi_j(v) - 1)   (in log space, exp as above)
 //   f2[r]     = sum_v pi_i(v) * (pi_i(v) / pi_j(v))
 // `log_pi_i` holds log pi_i. `scratch` holds 2 * rows * k values.
-// REQUIRES: every pi_i and pi_j entry in (0, 1].
+// An arm with pi_i(v) = pi_j(v) = 0 (not eligible for that context) adds nothing (its
+// exp term is exp(-708), ~3e-308, against a sum >= 1).
+// REQUIRES: every pi_i and pi_j entry in [0, 1], pi_i(v) = 0 wherever pi_j(v) = 0, and
+// every row with a positive entry.
 void DivergenceTerms(const double* pi_i, const double* log_pi_i, const double* pi_j,
                      size_t rows, size_t k, double* scratch, double* log_f1, double* f2);
 

@@ -146,6 +146,7 @@ absl::Status Problem::CheckPendingCapLocked() const {
 }
 
 absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double> x,
+                                                         std::vector<int32_t> eligible,
                                                          bool offer) {
   if (offer) DECISION_RETURN_IF_ERROR(CheckPendingCapLocked());
   Selection s;
@@ -157,13 +158,16 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
   s.model = experts_.at(s.expert).model;
   ++experts_.at(s.expert).selections_in_flight;  // until its decision is pending (Decide)
   s.u = absl::Uniform<double>(gen_, 0.0, 1.0);
-  if (offer) reservoir_.Offer(x, gen_);
+  if (offer) reservoir_.Offer(x, eligible, gen_);
+  s.eligible = std::move(eligible);
   return s;
 }
 
 void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* response,
                        Done done, Committer committer) {
-  if (absl::Status s = ValidateChooseRequest(request, record_.num_features()); !s.ok()) {
+  if (absl::Status s =
+          ValidateChooseRequest(request, record_.num_features(), record_.num_arms());
+      !s.ok()) {
     return done(s);
   }
   const bool caller_id = !request.event_id().empty();
@@ -193,7 +197,9 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
       lookup = event_ids_loading_ || event_ids_.MayContain(event_id);
     }
     // A new event id (the common case): select in the same critical section.
-    if (!answered && !lookup) selection = SelectLocked(x);
+    if (!answered && !lookup) {
+      selection = SelectLocked(x, EligibleArmsOf(request, record_.num_arms()));
+    }
   }
   if (answered) return done(absl::OkStatus());
   if (lookup && committer == Committer::kCaller) {
@@ -237,7 +243,8 @@ void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
   {
     absl::MutexLock lock(&mu_);
     selection = SelectLocked(
-        absl::MakeConstSpan(request.features().data(), request.features_size()));
+        absl::MakeConstSpan(request.features().data(), request.features_size()),
+        EligibleArmsOf(request, record_.num_arms()));
   }
   if (!selection.ok()) return FailClaim(event_id, selection.status(), std::move(done));
   // On the blocking executor: this thread may commit.
@@ -267,7 +274,8 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   // An expert that cannot score the context is quarantined and another one selected: each
   // pass quarantines one more expert, so this ends (the uniform expert never fails).
   while (true) {
-    absl::Status s = selection.model->Predict(x, absl::MakeSpan(probs));
+    absl::Status s =
+        selection.model->PredictEligible(x, selection.eligible, absl::MakeSpan(probs));
     for (size_t a = 0; s.ok() && a < probs.size(); ++a) {
       if (!(probs[a] >= 0.0 && probs[a] <= 1.0)) {
         s = absl::InvalidArgumentError(absl::StrCat("arm ", a, " gets probability ", probs[a]));
@@ -279,7 +287,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
       absl::MutexLock lock(&mu_);
       --experts_.at(selection.expert).selections_in_flight;
       QuarantineLocked(selection.expert, absl::StrCat("choose: ", s.message()));
-      next = SelectLocked(x, /*offer=*/false);
+      next = SelectLocked(x, selection.eligible, /*offer=*/false);
     }
     if (!next.ok()) {
       if (claimed) return FailClaim(event_id, next.status(), std::move(done));
@@ -292,6 +300,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   event.set_expert_id(selection.expert);
   event.set_propensity(probs[event.arm()]);
   *event.mutable_features() = request.features();
+  event.mutable_eligible_arms()->Add(selection.eligible.begin(), selection.eligible.end());
   const int64_t now = env_.clock->NowMs();
   event.set_decided_at_ms(now);
   event.set_deadline_ms(now + record_.reward_wait_ms());
@@ -573,6 +582,7 @@ absl::Status Problem::ExportLog(int64_t start, int64_t limit,
         out.set_decided_at_ms(s.decided_at_ms());
         out.set_joined_at_ms(s.joined_at_ms());
         out.set_redacted(s.redacted());
+        *out.mutable_eligible_arms() = s.eligible_arms();
         if (seq < learned) {
           const int64_t chunk = seq / storage::kLogChunkSamples;
           if (chunk != rows_chunk) {

@@ -497,11 +497,13 @@ class Problem {
     int expert = -1;
     std::shared_ptr<const Expert> model;
     double u = 0.0;
+    std::vector<int32_t> eligible;  // the request's eligible arms (EligibleArmsOf)
   };
   // `offer`: a new decision (once per Choose): checks the pending-decision caps
-  // (RESOURCE_EXHAUSTED) and offers x to the divergence reservoir.
+  // (RESOURCE_EXHAUSTED) and offers x, with its eligible arms, to the divergence reservoir.
   absl::Status CheckPendingCapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x, bool offer = true)
+  absl::StatusOr<Selection> SelectLocked(absl::Span<const double> x,
+                                         std::vector<int32_t> eligible, bool offer = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
               Selection selection, v1::ChooseResponse* response, Done done,
@@ -605,6 +607,7 @@ class Problem {
   struct ReservoirCopy {
     std::vector<double> contexts;
     std::vector<uint64_t> stamps;
+    std::vector<std::vector<int32_t>> eligible;  // empty: no row restricted
   };
   ReservoirCopy CopyReservoirLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The fraction of the reservoir's rows written since the divergences of the estimated

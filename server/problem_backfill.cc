@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/problem.h"
+#include "server/validation.h"
 
 namespace decision::server {
 
@@ -53,6 +54,10 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
   storage::v1::BackfillChunk chunk;
   std::vector<double> rows, probs;
   std::vector<int> arms;
+  // Each sample's eligible arms (as it was decided), and whether any batch row has some.
+  std::vector<std::vector<int32_t>> eligible_arms;
+  std::vector<absl::Span<const int32_t>> eligible;
+  bool restricted = false;
   // What the estimator rows need of each sample besides the expert's value.
   std::vector<int> choosers;
   std::vector<double> rewards, logged;
@@ -60,6 +65,8 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
     const int64_t n = std::min(batch_rows, from + count - start);
     rows.clear();
     arms.clear();
+    eligible_arms.clear();
+    restricted = false;
     DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
         index_, start, n, [&](int64_t, const storage::v1::SampleRecord& s) {
           if (s.redacted()) {
@@ -67,6 +74,7 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
             // out of the expert's window (ExpertRows::Skip).
             rows.resize(rows.size() + d, 0.0);
             arms.push_back(-1);
+            eligible_arms.emplace_back();
             choosers.push_back(s.expert_id());
             rewards.push_back(s.reward());
             logged.push_back(s.propensity());
@@ -77,8 +85,16 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
                                                     s.features_size(), " features and arm ",
                                                     s.arm()));
           }
+          const absl::Span<const int32_t> allowed =
+              absl::MakeConstSpan(s.eligible_arms().data(), s.eligible_arms_size());
+          if (!StoredEligibleArmsValid(allowed, s.arm(), k)) {
+            return absl::DataLossError(absl::StrCat(
+                "problem ", id(), ": a stored sample has damaged eligible arms"));
+          }
           rows.insert(rows.end(), s.features().begin(), s.features().end());
           arms.push_back(s.arm());
+          eligible_arms.emplace_back(allowed.begin(), allowed.end());
+          restricted = restricted || !allowed.empty();
           choosers.push_back(s.expert_id());
           rewards.push_back(s.reward());
           logged.push_back(s.propensity());
@@ -89,7 +105,9 @@ absl::Status Problem::BackfillChunk(int expert_id, const std::shared_ptr<const E
                                               arms.size(), " samples, expected ", n));
     }
     probs.resize(static_cast<size_t>(n) * k);
-    absl::Status scored = model->PredictBatch(rows, n, absl::MakeSpan(probs));
+    eligible.clear();
+    if (restricted) eligible.assign(eligible_arms.begin(), eligible_arms.end());
+    absl::Status scored = model->PredictBatchEligible(rows, n, eligible, absl::MakeSpan(probs));
     for (int64_t i = 0; scored.ok() && i < n; ++i) {
       if (arms[i] < 0) {
         chunk.add_values(std::nan(""));

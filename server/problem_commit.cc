@@ -82,6 +82,7 @@ absl::Status Problem::AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
       sample.set_default_reward(op.is_default);
       sample.set_decided_at_ms(op.event.decided_at_ms());
       sample.set_joined_at_ms(now_ms);
+      *sample.mutable_eligible_arms() = op.event.eligible_arms();
       EventRecord joined = op.event;
       joined.set_state(op.is_default ? storage::v1::EVENT_STATE_EXPIRED
                                      : storage::v1::EVENT_STATE_JOINED);
@@ -90,6 +91,7 @@ absl::Status Problem::AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
       // The features now live in the sample; the event keeps what idempotent Choose and
       // duplicate detection need.
       joined.clear_features();
+      joined.clear_eligible_arms();
       return store.AddJoin(batch, index_, op.event_id, joined, joined.sequence(), sample,
                            op.decision_stored);
     }

@@ -354,8 +354,11 @@ absl::Status Problem::UnloadQuietExperts() {
 }
 
 Problem::ReservoirCopy Problem::CopyReservoirLocked() const {
-  return {{reservoir_.contexts().begin(), reservoir_.contexts().end()},
-          {reservoir_.stamps().begin(), reservoir_.stamps().end()}};
+  ReservoirCopy copy{{reservoir_.contexts().begin(), reservoir_.contexts().end()},
+                     {reservoir_.stamps().begin(), reservoir_.stamps().end()},
+                     {}};
+  if (reservoir_.any_eligible()) copy.eligible = reservoir_.eligible();
+  return copy;
 }
 
 absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
@@ -401,7 +404,8 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   for (int e = 0; e < n; ++e) {
     if (absent[e]) continue;
     absl::StatusOr<ReservoirPredictions::Shared> p =
-        reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps);
+        reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
+                                       reservoir.eligible);
     absl::Status s = p.status();
     if (p.ok()) {
       held[e] = *std::move(p);
@@ -416,7 +420,10 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
       failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
       models[e] = stand_in_;
       auto uniform = std::make_shared<std::vector<double>>(rows * k);
-      DECISION_RETURN_IF_ERROR(models[e]->PredictBatch(contexts, rows, absl::MakeSpan(*uniform)));
+      const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
+                                                            reservoir.eligible.end());
+      DECISION_RETURN_IF_ERROR(
+          models[e]->PredictBatchEligible(contexts, rows, eligible, absl::MakeSpan(*uniform)));
       held[e] = std::move(uniform);
     }
     predictions[e] = *held[e];

@@ -33,15 +33,26 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
   const size_t d = record_.num_features();
   const int arms = record_.num_arms();
   std::vector<double> rows(n * d);
+  bool restricted = false;
   for (size_t s = 0; s < n; ++s) {
     std::copy_n(batch[s].event.features().data(), d, rows.begin() + s * d);
+    restricted = restricted || batch[s].event.eligible_arms_size() > 0;
+  }
+  // Each sample scored under the arms that were eligible for it.
+  std::vector<absl::Span<const int32_t>> eligible;
+  if (restricted) {
+    eligible.reserve(n);
+    for (const Unlearned& u : batch) {
+      eligible.push_back(absl::MakeConstSpan(u.event.eligible_arms().data(),
+                                             u.event.eligible_arms_size()));
+    }
   }
   // out[s * width + k]: the layout DUcb::Learn reads one sample of.
   const size_t width = models.size();
   std::vector<double> out(n * width);
   std::vector<double> probs(n * arms);
   for (size_t k = 0; k < width; ++k) {
-    absl::Status s = models[k]->PredictBatch(rows, n, absl::MakeSpan(probs));
+    absl::Status s = models[k]->PredictBatchEligible(rows, n, eligible, absl::MakeSpan(probs));
     for (size_t i = 0; i < n && s.ok(); ++i) {
       const Unlearned& sample = batch[i];
       // The chooser's is the probability the decision was drawn with: the importance
@@ -58,12 +69,14 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
       out[i * width + k] = p;
     }
     if (s.ok()) continue;
-    // Quarantined where it failed: the stand-in's 1/K for the whole batch.
+    // Quarantined where it failed: the stand-in's 1/K (1/|E| over E eligible arms) for the
+    // whole batch.
     failures->push_back({static_cast<int>(k), absl::StrCat(where, ": ", s.message())});
     for (size_t i = 0; i < n; ++i) {
+      const int m = batch[i].event.eligible_arms_size();
       out[i * width + k] = static_cast<int>(k) == batch[i].event.expert_id()
                                ? batch[i].event.propensity()
-                               : 1.0 / arms;
+                               : 1.0 / (m > 0 ? m : arms);
     }
   }
   return out;

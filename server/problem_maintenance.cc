@@ -141,6 +141,12 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
   *c.mutable_sigma() = {d.sigma.begin(), d.sigma.end()};
   *c.mutable_reservoir() = {reservoir_.contexts().begin(), reservoir_.contexts().end()};
   c.set_reservoir_seen(reservoir_.seen());
+  if (reservoir_.any_eligible()) {
+    for (const std::vector<int32_t>& arms : reservoir_.eligible()) {
+      c.add_reservoir_eligible_count(static_cast<int32_t>(arms.size()));
+      c.mutable_reservoir_eligible()->Add(arms.begin(), arms.end());
+    }
+  }
   c.set_next_refresh_at(next_refresh_at_);
   c.set_decisions(decisions_);
   return w;

@@ -150,6 +150,7 @@ class Recovery {
                                    " values, not at most ", p_.record_.divergence_reservoir(),
                                    " rows of ", d, " features"));
     }
+    DECISION_RETURN_IF_ERROR(LoadReservoirEligible(values == 0 ? 0 : values / d));
     // Experts past the checkpoint are backfilling again; the checkpoint's are estimated.
     for (int id = 0; id < num_experts(); ++id) {
       ExpertRecord& record = p_.experts_.at(id).record;
@@ -160,6 +161,38 @@ class Recovery {
       }
     }
     return RestoreEstimator();
+  }
+
+  // The reservoir rows' eligible arms (CheckpointRecord.reservoir_eligible_count), checked.
+  absl::Status LoadReservoirEligible(int64_t rows) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const auto& counts = checkpoint_.reservoir_eligible_count();
+    const auto& arms = checkpoint_.reservoir_eligible();
+    if (counts.empty() && arms.empty()) return absl::OkStatus();
+    if (counts.size() != rows) {
+      return DataLoss(absl::StrCat("the checkpoint's reservoir has ", rows, " rows and ",
+                                   counts.size(), " eligible-arm counts"));
+    }
+    reservoir_eligible_.resize(rows);
+    int64_t at = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t count = counts[r];
+      if (count < 0 || count > arms.size() - at) {
+        return DataLoss(absl::StrCat("the checkpoint's reservoir row ", r, " has ", count,
+                                     " eligible arms, past the ", arms.size(), " stored"));
+      }
+      const absl::Span<const int32_t> row = absl::MakeConstSpan(arms.data() + at, count);
+      if (count > 0 && !StoredEligibleArmsValid(row, row[0], p_.record_.num_arms())) {
+        return DataLoss(
+            absl::StrCat("the checkpoint's reservoir row ", r, " has damaged eligible arms"));
+      }
+      reservoir_eligible_[r].assign(row.begin(), row.end());
+      at += count;
+    }
+    if (at != arms.size()) {
+      return DataLoss(absl::StrCat("the checkpoint's reservoir has ", arms.size(),
+                                   " eligible arms, its rows count ", at));
+    }
+    return absl::OkStatus();
   }
 
   // D-UCB as the last estimator state written left it, or, for a store written before it
@@ -406,9 +439,15 @@ class Recovery {
                                          " features, arm ", s.arm(), " and expert ",
                                          s.expert_id()));
           }
+          if (!StoredEligibleArmsValid(
+                  absl::MakeConstSpan(s.eligible_arms().data(), s.eligible_arms_size()),
+                  s.arm(), p_.record_.num_arms())) {
+            return DataLoss(absl::StrCat("sample ", seq, " has damaged eligible arms"));
+          }
           Problem::Unlearned u;
           u.sequence = seq;
           *u.event.mutable_features() = s.features();
+          *u.event.mutable_eligible_arms() = s.eligible_arms();
           u.event.set_arm(s.arm());
           u.event.set_expert_id(s.expert_id());
           u.event.set_propensity(s.propensity());
@@ -433,7 +472,7 @@ class Recovery {
     if (checkpoint_.reservoir_size() > 0) {
       p_.reservoir_.Reset(std::vector<double>(checkpoint_.reservoir().begin(),
                                               checkpoint_.reservoir().end()),
-                          checkpoint_.reservoir_seen());
+                          checkpoint_.reservoir_seen(), reservoir_eligible_);
     }
     p_.next_refresh_at_ = checkpoint_.next_refresh_at() > 0 ? checkpoint_.next_refresh_at()
                                                             : NextRefresh(p_.record_, t);
@@ -456,6 +495,12 @@ class Recovery {
             return DataLoss(absl::StrCat("pending event ", event_id, " has ",
                                          event.features_size(), " features, arm ", event.arm(),
                                          " and expert ", event.expert_id()));
+          }
+          if (!StoredEligibleArmsValid(absl::MakeConstSpan(event.eligible_arms().data(),
+                                                           event.eligible_arms_size()),
+                                       event.arm(), r.num_arms())) {
+            return DataLoss(
+                absl::StrCat("pending event ", event_id, " has damaged eligible arms"));
           }
           p_.pending_.Restore(std::string(event_id), std::move(event));
           return absl::OkStatus();
@@ -507,6 +552,7 @@ class Recovery {
   const uint32_t index_;
   storage::Store& store_;
   CheckpointRecord checkpoint_;
+  std::vector<std::vector<int32_t>> reservoir_eligible_;  // per checkpoint reservoir row
   int n_est_ = 0;
   DivergenceMatrix divergences_;
   int64_t replay_from_ = 0;  // the samples the restored estimator has seen

@@ -15,7 +15,7 @@ int64_t ReservoirPredictions::BytesOf(const Entry& e) {
 
 absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
     int expert, const std::shared_ptr<const Expert>& model, absl::Span<const double> contexts,
-    absl::Span<const uint64_t> stamps) {
+    absl::Span<const uint64_t> stamps, absl::Span<const std::vector<int32_t>> eligible) {
   const size_t rows = stamps.size();
   const size_t k = static_cast<size_t>(model->num_arms());
   const size_t d = static_cast<size_t>(model->num_features());
@@ -23,6 +23,12 @@ absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
     return absl::InvalidArgumentError(absl::StrCat(contexts.size(), " context values for ", rows,
                                                    " rows of ", d, " features"));
   }
+  if (!eligible.empty() && eligible.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(eligible.size(), " eligible-arm sets for ", rows, " rows"));
+  }
+  // The eligible arms of the rows predicted (every row, or the changed ones).
+  std::vector<absl::Span<const int32_t>> row_eligible;
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(expert);
   if (it != entries_.end() && it->second.model != model) {
@@ -34,7 +40,9 @@ absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
     auto fresh = std::make_shared<std::vector<double>>(rows * k);
     rows_predicted_ += static_cast<int64_t>(rows);
     if (rows > 0) {
-      DECISION_RETURN_IF_ERROR(model->PredictBatch(contexts, rows, absl::MakeSpan(*fresh)));
+      row_eligible.assign(eligible.begin(), eligible.end());
+      DECISION_RETURN_IF_ERROR(
+          model->PredictBatchEligible(contexts, rows, row_eligible, absl::MakeSpan(*fresh)));
     }
     Entry entry{model, std::vector<uint64_t>(stamps.begin(), stamps.end()), fresh};
     if (bytes_ + BytesOf(entry) <= budget_bytes_) {
@@ -53,14 +61,15 @@ absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
     changed.push_back(i);
     changed_contexts.insert(changed_contexts.end(), contexts.begin() + i * d,
                             contexts.begin() + (i + 1) * d);
+    if (!eligible.empty()) row_eligible.push_back(eligible[i]);
   }
   rows_predicted_ += static_cast<int64_t>(changed.size());
   rows_reused_ += static_cast<int64_t>(rows - changed.size());
   if (!changed.empty() || entry.predictions->size() != rows * k) {
     std::vector<double> fresh(changed.size() * k);
     if (!changed.empty()) {
-      if (absl::Status s = model->PredictBatch(changed_contexts, changed.size(),
-                                               absl::MakeSpan(fresh));
+      if (absl::Status s = model->PredictBatchEligible(changed_contexts, changed.size(),
+                                                       row_eligible, absl::MakeSpan(fresh));
           !s.ok()) {
         entries_.erase(it);
         return s;

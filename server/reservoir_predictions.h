@@ -41,13 +41,17 @@ class ReservoirPredictions {
   // `model`'s predictions (rows x K, row-major) on `contexts` (rows x num_features,
   // row-major), where rows = stamps.size() and row i carries stamps[i]. Rows whose stamp is
   // the one they had at the last call for the same `expert` and the same model object come
-  // from the cache; the others are predicted in one PredictBatch. The result is shared with
+  // from the cache; the others are predicted in one PredictBatch, restricted to their
+  // eligible arms (`eligible`: empty, or one entry per row, empty for every arm; a row's
+  // stamp covers its eligible arms, written with it). The result is shared with
   // the cache, not copied, and never changes: a later call that changes rows while a result
   // is still held writes a copy. Returns the model's error (the expert's entry is dropped
   // then) or INVALID_ARGUMENT for sizes that do not match.
   absl::StatusOr<Shared> Predict(int expert, const std::shared_ptr<const Expert>& model,
                                  absl::Span<const double> contexts,
-                                 absl::Span<const uint64_t> stamps) ABSL_LOCKS_EXCLUDED(mu_);
+                                 absl::Span<const uint64_t> stamps,
+                                 absl::Span<const std::vector<int32_t>> eligible = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets expert `expert`'s predictions (and its model: the entry holds it).
   void Drop(int expert) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,5 +1,6 @@
 #include "server/validation.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <tuple>
@@ -205,7 +206,8 @@ absl::Status CheckStoredProblem(const storage::v1::ProblemRecord& record) {
                                           "': ", valid.status().message()));
 }
 
-absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features) {
+absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features,
+                                   int num_arms) {
   if (request.features_size() != num_features) {
     return absl::InvalidArgumentError(absl::StrCat("features: problem ", request.problem_id(),
                                                    " expects ", num_features,
@@ -221,7 +223,41 @@ absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_fea
     return absl::InvalidArgumentError(absl::StrCat("event_id has ", request.event_id().size(),
                                                    " bytes; at most ", kMaxEventIdBytes));
   }
+  if (request.has_eligible()) {
+    const auto& arms = request.eligible().arms();
+    if (arms.empty()) {
+      return absl::InvalidArgumentError(
+          "eligible.arms is empty: at least one arm must be eligible (leave eligible unset "
+          "for every arm)");
+    }
+    if (absl::Status s = ValidateEligibleArms(absl::MakeConstSpan(arms.data(), arms.size()),
+                                              num_arms);
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eligible.arms: ", s.message(), " (problem ", request.problem_id(),
+                       " has ", num_arms, " arms)"));
+    }
+  }
   return absl::OkStatus();
+}
+
+bool StoredEligibleArmsValid(absl::Span<const int32_t> eligible, int arm, int num_arms) {
+  if (eligible.empty()) return true;
+  bool played = false;
+  for (size_t i = 0; i < eligible.size(); ++i) {
+    if (eligible[i] < 0 || eligible[i] >= num_arms) return false;
+    if (i > 0 && eligible[i] <= eligible[i - 1]) return false;
+    played = played || eligible[i] == arm;
+  }
+  return played;
+}
+
+std::vector<int32_t> EligibleArmsOf(const v1::ChooseRequest& request, int num_arms) {
+  const auto& arms = request.eligible().arms();
+  if (arms.size() >= num_arms) return {};  // every arm (they are distinct)
+  std::vector<int32_t> out(arms.begin(), arms.end());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::Status ValidateRewardRequest(const v1::RewardRequest& request) {

@@ -12,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/estimator.h"
 #include "decision/v1/decision.pb.h"
 #include "storage/records.pb.h"
@@ -48,8 +50,15 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
 // field. A restart checks it before anything is sized from the record.
 absl::Status CheckStoredProblem(const storage::v1::ProblemRecord& record);
 
-// Choose: features (count and finiteness) and the caller's event id.
-absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features);
+// Choose: features (count and finiteness), the caller's event id and the eligible arms.
+absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features,
+                                   int num_arms);
+// Whether a stored decision's eligible arms (EventRecord, SampleRecord) are sound: empty,
+// or ascending arms in [0, num_arms) among which is the played `arm`.
+bool StoredEligibleArmsValid(absl::Span<const int32_t> eligible, int arm, int num_arms);
+// A valid request's eligible arms as stored: ascending; empty when every arm is eligible
+// (unset, or every arm listed).
+std::vector<int32_t> EligibleArmsOf(const v1::ChooseRequest& request, int num_arms);
 // Reward: the value in [0, 1] and an event id of 1 to kMaxEventIdBytes bytes.
 absl::Status ValidateRewardRequest(const v1::RewardRequest& request);
 // RegisterExpert: the name; returns the smoothing to use (the model's, or `default_smoothing`).

@@ -4,7 +4,9 @@
 // the literal reference on the exported log.
 #include "server/decision_service.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -716,6 +718,114 @@ TEST_F(ServiceTest, TrainExpertsNeedsAPositiveReward) {
   EXPECT_TRUE(service_->TrainExperts(train, &queued).ok());
   Reopen();
   EXPECT_TRUE(service_->TrainExperts(train, &queued).ok());
+}
+
+}  // namespace
+}  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// Per-request eligibility through the service: the arm drawn is eligible, its propensity is
+// the followed expert's restricted distribution, the set is stored with the sample, and
+// every expert's propensity in the log (learned at the join, backfilled for an expert
+// registered later, re-scored at a restart) is its restricted distribution's. The
+// estimates equal the literal reference over that log, before and after a restart.
+TEST_F(ServiceTest, EligibleArmsRestrictEveryExpertThroughJoinBackfillAndRestart) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  const int linear = RegisterLinear("p", 3.0);
+  RunMaintenanceUntilActive("p");
+  // The same models, built here, give the restricted distributions to compare against.
+  const double eta = Experts("p")[linear].smoothing();
+  std::vector<double> weights;
+  for (int a = 0; a < kArms; ++a) {
+    for (int f = 0; f < kFeatures; ++f) weights.push_back(a == f ? 3.0 : 0.0);
+  }
+  auto uniform = MakeUniformExpert(kArms, kFeatures);
+  auto linear_model =
+      MakeLinearSoftmaxExpert(kArms, kFeatures, weights, std::vector<double>(kArms, 0.0), 1.0,
+                              eta);
+  ASSERT_TRUE(uniform.ok() && linear_model.ok());
+  std::vector<const Expert*> models = {uniform->get(), linear_model->get()};
+  std::map<std::string, std::vector<int32_t>> sent;  // event id -> eligible arms, ascending
+  std::mt19937_64 gen(3);
+  const auto play = [&](int rounds, bool reward) {
+    for (int i = 0; i < rounds; ++i) {
+      v1::ChooseRequest req;
+      req.set_problem_id("p");
+      req.set_event_id(absl::StrCat("e", sent.size()));
+      for (int f = 0; f < kFeatures; ++f) {
+        req.add_features(std::uniform_real_distribution<>(0, 1)(gen));
+      }
+      std::vector<int32_t> eligible;
+      if (i % 5 != 0) {  // every fifth request leaves eligibility unset
+        for (int a = kArms - 1; a >= 0; --a) {  // sent in descending order
+          if (std::bernoulli_distribution(0.5)(gen)) req.mutable_eligible()->add_arms(a);
+        }
+        if (req.eligible().arms().empty()) req.mutable_eligible()->add_arms(i % kArms);
+        eligible.assign(req.eligible().arms().begin(), req.eligible().arms().end());
+        std::sort(eligible.begin(), eligible.end());
+        if (static_cast<int>(eligible.size()) == kArms) eligible.clear();  // every arm
+      }
+      v1::ChooseResponse resp;
+      ASSERT_TRUE(service_->Choose(req, &resp).ok());
+      sent[resp.event_id()] = eligible;
+      ASSERT_TRUE(eligible.empty() ||
+                  std::count(eligible.begin(), eligible.end(), resp.arm()) == 1)
+          << "arm " << resp.arm() << " was not eligible";
+      const std::vector<double> x(req.features().begin(), req.features().end());
+      std::vector<double> probs(kArms);
+      ASSERT_TRUE(
+          models[resp.expert_id()]->PredictEligible(x, eligible, absl::MakeSpan(probs)).ok());
+      ASSERT_DOUBLE_EQ(resp.propensity(), probs[resp.arm()]);
+      if (reward) ASSERT_TRUE(Reward("p", resp.event_id(), resp.arm() == 0 ? 1.0 : 0.2).ok());
+    }
+  };
+  play(300, true);
+  // An expert registered now is backfilled over the samples decided under eligibility.
+  std::vector<double> table = {0.1, 0.2, 0.3, 0.4};
+  v1::Expert registered;
+  ASSERT_TRUE(service_->RegisterExpert(TableRequest("p", table), &registered).ok());
+  auto table_model = MakeTableExpert(kArms, kFeatures, {table, table}, 0,
+                                     Experts("p")[registered.expert_id()].smoothing());
+  ASSERT_TRUE(table_model.ok());
+  models.push_back(table_model->get());
+  RunMaintenanceUntilActive("p");
+  play(200, true);
+  play(20, false);  // pending at the restart
+  const auto check_log = [&](const std::string& when, size_t samples) {
+    const std::vector<v1::LoggedSample> log = Export("p");
+    EXPECT_EQ(log.size(), samples) << when;
+    for (const v1::LoggedSample& s : log) {
+      const std::vector<int32_t>& eligible = sent.at(s.event_id());
+      EXPECT_THAT(s.eligible_arms(), ::testing::ElementsAreArray(eligible)) << when;
+      ASSERT_EQ(s.expert_propensities_size(), static_cast<int>(models.size())) << when;
+      const std::vector<double> x(s.features().begin(), s.features().end());
+      for (size_t k = 0; k < models.size(); ++k) {
+        std::vector<double> probs(kArms);
+        ASSERT_TRUE(models[k]->PredictEligible(x, eligible, absl::MakeSpan(probs)).ok());
+        EXPECT_DOUBLE_EQ(s.expert_propensities(k), probs[s.arm()])
+            << when << ": sample " << s.sequence() << " expert " << k;
+      }
+    }
+    ExpectEstimatesMatchReference("p");
+  };
+  check_log("before the restart", 500);
+  const v1::Estimates before = Estimates("p");
+  Reopen();
+  const v1::Estimates after = Estimates("p");
+  ASSERT_EQ(after.experts_size(), before.experts_size());
+  for (int k = 0; k < before.experts_size(); ++k) {
+    EXPECT_EQ(after.experts(k).estimate(), before.experts(k).estimate()) << k;
+    EXPECT_EQ(after.experts(k).width(), before.experts(k).width()) << k;
+  }
+  EXPECT_THAT(after.m(), ::testing::ElementsAreArray(before.m()));
+  // The decisions pending at the restart kept their eligible arms.
+  for (int i = 500; i < 520; ++i) {
+    ASSERT_TRUE(Reward("p", absl::StrCat("e", i), 1.0).ok());
+  }
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  check_log("after the restart", 520);
 }
 
 }  // namespace

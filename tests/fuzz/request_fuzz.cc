@@ -103,9 +103,9 @@ void RegisterExpert(const v1::RegisterExpertRequest& request) {
 }
 
 void Choose(const v1::ChooseRequest& request) {
-  ExpectValidation(ValidateChooseRequest(request, 4), "ValidateChooseRequest");
+  ExpectValidation(ValidateChooseRequest(request, 4, 3), "ValidateChooseRequest");
   const int d = request.features_size();
-  const absl::Status s = ValidateChooseRequest(request, d);
+  const absl::Status s = ValidateChooseRequest(request, d, 3);
   ExpectValidation(s, "ValidateChooseRequest");
   if (!s.ok() || d > kMaxFeaturesPerProblem) return;
   // The features of an accepted Choose go to the experts: each must answer with a
@@ -116,13 +116,19 @@ void Choose(const v1::ChooseRequest& request) {
   absl::StatusOr<std::unique_ptr<Expert>> linear =
       MakeLinearSoftmaxExpert(3, d, std::move(weights), {0.5, -0.5, 0.0});
   FUZZ_CHECK(linear.ok(), "%s", linear.status().ToString().c_str());
+  // As the server scores it: restricted to the request's eligible arms.
+  const std::vector<int32_t> eligible = EligibleArmsOf(request, 3);
   std::vector<double> probs(3);
-  const absl::Status predicted = (*linear)->Predict(x, absl::MakeSpan(probs));
+  const absl::Status predicted = (*linear)->PredictEligible(x, eligible, absl::MakeSpan(probs));
   ExpectValidation(predicted, "Predict");
   if (predicted.ok()) {
     double total = 0;
-    for (double p : probs) {
-      FUZZ_CHECK(std::isfinite(p) && p >= 0, "probability %g", p);
+    for (int a = 0; a < 3; ++a) {
+      const double p = probs[a];
+      const bool allowed =
+          eligible.empty() || std::find(eligible.begin(), eligible.end(), a) != eligible.end();
+      FUZZ_CHECK(std::isfinite(p) && (allowed ? p > 0 : p == 0), "arm %d probability %g", a,
+                 p);
       total += p;
     }
     FUZZ_CHECK(std::abs(total - 1) < 1e-9, "sum %.17g", total);
