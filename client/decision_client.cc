@@ -175,7 +175,12 @@ absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(const std::string& pro
   v1::ChooseRequest request;
   request.set_problem_id(problem_id);
   request.mutable_features()->Add(features.begin(), features.end());
-  request.set_event_id(event_id.empty() ? RandomEventId() : std::move(event_id));
+  request.set_event_id(std::move(event_id));
+  return Choose(std::move(request));
+}
+
+absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(v1::ChooseRequest request) {
+  if (request.event_id().empty()) request.set_event_id(RandomEventId());
   return Unary<v1::ChooseResponse>(
       options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseResponse* r) {
         return stub_->Choose(ctx, request, r);

@@ -73,6 +73,9 @@ class DecisionClient {
   absl::StatusOr<v1::ChooseResponse> Choose(const std::string& problem_id,
                                             absl::Span<const double> features,
                                             std::string event_id = "");
+  // The same with every field of the request (eligible arms, ...); an empty event_id is
+  // replaced by a random one.
+  absl::StatusOr<v1::ChooseResponse> Choose(v1::ChooseRequest request);
   // Returns true if this was the event's first reward.
   absl::StatusOr<bool> Reward(const std::string& problem_id, const std::string& event_id,
                               double value);

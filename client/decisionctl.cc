@@ -20,7 +20,7 @@
 //   list-experts PROBLEM
 //   retire-expert PROBLEM EXPERT_ID
 //   estimates PROBLEM
-//   choose PROBLEM --x=x1,x2,... [--event_id=ID]
+//   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...]
 //   reward PROBLEM EVENT_ID VALUE
 //   export PROBLEM [--format=csv|jsonl] [--output=FILE] [--start=N] [--limit=N]
 //   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
@@ -127,6 +127,8 @@ ABSL_FLAG(bool, keep_schedule, false,
           "batched schedule, as if training kept up with the traffic)");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
+ABSL_FLAG(std::string, eligible, "",
+          "choose: comma-separated arm ids eligible for this request (default: every arm)");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token (default: the DECISION_TOKEN environment variable)");
 ABSL_FLAG(bool, tls, false, "connect with TLS");
@@ -394,7 +396,23 @@ int Choose(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("choose needs PROBLEM");
   auto x = ParseNumbers(absl::GetFlag(FLAGS_x));
   if (!x.ok()) return Fail(x.status());
-  auto r = c.Choose(args[0], *x, absl::GetFlag(FLAGS_event_id));
+  v1::ChooseRequest request;
+  request.set_problem_id(args[0]);
+  request.mutable_features()->Add(x->begin(), x->end());
+  request.set_event_id(absl::GetFlag(FLAGS_event_id));
+  const std::string eligible = absl::GetFlag(FLAGS_eligible);
+  if (!eligible.empty()) {
+    auto arms = ParseNumbers(eligible);
+    if (!arms.ok()) return Fail(arms.status());
+    request.mutable_eligible();  // set, even if every entry is refused below
+    for (const double a : *arms) {
+      if (a != std::floor(a) || std::abs(a) > 1e9) {
+        return Usage(absl::StrCat("--eligible: ", Number(a), " is not an arm id"));
+      }
+      request.mutable_eligible()->add_arms(static_cast<int32_t>(a));
+    }
+  }
+  auto r = c.Choose(std::move(request));
   if (!r.ok()) return Fail(r.status());
   std::printf("event_id=%s arm=%d propensity=%.6f expert=%d\n", r->event_id().c_str(), r->arm(),
               r->propensity(), r->expert_id());
@@ -430,7 +448,7 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
   std::vector<std::string> held;
   const auto write_header = [&] {
     out << "sequence,event_id,arm,expert_id,propensity,reward,default_reward,"
-           "decided_at_ms,joined_at_ms";
+           "decided_at_ms,joined_at_ms,eligible_arms";
     for (int f = 0; f < num_features; ++f) out << ",x" << f;
     out << "\n";
     for (const std::string& row : held) out << row << std::string(num_features, ',') << "\n";
@@ -444,7 +462,8 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
           const std::string row = absl::StrCat(
               x.sequence(), ",", x.event_id(), ",", x.arm(), ",", x.expert_id(), ",",
               Number(x.propensity()), ",", Number(x.reward()), ",", x.default_reward() ? 1 : 0,
-              ",", x.decided_at_ms(), ",", x.joined_at_ms());
+              ",", x.decided_at_ms(), ",", x.joined_at_ms(), ",",
+              absl::StrJoin(x.eligible_arms(), " "));
           if (header && x.redacted()) {
             held.push_back(row);
             return absl::OkStatus();
@@ -473,6 +492,9 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
             out << (k ? "," : "") << Number(x.expert_propensities(k));
           }
           out << "]";
+          if (x.eligible_arms_size() > 0) {
+            out << ",\"eligible_arms\":[" << absl::StrJoin(x.eligible_arms(), ",") << "]";
+          }
           if (x.redacted()) out << ",\"redacted\":true";
           out << "}\n";
         }

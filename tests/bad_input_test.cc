@@ -176,6 +176,13 @@ v1::ChooseRequest ChooseRequest(const std::string& problem_id, std::vector<doubl
   return r;
 }
 
+// A valid Choose on p with eligible arms `arms` (set, possibly empty).
+v1::ChooseRequest EligibleChoose(std::vector<int32_t> arms) {
+  v1::ChooseRequest r = ChooseRequest(kProblem, {0.1, 0.2, 0.3});
+  r.mutable_eligible()->mutable_arms()->Add(arms.begin(), arms.end());
+  return r;
+}
+
 v1::RewardRequest RewardRequest(const std::string& problem_id, const std::string& event_id,
                                 double value) {
   v1::RewardRequest r;
@@ -399,6 +406,19 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"Choose/empty_request", choose(v1::ChooseRequest()), kInvalid, {"problem_id"}},
       {"Choose/event_id_129_bytes", choose(ChooseRequest(kProblem, {0.1, 0.2, 0.3}, event_129)),
        kInvalid, {"event_id has 129 bytes"}},
+      // Eligible arms (p has 4 arms).
+      {"Choose/eligible_empty", choose(EligibleChoose({})), kInvalid,
+       {"eligible.arms is empty: at least one arm must be eligible"}},
+      {"Choose/eligible_arm_4", choose(EligibleChoose({0, 4})), kInvalid,
+       {"eligible.arms: eligible arm 4 (entry 1) is not an arm in [0, 4) (problem p has 4 arms)"}},
+      {"Choose/eligible_arm_-1", choose(EligibleChoose({-1})), kInvalid,
+       {"eligible arm -1 (entry 0) is not an arm in [0, 4)"}},
+      {"Choose/eligible_arm_twice", choose(EligibleChoose({2, 1, 2})), kInvalid,
+       {"eligible arm 2 is listed twice (entry 2)"}},
+      {"Choose/eligible_five_of_four", choose(EligibleChoose({0, 1, 2, 3, 0})), kInvalid,
+       {"eligible arm 0 is listed twice (entry 4)"}},
+      {"Choose/eligible_arm_int_max", choose(EligibleChoose({2147483647})), kInvalid,
+       {"eligible arm 2147483647 (entry 0) is not an arm"}},
       {"Choose/oversized_message",
        choose(ChooseRequest(kProblem, std::vector<double>(20000, 0.5))),
        StatusCode::RESOURCE_EXHAUSTED, {"larger than max", absl::StrCat(kMaxMessageBytes)}},
