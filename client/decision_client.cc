@@ -235,11 +235,12 @@ absl::StatusOr<v1::TrainingJob> DecisionClient::GetTrainingJob(const std::string
 
 absl::Status DecisionClient::ExportLog(
     const std::string& problem_id, int64_t start, int64_t limit,
-    const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
+    const std::function<absl::Status(const v1::LoggedSample&)>& fn, v1::ExportFormat format) {
   v1::ExportLogRequest request;
   request.set_problem_id(problem_id);
   request.set_start(start);
   request.set_limit(limit);
+  request.set_format(format);
   if (!status_.ok()) return status_;
   grpc::ClientContext ctx;
   // A whole-log export can be long: the deadline scales with nothing we know, so give it an

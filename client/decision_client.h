@@ -91,9 +91,11 @@ class DecisionClient {
   // (error). NOT_FOUND for a job the problem never had.
   absl::StatusOr<v1::TrainingJob> GetTrainingJob(const std::string& problem_id, int64_t job_id);
   // Streams samples [start, start + limit) (limit 0: all) to fn; stops at fn's first error.
-  // Not retried (a partial stream was already delivered).
+  // Not retried (a partial stream was already delivered). EXPORT_FORMAT_DSJSON: each sample
+  // also carries its DSJSON line (LoggedSample.dsjson).
   absl::Status ExportLog(const std::string& problem_id, int64_t start, int64_t limit,
-                         const std::function<absl::Status(const v1::LoggedSample&)>& fn);
+                         const std::function<absl::Status(const v1::LoggedSample&)>& fn,
+                         v1::ExportFormat format = v1::EXPORT_FORMAT_UNSPECIFIED);
   // Audit log entries [start, start + limit) (limit 0: the server's page of 100).
   absl::StatusOr<v1::ListAuditLogResponse> ListAuditLog(int64_t start, int limit);
 

@@ -113,7 +113,8 @@ ABSL_FLAG(int, key_feature, 0, "register-expert --table: feature selecting the r
 ABSL_FLAG(double, temperature, 1.0, "register-expert --linear: softmax temperature");
 ABSL_FLAG(double, smoothing, -1.0, "register-expert: smoothing eta (default: the problem's)");
 ABSL_FLAG(std::string, event_id, "", "choose: caller event id (default: generated)");
-ABSL_FLAG(std::string, format, "csv", "export: csv or jsonl");
+ABSL_FLAG(std::string, format, "csv",
+          "export: csv, jsonl or dsjson (Vowpal Wabbit's decision-service JSON)");
 ABSL_FLAG(std::string, output, "", "export: output file (default: stdout)");
 ABSL_FLAG(int64_t, start, 0, "export: first sample");
 ABSL_FLAG(int64_t, limit, 0, "export: number of samples (0: all)");
@@ -433,7 +434,9 @@ int Reward(DecisionClient& c, const std::vector<char*>& args) {
 int Export(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("export needs PROBLEM");
   const std::string format = absl::GetFlag(FLAGS_format);
-  if (format != "csv" && format != "jsonl") return Usage("--format must be csv or jsonl");
+  if (format != "csv" && format != "jsonl" && format != "dsjson") {
+    return Usage("--format must be csv, jsonl or dsjson");
+  }
   std::ofstream file;
   const std::string path = absl::GetFlag(FLAGS_output);
   if (!path.empty()) {
@@ -458,7 +461,9 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
   absl::Status s = c.ExportLog(
       args[0], absl::GetFlag(FLAGS_start), absl::GetFlag(FLAGS_limit),
       [&](const v1::LoggedSample& x) {
-        if (format == "csv") {
+        if (format == "dsjson") {
+          out << x.dsjson() << "\n";
+        } else if (format == "csv") {
           const std::string row = absl::StrCat(
               x.sequence(), ",", x.event_id(), ",", x.arm(), ",", x.expert_id(), ",",
               Number(x.propensity()), ",", Number(x.reward()), ",", x.default_reward() ? 1 : 0,
@@ -499,7 +504,8 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
           out << "}\n";
         }
         return out ? absl::OkStatus() : absl::InternalError("write failed");
-      });
+      },
+      format == "dsjson" ? v1::EXPORT_FORMAT_DSJSON : v1::EXPORT_FORMAT_UNSPECIFIED);
   if (!s.ok()) return Fail(s);
   if (header && !held.empty()) write_header();  // only redacted samples
   return 0;

@@ -526,7 +526,8 @@ absl::Status DecisionService::ExportLog(
   DECISION_RETURN_IF_ERROR(ValidateExportLogRequest(request));
   // Every acknowledged sample then carries its experts' propensities.
   DECISION_RETURN_IF_ERROR(p->WaitLearned());
-  return p->ExportLog(request.start(), request.limit(), fn);
+  return p->ExportLog(request.start(), request.limit(),
+                      request.format() == v1::EXPORT_FORMAT_DSJSON, fn);
 }
 
 void DecisionService::ExportLogPage(const v1::ExportLogRequest& request,

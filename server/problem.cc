@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/conversions.h"
+#include "server/dsjson.h"
 #include "server/validation.h"
 
 namespace decision::server {
@@ -552,15 +553,19 @@ v1::Problem Problem::Summary() const {
   return p;
 }
 
-absl::Status Problem::ExportLog(int64_t start, int64_t limit,
+absl::Status Problem::ExportLog(int64_t start, int64_t limit, bool dsjson,
                                 const std::function<absl::Status(const v1::LoggedSample&)>& fn) {
   int width;
   int64_t learned;
+  std::vector<std::shared_ptr<const Expert>> models;  // dsjson: the choosers' models
   {
     absl::MutexLock lock(&mu_);
     width = ducb_.num_experts();
     learned = ducb_.num_samples();
+    if (dsjson) models = experts_.Models();
   }
+  const int k = record_.num_arms();
+  std::vector<double> distribution(k);
   v1::LoggedSample out;
   // The experts' propensities come from the sample's log chunk (in memory or stored), read
   // once per chunk.
@@ -598,6 +603,25 @@ absl::Status Problem::ExportLog(int64_t start, int64_t limit,
             while (n < std::min(width, rows.width) && !std::isnan(row[n])) ++n;
             out.mutable_expert_propensities()->Add(row, row + n);
           }
+        }
+        if (dsjson) {
+          // The chooser's distribution, re-scored: kept only if it gives the logged
+          // propensity (its model may be a failed or unloaded expert's stand-in now).
+          bool known = !s.redacted() && s.expert_id() >= 0 &&
+                       s.expert_id() < static_cast<int>(models.size()) &&
+                       s.arm() >= 0 && s.arm() < k;
+          if (known) {
+            known = models[s.expert_id()]
+                        ->PredictEligible(
+                            absl::MakeConstSpan(s.features().data(), s.features_size()),
+                            absl::MakeConstSpan(s.eligible_arms().data(),
+                                                s.eligible_arms_size()),
+                            absl::MakeSpan(distribution))
+                        .ok() &&
+                    std::abs(distribution[s.arm()] - s.propensity()) <= 1e-12;
+          }
+          out.set_dsjson(ToDsjson(out, known ? absl::MakeConstSpan(distribution)
+                                             : absl::Span<const double>()));
         }
         return fn(out);
       });

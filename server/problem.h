@@ -297,8 +297,9 @@ class Problem {
   // Its counters and its configuration (with the retention it has now).
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks
-  // (a store scan).
-  absl::Status ExportLog(int64_t start, int64_t limit,
+  // (a store scan). `dsjson`: each also carries its DSJSON line (server/dsjson.h), with the
+  // chooser's distribution re-scored from its model (one prediction per sample).
+  absl::Status ExportLog(int64_t start, int64_t limit, bool dsjson,
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn)
       ABSL_LOCKS_EXCLUDED(mu_);
 

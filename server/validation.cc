@@ -340,6 +340,10 @@ absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("start (", request.start(), ") and limit (",
                                                    request.limit(), ") must be >= 0"));
   }
+  if (!v1::ExportFormat_IsValid(request.format())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format ", request.format(), " is not an export format (0: samples, 1: DSJSON)"));
+  }
   return absl::OkStatus();
 }
 

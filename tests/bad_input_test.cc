@@ -379,11 +379,13 @@ std::vector<BadCase> BadCases(const Suite& suite) {
     r.set_expert_id(expert_id);
     return [r](Stub* s) { return Call(s, &Stub::RetireExpert, r); };
   };
-  auto export_log = [](const std::string& problem_id, int64_t start, int64_t limit) {
+  auto export_log = [](const std::string& problem_id, int64_t start, int64_t limit,
+                       int format = 0) {
     v1::ExportLogRequest r;
     r.set_problem_id(problem_id);
     r.set_start(start);
     r.set_limit(limit);
+    r.set_format(static_cast<v1::ExportFormat>(format));
     return [r](Stub* s) { return ExportLog(s, r); };
   };
 
@@ -669,6 +671,10 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      {"ExportLog/format_7", export_log(kProblem, 0, 0, 7), kInvalid,
+       {"format 7 is not an export format (0: samples, 1: DSJSON)"}},
+      {"ExportLog/format_-1", export_log(kProblem, 0, 0, -1), kInvalid,
+       {"format -1 is not an export format"}},
   };
   AddMalformedBodies(suite.server->address(), &cases);
   return cases;

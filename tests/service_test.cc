@@ -13,6 +13,8 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include "core/estimator.h"
@@ -725,6 +727,138 @@ TEST_F(ServiceTest, TrainExpertsNeedsAPositiveReward) {
 
 namespace decision::server {
 namespace {
+
+// DSJSON export (ExportLog with EXPORT_FORMAT_DSJSON): every line parses back as JSON
+// (protobuf's parser, into a Struct) to the sample it came from, with the documented
+// mapping: cost = -reward, 1-based actions with the chosen one first, the chooser's
+// restricted distribution over the eligible arms in `p`, the context, the event id and
+// time, and this service's fields under _decision. A redacted sample keeps only what
+// learning used; a sample learned with the default reward says so.
+TEST_F(ServiceTest, DsjsonExportParsesBackToTheLog) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  const int linear = RegisterLinear("p", 3.0);
+  RunMaintenanceUntilActive("p");
+  std::vector<double> weights;
+  for (int a = 0; a < kArms; ++a) {
+    for (int f = 0; f < kFeatures; ++f) weights.push_back(a == f ? 3.0 : 0.0);
+  }
+  auto uniform = MakeUniformExpert(kArms, kFeatures);
+  auto linear_model = MakeLinearSoftmaxExpert(kArms, kFeatures, weights,
+                                              std::vector<double>(kArms, 0.0), 1.0,
+                                              Experts("p")[linear].smoothing());
+  ASSERT_TRUE(uniform.ok() && linear_model.ok());
+  const std::vector<const Expert*> models = {uniform->get(), linear_model->get()};
+  std::mt19937_64 gen(5);
+  for (int i = 0; i < 200; ++i) {
+    v1::ChooseRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(absl::StrCat(i == 7 ? "quote\"and\\back\n" : "e", i));
+    for (int f = 0; f < kFeatures; ++f) {
+      req.add_features(std::uniform_real_distribution<>(-1, 1)(gen));
+    }
+    if (i % 3 != 0) {
+      req.mutable_eligible()->add_arms(i % kArms);
+      req.mutable_eligible()->add_arms((i + 2) % kArms);
+    }
+    v1::ChooseResponse resp;
+    ASSERT_TRUE(service_->Choose(req, &resp).ok());
+    if (i != 50) ASSERT_TRUE(Reward("p", resp.event_id(), (i % 4) / 3.0).ok());
+  }
+  clock_.AdvanceMs(2000);  // event e50 expires: learned with the default reward
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  v1::DeleteEventsRequest del;
+  del.set_problem_id("p");
+  del.add_event_ids("e20");
+  v1::DeleteEventsResponse deleted;
+  ASSERT_TRUE(service_->DeleteEvents(del, &deleted).ok());
+
+  v1::ExportLogRequest req;
+  req.set_problem_id("p");
+  req.set_format(v1::EXPORT_FORMAT_DSJSON);
+  std::vector<v1::LoggedSample> log;
+  ASSERT_TRUE(service_->ExportLog(req, [&](const v1::LoggedSample& s) {
+                log.push_back(s);
+                return absl::OkStatus();
+              }).ok());
+  ASSERT_EQ(log.size(), 200u);
+  int redacted = 0, defaulted = 0;
+  for (const v1::LoggedSample& s : log) {
+    SCOPED_TRACE(s.dsjson());
+    ASSERT_EQ(s.dsjson().find('\n'), std::string::npos);
+    google::protobuf::Struct line;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(s.dsjson(), &line).ok());
+    const auto& f = line.fields();
+    EXPECT_EQ(f.at("_label_cost").number_value(), -s.reward());
+    EXPECT_EQ(f.at("_label_probability").number_value(), s.propensity());
+    EXPECT_EQ(f.at("_label_Action").number_value(), s.arm() + 1);
+    EXPECT_EQ(f.at("_labelIndex").number_value(), s.arm());
+    EXPECT_EQ(f.at("EventId").string_value(), s.event_id());
+    absl::Time when;
+    std::string error;
+    ASSERT_TRUE(absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", f.at("Timestamp").string_value(),
+                                &when, &error))
+        << error;
+    EXPECT_EQ(absl::ToUnixMillis(when), s.decided_at_ms());
+    const auto& decision = f.at("_decision").struct_value().fields();
+    EXPECT_EQ(decision.at("sequence").number_value(), s.sequence());
+    EXPECT_EQ(decision.at("expert_id").number_value(), s.expert_id());
+    EXPECT_EQ(decision.at("default_reward").bool_value(), s.default_reward());
+    EXPECT_EQ(decision.at("joined_at_ms").number_value(), s.joined_at_ms());
+    std::vector<int32_t> eligible;
+    if (decision.count("eligible_arms")) {
+      for (const auto& v : decision.at("eligible_arms").list_value().values()) {
+        eligible.push_back(static_cast<int32_t>(v.number_value()));
+      }
+    }
+    EXPECT_THAT(eligible, ::testing::ElementsAreArray(s.eligible_arms()));
+    const auto& a = f.at("a").list_value().values();
+    const auto& p = f.at("p").list_value().values();
+    ASSERT_EQ(a.size(), p.size());
+    ASSERT_GE(a.size(), 1);
+    EXPECT_EQ(a[0].number_value(), s.arm() + 1);
+    EXPECT_EQ(p[0].number_value(), s.propensity());
+    const auto& context = f.at("c").struct_value().fields();
+    if (s.redacted()) {
+      ++redacted;
+      EXPECT_TRUE(context.empty());
+      EXPECT_EQ(a.size(), 1);  // no context to re-score: the chosen arm only
+      EXPECT_TRUE(decision.at("redacted").bool_value());
+      continue;
+    }
+    defaulted += s.default_reward() ? 1 : 0;
+    const auto& x = context.at("x").struct_value().fields();
+    ASSERT_EQ(static_cast<int>(x.size()), kFeatures);
+    for (int i = 0; i < kFeatures; ++i) {
+      EXPECT_EQ(x.at(absl::StrCat("x", i)).number_value(), s.features(i));
+    }
+    // a: the chosen action, then the other eligible ones ascending; p: the chooser's
+    // restricted distribution, read back exactly.
+    std::vector<double> dist(kArms);
+    ASSERT_TRUE(models[s.expert_id()]
+                    ->PredictEligible(std::vector<double>(s.features().begin(),
+                                                          s.features().end()),
+                                      eligible, absl::MakeSpan(dist))
+                    .ok());
+    std::vector<int> expected = {s.arm() + 1};
+    for (int v = 0; v < kArms; ++v) {
+      const bool allowed =
+          eligible.empty() || std::count(eligible.begin(), eligible.end(), v) == 1;
+      if (v != s.arm() && allowed) expected.push_back(v + 1);
+    }
+    ASSERT_EQ(a.size(), expected.size());
+    double total = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].number_value(), expected[i]);
+      EXPECT_EQ(p[i].number_value(), dist[expected[i] - 1]);
+      total += p[i].number_value();
+    }
+    EXPECT_NEAR(total, 1.0, 1e-12);
+  }
+  EXPECT_EQ(redacted, 1);
+  EXPECT_EQ(defaulted, 1);
+  // Without the format the lines are not computed.
+  EXPECT_TRUE(Export("p")[0].dsjson().empty());
+}
 
 // Per-request eligibility through the service: the arm drawn is eligible, its propensity is
 // the followed expert's restricted distribution, the set is stored with the sample, and
