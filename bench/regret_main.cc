@@ -29,6 +29,9 @@ ABSL_FLAG(double, c3, 2.0, "median-of-means width constant c3");
 ABSL_FLAG(double, big_c, 1.0, "clipped-estimator constant C");
 ABSL_FLAG(double, smoothing, 0.05, "expert smoothing eta");
 ABSL_FLAG(double, batch_multiplier, 7.0, "batch length = multiplier * sqrt(t)");
+ABSL_FLAG(double, eligible_share, 0.0,
+          "per-round eligibility: this share of the arms is eligible each round, the label "
+          "always among them (0: every arm)");
 ABSL_FLAG(bool, show_estimates, false, "print every expert's final estimate (D-UCB)");
 ABSL_FLAG(int64_t, report_every, 1000, "print the progressive loss every N rounds (0: never)");
 
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   options.max_rounds = absl::GetFlag(FLAGS_rounds);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.train_threads = absl::GetFlag(FLAGS_train_threads);
+  options.eligible_share = absl::GetFlag(FLAGS_eligible_share);
   const int64_t every = absl::GetFlag(FLAGS_report_every);
   std::printf("data %s: %zu rows, %d features, K = %d; policy %s, estimator %s\n",
               absl::GetFlag(FLAGS_data).c_str(), data->size(), data->num_features,

@@ -1,6 +1,8 @@
 #include "bench/simulation.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include <random>
@@ -26,6 +28,7 @@ class Simulation {
         o_(o),
         k_(data.num_classes),
         gen_(o.seed),
+        eligible_gen_(o.seed ^ 0x656c696769626c65ULL),
         reservoir_(1, o.divergence.reservoir_capacity) {
     training_.num_features = data.num_features;
   }
@@ -33,10 +36,14 @@ class Simulation {
   absl::StatusOr<SimulationResult> Run(const ProgressFn& progress) {
     const auto start = Clock::now();
     DECISION_RETURN_IF_ERROR(ValidateBatchOptions(o_.batch));
+    if (!(o_.eligible_share >= 0.0 && o_.eligible_share <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eligible share ", o_.eligible_share, " is not in [0, 1]"));
+    }
     DECISION_RETURN_IF_ERROR(ValidateDivergenceOptions(o_.divergence));
     DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Expert> uniform,
                               MakeUniformExpert(k_, data_.num_features));
-    DECISION_RETURN_IF_ERROR(CacheExpert(*uniform));
+    DECISION_RETURN_IF_ERROR(CacheExpert(*uniform, 0.0));
     DECISION_RETURN_IF_ERROR(MakePolicy());
     BatchSchedule schedule(k_, o_.batch);
     const int64_t rounds =
@@ -45,30 +52,42 @@ class Simulation {
     double total_reward = 0.0;
     SimulationResult result;
     result.progressive_loss.reserve(rounds);
+    std::vector<int32_t> eligible;
+    std::vector<double> probs(k_);
     for (int64_t t = 1; t <= rounds; ++t) {
       const int row = order_[t - 1];
-      reservoir_.Offer(std::vector<double>{double(row)}, gen_);
+      DrawEligible(data_.labels[row], &eligible);
+      reservoir_.Offer(std::vector<double>{double(row)}, eligible, gen_);
       const BatchSchedule::Round phase = schedule.Next();
       if (phase == BatchSchedule::Round::kBatchStart) {
         DECISION_RETURN_IF_ERROR(AddTrainedExperts(t, &result));
       }
+      auto distribution = [&](int e, absl::Span<double> out) {
+        Distribution(e, row, eligible, out);
+        return absl::OkStatus();
+      };
       Decision d;
       if (phase == BatchSchedule::Round::kWarmup) {
         d.expert = 0;  // the uniform expert
-        d.arm = absl::Uniform<int>(gen_, 0, k_);
-        d.propensity = 1.0 / k_;
+        if (eligible.empty()) {
+          d.arm = absl::Uniform<int>(gen_, 0, k_);
+          d.propensity = 1.0 / k_;
+        } else {
+          d.arm = eligible[absl::Uniform<size_t>(gen_, 0, eligible.size())];
+          d.propensity = 1.0 / eligible.size();
+        }
       } else {
-        auto distribution = [&](int e, absl::Span<double> out) {
-          const float* p = &cache_[e][static_cast<size_t>(row) * k_];
-          for (int v = 0; v < k_; ++v) out[v] = p[v];
-          return absl::OkStatus();
-        };
         DECISION_ASSIGN_OR_RETURN(d, policy_->Decide(num_experts(), k_, distribution, gen_));
       }
       const double reward = d.arm == data_.labels[row] ? 1.0 : 0.0;
       propensities.resize(num_experts());
       for (int e = 0; e < num_experts(); ++e) {
-        propensities[e] = cache_[e][static_cast<size_t>(row) * k_ + d.arm];
+        if (eligible.empty()) {
+          propensities[e] = cache_[e][static_cast<size_t>(row) * k_ + d.arm];
+        } else {
+          Distribution(e, row, eligible, absl::MakeSpan(probs));
+          propensities[e] = probs[d.arm];
+        }
       }
       if (d.expert < 0) d.expert = 0;  // mixtures are logged against the uniform column
       if (phase == BatchSchedule::Round::kWarmup) {
@@ -78,6 +97,8 @@ class Simulation {
       }
       logged_rows_.push_back(row);
       logged_arms_.push_back(d.arm);
+      if (!eligible.empty()) logged_eligible_.resize(logged_rows_.size());
+      if (!logged_eligible_.empty()) logged_eligible_.back() = eligible;
       training_.Add(data_.row(row), d.arm, reward, d.propensity);
       total_reward += reward;
       result.progressive_loss.push_back(1.0 - total_reward / t);
@@ -136,12 +157,44 @@ class Simulation {
     return absl::OkStatus();
   }
 
-  absl::Status CacheExpert(const Expert& expert) {
+  absl::Status CacheExpert(const Expert& expert, double smoothing) {
     std::vector<double> probs(data_.size() * k_);
     DECISION_RETURN_IF_ERROR(
         expert.PredictBatch(data_.features, data_.size(), absl::MakeSpan(probs)));
     cache_.emplace_back(probs.begin(), probs.end());
+    smoothing_.push_back(smoothing);
     return absl::OkStatus();
+  }
+
+  // This round's eligible arms (empty: every arm): the label and round(share * K) - 1
+  // others, ascending.
+  void DrawEligible(int label, std::vector<int32_t>* eligible) {
+    eligible->clear();
+    if (o_.eligible_share <= 0.0) return;
+    const int m = std::max(1, static_cast<int>(std::lround(o_.eligible_share * k_)));
+    if (m >= k_) return;
+    std::vector<int32_t> others;
+    for (int a = 0; a < k_; ++a) {
+      if (a != label) others.push_back(a);
+    }
+    std::shuffle(others.begin(), others.end(), eligible_gen_);
+    eligible->assign(others.begin(), others.begin() + (m - 1));
+    eligible->push_back(label);
+    std::sort(eligible->begin(), eligible->end());
+  }
+
+  // Expert e's distribution on `row` restricted to `eligible`, as the service computes it:
+  // the cached (smoothed) distribution is un-smoothed, then RestrictToEligible.
+  void Distribution(int e, int row, const std::vector<int32_t>& eligible,
+                    absl::Span<double> out) const {
+    const float* p = &cache_[e][static_cast<size_t>(row) * k_];
+    if (eligible.empty()) {
+      for (int v = 0; v < k_; ++v) out[v] = p[v];
+      return;
+    }
+    const double eta = smoothing_[e];
+    for (int v = 0; v < k_; ++v) out[v] = std::max(0.0, (p[v] - eta / k_) / (1.0 - eta));
+    RestrictToEligible(eligible, eta, out);
   }
 
   absl::Status AddTrainedExperts(int64_t t, SimulationResult* result) {
@@ -163,16 +216,22 @@ class Simulation {
       DECISION_ASSIGN_OR_RETURN(
           std::unique_ptr<Expert> expert,
           MakeXgboostExpert(k_, data_.num_features, *model, o_.smoothing));
-      DECISION_RETURN_IF_ERROR(CacheExpert(*expert));
+      DECISION_RETURN_IF_ERROR(CacheExpert(*expert, o_.smoothing));
     }
     result->seconds_training += Since(train_start);
     const int added = num_experts() - old_n;
     std::vector<std::vector<double>> backfill(added);
+    std::vector<double> probs(k_);
     for (int i = 0; i < added; ++i) {
       const std::vector<float>& c = cache_[old_n + i];
       backfill[i].reserve(logged_rows_.size());
       for (size_t s = 0; s < logged_rows_.size(); ++s) {
-        backfill[i].push_back(c[static_cast<size_t>(logged_rows_[s]) * k_ + logged_arms_[s]]);
+        if (logged_eligible_.empty()) {
+          backfill[i].push_back(c[static_cast<size_t>(logged_rows_[s]) * k_ + logged_arms_[s]]);
+        } else {
+          Distribution(old_n + i, logged_rows_[s], logged_eligible_[s], absl::MakeSpan(probs));
+          backfill[i].push_back(probs[logged_arms_[s]]);
+        }
       }
     }
     if (ducb_ == nullptr) return policy_->AddExperts(backfill);
@@ -190,11 +249,13 @@ class Simulation {
   absl::Status Divergences(int keep, DivergenceMatrix* out) {
     const size_t r = reservoir_.size();
     std::vector<std::vector<double>> predictions(num_experts());
+    std::vector<double> probs(k_);
     for (int e = 0; e < num_experts(); ++e) {
       predictions[e].reserve(r * k_);
-      for (double row : reservoir_.contexts()) {
-        const float* p = &cache_[e][static_cast<size_t>(row) * k_];
-        predictions[e].insert(predictions[e].end(), p, p + k_);
+      for (size_t i = 0; i < r; ++i) {
+        Distribution(e, static_cast<int>(reservoir_.contexts()[i]), reservoir_.eligible()[i],
+                     absl::MakeSpan(probs));
+        predictions[e].insert(predictions[e].end(), probs.begin(), probs.end());
       }
     }
     return ComputeDivergences(predictions, k_, o_.divergence.num_groups,
@@ -206,13 +267,16 @@ class Simulation {
   const SimulationOptions o_;
   const int k_;
   std::mt19937_64 gen_;
+  std::mt19937_64 eligible_gen_;  // the eligible sets only: the same for every policy
   ContextReservoir reservoir_;  // holds row indices
-  std::vector<std::vector<float>> cache_;  // [expert][row * K + arm]
+  std::vector<std::vector<float>> cache_;  // [expert][row * K + arm], smoothed
+  std::vector<double> smoothing_;          // per expert
   std::unique_ptr<Policy> policy_;
   DUcbPolicy* ducb_ = nullptr;
   TrainingSet training_;
   std::vector<int> logged_rows_;
   std::vector<int> logged_arms_;
+  std::vector<std::vector<int32_t>> logged_eligible_;  // per logged round; empty: never set
   int64_t last_full_refresh_ = 1;
 };
 

@@ -40,6 +40,11 @@ struct SimulationOptions {
   int64_t max_rounds = 0;  // 0: every row of the order
   int train_threads = 2;
   uint64_t seed = 1;
+  // Per-round eligibility (0: off): each round, round(share * K) arms are eligible, the
+  // label always among them, the others drawn at random from a generator of their own
+  // (seeded by `seed`), so every policy sees the same sets. Every expert's distribution is
+  // restricted to them as the service restricts it (RestrictToEligible).
+  double eligible_share = 0.0;
 };
 
 struct SimulationResult {

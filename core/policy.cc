@@ -491,8 +491,16 @@ class Exp4Policy final : public Policy {
       if (absl::Status s = distribution(k, absl::MakeSpan(scratch_)); !s.ok()) return s;
       for (int v = 0; v < num_arms; ++v) mixture_[v] += w * scratch_[v];
     }
+    // Exploration is uniform over the arms the experts can play: every arm, unless the
+    // distributions are restricted to the eligible arms (RestrictToEligible), which are then
+    // exactly the arms with a positive mixture.
+    int playable = 0;
+    for (int v = 0; v < num_arms; ++v) playable += mixture_[v] > 0.0 ? 1 : 0;
     for (int v = 0; v < num_arms; ++v) {
-      mixture_[v] = (1.0 - options_.gamma) * mixture_[v] / total + options_.gamma / num_arms;
+      mixture_[v] = mixture_[v] > 0.0 || playable == 0
+                        ? (1.0 - options_.gamma) * mixture_[v] / total +
+                              options_.gamma / (playable == 0 ? num_arms : playable)
+                        : 0.0;
     }
     Decision d;
     d.arm = SampleArm(mixture_, absl::Uniform<double>(gen, 0.0, 1.0));
