@@ -201,6 +201,17 @@ absl::StatusOr<bool> DecisionClient::Reward(const std::string& problem_id,
   return r->first();
 }
 
+absl::StatusOr<v1::Explanation> DecisionClient::Explain(const std::string& problem_id,
+                                                        const std::string& event_id) {
+  v1::ExplainRequest request;
+  request.set_problem_id(problem_id);
+  request.set_event_id(event_id);
+  return Unary<v1::Explanation>(options_.max_attempts,
+                                [&](grpc::ClientContext* ctx, v1::Explanation* r) {
+                                  return stub_->Explain(ctx, request, r);
+                                });
+}
+
 absl::StatusOr<v1::Estimates> DecisionClient::GetEstimates(const std::string& problem_id) {
   v1::GetEstimatesRequest request;
   request.set_problem_id(problem_id);

@@ -80,6 +80,9 @@ class DecisionClient {
   absl::StatusOr<bool> Reward(const std::string& problem_id, const std::string& event_id,
                               double value);
   absl::StatusOr<v1::Estimates> GetEstimates(const std::string& problem_id);
+  // Why the decision of `event_id` was made (v1::Explanation).
+  absl::StatusOr<v1::Explanation> Explain(const std::string& problem_id,
+                                          const std::string& event_id);
   // Queues training of new experts from the log (0, 0: the defaults, 3 trees + 1 linear).
   // The response's job_id names the durable job (poll it with GetTrainingJob; a job that
   // was already queued is joined, joined_queued_job). Not retried: a lost response may

@@ -21,8 +21,9 @@
 //   retire-expert PROBLEM EXPERT_ID
 //   estimates PROBLEM
 //   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...]
+//   explain PROBLEM EVENT_ID          why the decision was made
 //   reward PROBLEM EVENT_ID VALUE
-//   export PROBLEM [--format=csv|jsonl] [--output=FILE] [--start=N] [--limit=N]
+//   export PROBLEM [--format=csv|jsonl|dsjson] [--output=FILE] [--start=N] [--limit=N]
 //   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
 //       queues a training job of experts from the problem's log on the server (they then
 //       backfill and become selectable like registered ones) and prints its job id;
@@ -417,6 +418,59 @@ int Choose(DecisionClient& c, const std::vector<char*>& args) {
   if (!r.ok()) return Fail(r.status());
   std::printf("event_id=%s arm=%d propensity=%.6f expert=%d\n", r->event_id().c_str(), r->arm(),
               r->propensity(), r->expert_id());
+  return 0;
+}
+
+const char* OutcomeName(v1::DecisionOutcome o) {
+  switch (o) {
+    case v1::DECISION_OUTCOME_PENDING: return "pending";
+    case v1::DECISION_OUTCOME_JOINED: return "joined";
+    case v1::DECISION_OUTCOME_DEFAULT_REWARD: return "default reward";
+    case v1::DECISION_OUTCOME_DROPPED: return "dropped";
+    default: return "unknown";
+  }
+}
+
+int Explain(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 2) return Usage("explain needs PROBLEM EVENT_ID");
+  auto e = c.Explain(args[0], args[1]);
+  if (!e.ok()) return Fail(e.status());
+  std::printf("event %s of %s, decided %s: %s", e->event_id().c_str(), e->problem_id().c_str(),
+              absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(e->decided_at_ms()),
+                               absl::UTCTimeZone())
+                  .c_str(),
+              OutcomeName(e->outcome()));
+  if (e->outcome() == v1::DECISION_OUTCOME_JOINED ||
+      e->outcome() == v1::DECISION_OUTCOME_DEFAULT_REWARD) {
+    std::printf(", reward %s (sample %lld)", Number(e->reward()).c_str(),
+                static_cast<long long>(e->sequence()));
+  }
+  std::printf("\ncontext: %s\n",
+              absl::StrJoin(e->features(), ",", [](std::string* out, double v) {
+                out->append(Number(v));
+              }).c_str());
+  std::printf("eligible arms: %s\n",
+              e->eligible_arms().empty() ? "all" : absl::StrJoin(e->eligible_arms(), ",").c_str());
+  std::printf("followed expert %d: estimate %s + width %s = UCB %s\n", e->expert_id(),
+              Number(e->estimate()).c_str(), Number(e->width()).c_str(),
+              Number(e->ucb()).c_str());
+  if (e->runner_up_expert_id() >= 0) {
+    std::printf("runner-up expert %d: UCB %s\n", e->runner_up_expert_id(),
+                Number(e->runner_up_ucb()).c_str());
+  } else {
+    std::printf("runner-up: none\n");
+  }
+  std::printf("arm %d, propensity %s, draw %s\n", e->arm(), Number(e->propensity()).c_str(),
+              Number(e->draw()).c_str());
+  if (e->distribution().empty()) {
+    std::printf("distribution: not available (the expert failed or was unloaded since)\n");
+  } else {
+    std::printf("distribution: %s; the draw %s arm %d\n",
+                absl::StrJoin(e->distribution(), ",", [](std::string* out, double v) {
+                  out->append(Number(v));
+                }).c_str(),
+                e->reproduced() ? "reproduces" : "does NOT reproduce", e->arm());
+  }
   return 0;
 }
 
@@ -824,7 +878,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, set-retention, delete-events, estimates, choose, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, set-retention, delete-events, estimates, choose, explain, reward, export, train, job, jobs, replay, audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -859,6 +913,7 @@ int main(int argc, char** argv) {
   if (command == "delete-events") return DeleteEvents(client, args);
   if (command == "estimates") return Estimates(client, args);
   if (command == "choose") return Choose(client, args);
+  if (command == "explain") return Explain(client, args);
   if (command == "reward") return Reward(client, args);
   if (command == "export") return Export(client, args);
   if (command == "train") return Train(client, args);

@@ -530,6 +530,20 @@ absl::Status DecisionService::ExportLog(
                       request.format() == v1::EXPORT_FORMAT_DSJSON, fn);
 }
 
+absl::Status DecisionService::Explain(const v1::ExplainRequest& request,
+                                      v1::Explanation* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(ValidateExplainRequest(request));
+  DECISION_ASSIGN_OR_RETURN(*response, p->Explain(request.event_id()));
+  return absl::OkStatus();
+}
+
+void DecisionService::Explain(const v1::ExplainRequest& request, v1::Explanation* response,
+                              Done done) {
+  OffReactor([this, &request, response] { return Explain(request, response); },
+             std::move(done));
+}
+
 void DecisionService::ExportLogPage(const v1::ExportLogRequest& request,
                                     std::vector<v1::LoggedSample>* page, Done done) {
   OffReactor(

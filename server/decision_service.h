@@ -172,6 +172,8 @@ class DecisionService {
                      Done done);
   void ListAuditLog(const v1::ListAuditLogRequest& request, v1::ListAuditLogResponse* response,
                     Done done);
+  // Why a decision was made (Problem::Explain), on the blocking executor.
+  void Explain(const v1::ExplainRequest& request, v1::Explanation* response, Done done);
   // Appends one administrative call to the audit log, on the blocking executor. A record
   // that cannot be written is reported on stderr and in the metrics; the call it describes
   // has already happened.
@@ -192,6 +194,7 @@ class DecisionService {
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn);
   absl::Status ListAuditLog(const v1::ListAuditLogRequest& request,
                             v1::ListAuditLogResponse* response);
+  absl::Status Explain(const v1::ExplainRequest& request, v1::Explanation* response);
 
   // In memory, short locks only: these never block and may run on a reactor thread.
   // What Problem::Load returned for a problem at Open: OK for one that serves (or was

@@ -80,7 +80,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"RegisterExpert", Role::kAdmin},    {"RetireExpert", Role::kAdmin},
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
     {"GetTrainingJob", Role::kObserve},  {"SetRetention", Role::kAdmin},
-    {"DeleteEvents", Role::kAdmin},
+    {"DeleteEvents", Role::kAdmin},      {"Explain", Role::kExport},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -420,6 +420,18 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetTrainingJob(grpc::CallbackServ
       });
 }
 
+
+grpc::ServerUnaryReactor* GrpcDecisionService::Explain(grpc::CallbackServerContext* ctx,
+                                                       const Bytes* in, Bytes* out) {
+  return Serve<v1::ExplainRequest, v1::Explanation>(
+      ctx, "Explain", in, out,
+      [](const v1::ExplainRequest& r, const auto&) {
+        return Call{"Explain", r.problem_id(), nullptr};
+      },
+      [this](const Grant&, DECISION_CALL(ExplainRequest, Explanation), Done done) {
+        service_->Explain(call->request, &call->response, std::move(done));
+      });
+}
 
 grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(grpc::CallbackServerContext* ctx,
                                                             const Bytes* in, Bytes* out) {

@@ -48,7 +48,8 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_GetTrainingJob<
     v1::DecisionService::WithRawCallbackMethod_SetRetention<
     v1::DecisionService::WithRawCallbackMethod_DeleteEvents<
-    v1::DecisionService::Service>>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_Explain<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -94,6 +95,8 @@ class GrpcDecisionService final : public RawDecisionService {
                                              const Bytes* in) override;
   grpc::ServerUnaryReactor* ListAuditLog(grpc::CallbackServerContext* ctx, const Bytes* in,
                                          Bytes* out) override;
+  grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                    Bytes* out) override;
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);

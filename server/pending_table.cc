@@ -15,6 +15,7 @@ void PendingTable::CountChosen(const storage::v1::EventRecord& record, int64_t d
   const size_t expert = static_cast<size_t>(record.expert_id());
   if (expert >= chosen_by_.size()) chosen_by_.resize(expert + 1, 0);
   chosen_by_[expert] += delta;
+  eligible_arms_ += delta * record.eligible_arms_size();
 }
 
 PendingDecision* PendingTable::Find(absl::string_view event_id) {

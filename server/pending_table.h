@@ -123,6 +123,9 @@ class PendingTable {
   }
   // Decisions answered and not joined yet (every state but kDeciding and kWriting).
   int64_t answered() const { return answered_; }
+  // The eligible arms the decisions in the table carry, in all (every state but
+  // kDeciding): their memory, 4 bytes each, is on top of PendingDecisionBytes.
+  int64_t eligible_arms() const { return eligible_arms_; }
   // Decisions of expert `expert` in the table (every state but kDeciding).
   int64_t ChosenBy(int expert) const {
     return static_cast<size_t>(expert) < chosen_by_.size() ? chosen_by_[expert] : 0;
@@ -142,6 +145,7 @@ class PendingTable {
   int64_t answered_ = 0;
   int64_t flushing_ = 0;
   std::vector<int64_t> chosen_by_;  // decisions per expert id (ids are dense)
+  int64_t eligible_arms_ = 0;
 };
 
 }  // namespace decision::server

@@ -128,12 +128,14 @@ void Problem::AnswerWaiters(std::vector<ChooseWaiter> waiters, const std::string
 absl::Status Problem::CheckPendingCapLocked() const {
   const int64_t pending = pending_.answered();
   const int64_t each = PendingDecisionBytes(record_.num_features());
+  // The eligible arms decisions carry (ChooseRequest.eligible) count as they are.
+  const int64_t bytes = pending * each + 4 * pending_.eligible_arms();
   const char* flag = nullptr;
   int64_t cap = 0;
   if (pending >= env_.max_pending_decisions) {
     flag = "--max_pending_decisions";
     cap = env_.max_pending_decisions;
-  } else if (pending * each >= env_.max_pending_decision_bytes) {
+  } else if (bytes >= env_.max_pending_decision_bytes) {
     flag = "--max_pending_decisions_mb";
     cap = env_.max_pending_decision_bytes >> 20;
   } else {
@@ -141,7 +143,7 @@ absl::Status Problem::CheckPendingCapLocked() const {
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "problem ", id(), " holds ", pending, " decisions waiting for their reward (about ",
-      (pending * each) >> 20, " MB), the most ", flag, " (", cap,
+      bytes >> 20, " MB), the most ", flag, " (", cap,
       ") allows; a decision leaves when it is rewarded or its reward wait (",
       record_.reward_wait_ms(), " ms) passes"));
 }
@@ -158,6 +160,19 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
   }
   s.model = experts_.at(s.expert).model;
   ++experts_.at(s.expert).selections_in_flight;  // until its decision is pending (Decide)
+  // What Explain reports: the estimate it was followed for, and the runner-up (O(N),
+  // Estimate is O(1)).
+  const int n = ducb_.num_experts();
+  if (s.expert < n) s.estimate = ducb_.Estimate(s.expert);
+  for (int k = 0; k < n; ++k) {
+    if (k == s.expert || !ducb_.selectable(k)) continue;
+    const ExpertEstimate e = ducb_.Estimate(k);
+    const double ucb = e.mean + e.width;
+    if (s.runner_up < 0 || ucb > s.runner_up_ucb) {
+      s.runner_up = k;
+      s.runner_up_ucb = ucb;
+    }
+  }
   s.u = absl::Uniform<double>(gen_, 0.0, 1.0);
   if (offer) reservoir_.Offer(x, eligible, gen_);
   s.eligible = std::move(eligible);
@@ -296,8 +311,18 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
     }
     selection = *std::move(next);
   }
+  if (request.return_distribution()) {
+    response->mutable_distribution()->Assign(probs.begin(), probs.end());
+  }
   EventRecord event;
   event.set_arm(SampleArm(probs, selection.u));
+  event.set_draw(selection.u);
+  event.set_estimate(selection.estimate.mean);
+  event.set_width(selection.estimate.width);
+  if (selection.runner_up >= 0) {
+    event.set_runner_up(selection.runner_up);
+    event.set_runner_up_ucb(selection.runner_up_ucb);
+  }
   event.set_expert_id(selection.expert);
   event.set_propensity(probs[event.arm()]);
   *event.mutable_features() = request.features();
@@ -551,6 +576,96 @@ v1::Problem Problem::Summary() const {
   p.mutable_config()->mutable_retention()->set_max_samples(retention_max_samples_);
   p.mutable_config()->mutable_retention()->set_max_age_ms(retention_max_age_ms_);
   return p;
+}
+
+absl::StatusOr<v1::Explanation> Problem::Explain(const std::string& event_id) {
+  EventRecord event;
+  bool pending = false;
+  std::shared_ptr<const Expert> model;
+  {
+    absl::MutexLock lock(&mu_);
+    if (const PendingDecision* d = pending_.Find(event_id)) {
+      if (d->state == DecisionState::kDeciding) {
+        return absl::NotFoundError(absl::StrCat("event ", event_id, " of problem ", id(),
+                                                " is still being decided"));
+      }
+      event = d->record;
+      pending = true;
+    }
+  }
+  if (!pending) {
+    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+    if (absl::IsNotFound(stored.status())) {
+      return absl::NotFoundError(
+          absl::StrCat("problem ", id(), " has no event ", event_id,
+                       " (never decided, deleted, or older than its retention)"));
+    }
+    if (!stored.ok()) return stored.status();
+    event = *std::move(stored);
+  }
+  v1::Explanation out;
+  out.set_problem_id(id());
+  out.set_event_id(event_id);
+  out.set_decided_at_ms(event.decided_at_ms());
+  out.set_expert_id(event.expert_id());
+  out.set_estimate(event.estimate());
+  out.set_width(event.width());
+  out.set_ucb(event.estimate() + event.width());
+  out.set_runner_up_expert_id(event.has_runner_up() ? event.runner_up() : -1);
+  out.set_runner_up_ucb(event.runner_up_ucb());
+  out.set_arm(event.arm());
+  out.set_propensity(event.propensity());
+  out.set_draw(event.draw());
+  out.set_sequence(event.sequence());
+  *out.mutable_features() = event.features();
+  *out.mutable_eligible_arms() = event.eligible_arms();
+  switch (event.state()) {
+    case storage::v1::EVENT_STATE_JOINED:
+      out.set_outcome(v1::DECISION_OUTCOME_JOINED);
+      out.set_reward(event.reward());
+      break;
+    case storage::v1::EVENT_STATE_EXPIRED:
+      out.set_outcome(event.sequence() >= 0 ? v1::DECISION_OUTCOME_DEFAULT_REWARD
+                                            : v1::DECISION_OUTCOME_DROPPED);
+      if (event.sequence() >= 0) out.set_reward(event.reward());
+      break;
+    default:
+      out.set_outcome(v1::DECISION_OUTCOME_PENDING);
+  }
+  if (event.sequence() >= 0) {
+    // Joined: the context and the eligible arms live in the sample.
+    DECISION_ASSIGN_OR_RETURN(storage::v1::SampleRecord sample,
+                              env_.store->GetSample(index_, event.sequence()));
+    *out.mutable_features() = sample.features();
+    *out.mutable_eligible_arms() = sample.eligible_arms();
+  }
+  const int k = record_.num_arms();
+  {
+    absl::MutexLock lock(&mu_);
+    const int e = event.expert_id();
+    if (e >= 0 && e < experts_.size() && experts_.at(e).failure.empty() &&
+        !experts_.Unloaded(e)) {
+      model = experts_.at(e).model;
+    }
+  }
+  if (model != nullptr && out.features_size() == record_.num_features() &&
+      event.arm() >= 0 && event.arm() < k &&
+      StoredEligibleArmsValid(
+          absl::MakeConstSpan(out.eligible_arms().data(), out.eligible_arms_size()),
+          event.arm(), k)) {
+    std::vector<double> distribution(k);
+    if (model
+            ->PredictEligible(absl::MakeConstSpan(out.features().data(), out.features_size()),
+                              absl::MakeConstSpan(out.eligible_arms().data(),
+                                                  out.eligible_arms_size()),
+                              absl::MakeSpan(distribution))
+            .ok()) {
+      out.mutable_distribution()->Assign(distribution.begin(), distribution.end());
+      out.set_reproduced(SampleArm(distribution, event.draw()) == event.arm() &&
+                         distribution[event.arm()] == event.propensity());
+    }
+  }
+  return out;
 }
 
 absl::Status Problem::ExportLog(int64_t start, int64_t limit, bool dsjson,

@@ -296,6 +296,9 @@ class Problem {
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
   // Its counters and its configuration (with the retention it has now).
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Why the decision of `event_id` was made (v1::Explanation). NOT_FOUND for an event the
+  // problem does not have. Blocks (store reads).
+  absl::StatusOr<v1::Explanation> Explain(const std::string& event_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Samples [start, start + limit) in join order (limit 0: all), until fn fails. Blocks
   // (a store scan). `dsjson`: each also carries its DSJSON line (server/dsjson.h), with the
   // chooser's distribution re-scored from its model (one prediction per sample).
@@ -499,6 +502,10 @@ class Problem {
     std::shared_ptr<const Expert> model;
     double u = 0.0;
     std::vector<int32_t> eligible;  // the request's eligible arms (EligibleArmsOf)
+    // Why (Explain): the expert's estimate at selection, and the runner-up (-1: none).
+    ExpertEstimate estimate;
+    int runner_up = -1;
+    double runner_up_ucb = 0.0;
   };
   // `offer`: a new decision (once per Choose): checks the pending-decision caps
   // (RESOURCE_EXHAUSTED) and offers x, with its eligible arms, to the divergence reservoir.

@@ -335,6 +335,14 @@ absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request)
                            kMaxExpertsPerTrainingJob, "");
 }
 
+absl::Status ValidateExplainRequest(const v1::ExplainRequest& request) {
+  if (request.event_id().empty() || request.event_id().size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("event_id has ", request.event_id().size(),
+                                                   " bytes; 1 to ", kMaxEventIdBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {
   if (request.start() < 0 || request.limit() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("start (", request.start(), ") and limit (",

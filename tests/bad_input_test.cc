@@ -389,6 +389,18 @@ std::vector<BadCase> BadCases(const Suite& suite) {
     return [r](Stub* s) { return ExportLog(s, r); };
   };
 
+  auto explain = [](const std::string& problem_id, const std::string& event_id) {
+    v1::ExplainRequest r;
+    r.set_problem_id(problem_id);
+    r.set_event_id(event_id);
+    return [r](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::Explanation out;
+      return s->Explain(&ctx, r, &out);
+    };
+  };
+
   std::vector<BadCase> cases = {
       // ---- Choose on p (d = 3).
       {"Choose/2_features", choose(ChooseRequest(kProblem, {0.1, 0.2})), kInvalid,
@@ -671,6 +683,14 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      {"Explain/empty_event_id", explain(kProblem, ""), kInvalid,
+       {"event_id has 0 bytes; 1 to 128"}},
+      {"Explain/event_id_129_bytes", explain(kProblem, event_129), kInvalid,
+       {"event_id has 129 bytes; 1 to 128"}},
+      {"Explain/unknown_event", explain(kProblem, "never-decided"), kNotFound,
+       {"has no event never-decided"}},
+      {"Explain/unknown_problem", explain(kUnknownProblem, "e1"), kNotFound, {"'nope'"}},
+      {"Explain/empty_problem_id", explain("", "e1"), kInvalid, {"problem_id"}},
       {"ExportLog/format_7", export_log(kProblem, 0, 0, 7), kInvalid,
        {"format 7 is not an export format (0: samples, 1: DSJSON)"}},
       {"ExportLog/format_-1", export_log(kProblem, 0, 0, -1), kInvalid,

@@ -222,6 +222,13 @@ class SecurityTest : public DecisiondTest {
       v1::DeleteEventsResponse out;
       return stub_->DeleteEvents(&ctx, r, &out).error_code();
     }
+    if (method == "Explain") {
+      v1::ExplainRequest r;
+      r.set_problem_id("p");
+      r.set_event_id("evt-secret-42");
+      v1::Explanation out;
+      return stub_->Explain(&ctx, r, &out).error_code();
+    }
     ADD_FAILURE() << "no request for " << method;
     return StatusCode::UNKNOWN;
   }
@@ -240,6 +247,7 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"TrainExperts", "admin"},      {"ListAuditLog", "admin"},
     {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
     {"SetRetention", "admin"},      {"DeleteEvents", "admin"},
+    {"Explain", "exporter"},  // it carries the context, as ExportLog does
 };
 
 // The matrix covers every RPC of the service: a new one must say its role here.

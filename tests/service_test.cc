@@ -964,3 +964,122 @@ TEST_F(ServiceTest, EligibleArmsRestrictEveryExpertThroughJoinBackfillAndRestart
 
 }  // namespace
 }  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// Explain reproduces a decision: the context and eligible arms it was made for, the
+// followed expert's UCB against the runner-up's, and the draw that, sampled from the
+// distribution re-scored now, gives the arm again. The distribution a Choose returns on
+// request is the one Explain re-scores. It holds while pending, once joined, learned with
+// the default reward, after a restart, and a deleted context explains without it.
+TEST_F(ServiceTest, ExplainReproducesEveryDecision) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  RegisterLinear("p", 3.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);  // the estimates part
+  std::mt19937_64 gen(9);
+  std::map<std::string, v1::ChooseResponse> chosen;
+  std::map<std::string, v1::ChooseRequest> requests;
+  for (int i = 0; i < 40; ++i) {
+    v1::ChooseRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(absl::StrCat("x", i));
+    req.set_return_distribution(true);
+    for (int f = 0; f < kFeatures; ++f) {
+      req.add_features(std::uniform_real_distribution<>(0, 1)(gen));
+    }
+    if (i % 2 == 0) {
+      req.mutable_eligible()->add_arms(3);
+      req.mutable_eligible()->add_arms(i % 3);
+    }
+    v1::ChooseResponse resp;
+    ASSERT_TRUE(service_->Choose(req, &resp).ok());
+    ASSERT_EQ(resp.distribution_size(), kArms);
+    double total = 0;
+    for (double p : resp.distribution()) total += p;
+    EXPECT_NEAR(total, 1.0, 1e-12);
+    EXPECT_EQ(resp.distribution(resp.arm()), resp.propensity());
+    chosen[req.event_id()] = resp;
+    requests[req.event_id()] = req;
+  }
+  // A retry is answered with the first decision, without a distribution.
+  {
+    v1::ChooseResponse again;
+    ASSERT_TRUE(service_->Choose(requests["x1"], &again).ok());
+    EXPECT_EQ(again.arm(), chosen["x1"].arm());
+    EXPECT_EQ(again.distribution_size(), 0);
+  }
+  const auto explain = [&](const std::string& event_id) {
+    v1::ExplainRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(event_id);
+    v1::Explanation e;
+    const absl::Status s = service_->Explain(req, &e);
+    EXPECT_TRUE(s.ok()) << s;
+    return e;
+  };
+  const auto check = [&](const std::string& id, v1::DecisionOutcome outcome, double reward) {
+    SCOPED_TRACE(id);
+    const v1::Explanation e = explain(id);
+    const v1::ChooseRequest& req = requests[id];
+    const v1::ChooseResponse& resp = chosen[id];
+    EXPECT_EQ(e.outcome(), outcome);
+    EXPECT_THAT(e.features(), ::testing::ElementsAreArray(req.features()));
+    std::vector<int32_t> eligible(req.eligible().arms().begin(), req.eligible().arms().end());
+    std::sort(eligible.begin(), eligible.end());
+    EXPECT_THAT(e.eligible_arms(), ::testing::ElementsAreArray(eligible));
+    EXPECT_EQ(e.expert_id(), resp.expert_id());
+    EXPECT_EQ(e.arm(), resp.arm());
+    EXPECT_EQ(e.propensity(), resp.propensity());
+    EXPECT_EQ(e.ucb(), e.estimate() + e.width());
+    // Followed for the highest UCB: the runner-up's is not higher.
+    ASSERT_GE(e.runner_up_expert_id(), 0);
+    EXPECT_NE(e.runner_up_expert_id(), e.expert_id());
+    EXPECT_LE(e.runner_up_ucb(), e.ucb());
+    EXPECT_GE(e.draw(), 0.0);
+    EXPECT_LT(e.draw(), 1.0);
+    EXPECT_THAT(e.distribution(), ::testing::ElementsAreArray(resp.distribution()));
+    EXPECT_TRUE(e.reproduced());
+    EXPECT_EQ(SampleArm(std::vector<double>(e.distribution().begin(), e.distribution().end()),
+                        e.draw()),
+              e.arm());
+    if (outcome != v1::DECISION_OUTCOME_PENDING) {
+      EXPECT_EQ(e.reward(), reward);
+      EXPECT_GE(e.sequence(), 0);
+    } else {
+      EXPECT_EQ(e.sequence(), -1);
+    }
+  };
+  for (int i = 0; i < 40; ++i) check(absl::StrCat("x", i), v1::DECISION_OUTCOME_PENDING, 0);
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(Reward("p", absl::StrCat("x", i), 0.75).ok());
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  for (int i = 0; i < 30; ++i) check(absl::StrCat("x", i), v1::DECISION_OUTCOME_JOINED, 0.75);
+  clock_.AdvanceMs(2000);  // x30..x39 expire: the default reward (0.25)
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  for (int i = 30; i < 40; ++i) {
+    check(absl::StrCat("x", i), v1::DECISION_OUTCOME_DEFAULT_REWARD, 0.25);
+  }
+  Reopen();
+  for (int i = 0; i < 40; i += 7) {
+    check(absl::StrCat("x", i),
+          i < 30 ? v1::DECISION_OUTCOME_JOINED : v1::DECISION_OUTCOME_DEFAULT_REWARD,
+          i < 30 ? 0.75 : 0.25);
+  }
+  // A deleted event (DeleteEvents) is gone: NOT_FOUND.
+  v1::DeleteEventsRequest del;
+  del.set_problem_id("p");
+  del.add_event_ids("x3");
+  v1::DeleteEventsResponse deleted;
+  ASSERT_TRUE(service_->DeleteEvents(del, &deleted).ok());
+  v1::ExplainRequest req;
+  req.set_problem_id("p");
+  req.set_event_id("x3");
+  v1::Explanation e;
+  const absl::Status s = service_->Explain(req, &e);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("has no event x3"));
+}
+
+}  // namespace
+}  // namespace decision::server
