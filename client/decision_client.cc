@@ -187,6 +187,19 @@ absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(v1::ChooseRequest requ
       });
 }
 
+absl::StatusOr<bool> DecisionClient::Activate(const std::string& problem_id,
+                                              const std::string& event_id) {
+  v1::ActivateRequest request;
+  request.set_problem_id(problem_id);
+  request.set_event_id(event_id);
+  absl::StatusOr<v1::ActivateResponse> r = Unary<v1::ActivateResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ActivateResponse* resp) {
+        return stub_->Activate(ctx, request, resp);
+      });
+  if (!r.ok()) return r.status();
+  return r->first();
+}
+
 absl::StatusOr<bool> DecisionClient::Reward(const std::string& problem_id,
                                             const std::string& event_id, double value) {
   v1::RewardRequest request;

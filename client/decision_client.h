@@ -76,6 +76,9 @@ class DecisionClient {
   // The same with every field of the request (eligible arms, ...); an empty event_id is
   // replaced by a random one.
   absl::StatusOr<v1::ChooseResponse> Choose(v1::ChooseRequest request);
+  // Makes a decision chosen with ChooseRequest.deferred learnable (it was shown). Returns
+  // true if this activated it (false: activated already, or not deferred).
+  absl::StatusOr<bool> Activate(const std::string& problem_id, const std::string& event_id);
   // Returns true if this was the event's first reward.
   absl::StatusOr<bool> Reward(const std::string& problem_id, const std::string& event_id,
                               double value);

@@ -20,8 +20,9 @@
 //   list-experts PROBLEM
 //   retire-expert PROBLEM EXPERT_ID
 //   estimates PROBLEM
-//   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...]
+//   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...] [--deferred]
 //   explain PROBLEM EVENT_ID          why the decision was made
+//   activate PROBLEM EVENT_ID         a decision chosen with --deferred was shown
 //   reward PROBLEM EVENT_ID VALUE
 //   export PROBLEM [--format=csv|jsonl|dsjson] [--output=FILE] [--start=N] [--limit=N]
 //   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
@@ -129,6 +130,8 @@ ABSL_FLAG(bool, keep_schedule, false,
           "batched schedule, as if training kept up with the traffic)");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
+ABSL_FLAG(bool, deferred, false,
+          "choose: the decision may not be shown; only `activate` makes it learnable");
 ABSL_FLAG(std::string, eligible, "",
           "choose: comma-separated arm ids eligible for this request (default: every arm)");
 ABSL_FLAG(std::string, token_file, "",
@@ -402,6 +405,7 @@ int Choose(DecisionClient& c, const std::vector<char*>& args) {
   request.set_problem_id(args[0]);
   request.mutable_features()->Add(x->begin(), x->end());
   request.set_event_id(absl::GetFlag(FLAGS_event_id));
+  request.set_deferred(absl::GetFlag(FLAGS_deferred));
   const std::string eligible = absl::GetFlag(FLAGS_eligible);
   if (!eligible.empty()) {
     auto arms = ParseNumbers(eligible);
@@ -471,6 +475,14 @@ int Explain(DecisionClient& c, const std::vector<char*>& args) {
                 }).c_str(),
                 e->reproduced() ? "reproduces" : "does NOT reproduce", e->arm());
   }
+  return 0;
+}
+
+int Activate(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 2) return Usage("activate needs PROBLEM EVENT_ID");
+  auto first = c.Activate(args[0], args[1]);
+  if (!first.ok()) return Fail(first.status());
+  std::printf(*first ? "activated\n" : "already learnable (activated before, or not deferred)\n");
   return 0;
 }
 
@@ -878,7 +890,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, set-retention, delete-events, estimates, choose, explain, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, set-retention, delete-events, estimates, choose, explain, activate, reward, export, train, job, jobs, replay, audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -914,6 +926,7 @@ int main(int argc, char** argv) {
   if (command == "estimates") return Estimates(client, args);
   if (command == "choose") return Choose(client, args);
   if (command == "explain") return Explain(client, args);
+  if (command == "activate") return Activate(client, args);
   if (command == "reward") return Reward(client, args);
   if (command == "export") return Export(client, args);
   if (command == "train") return Train(client, args);

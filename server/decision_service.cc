@@ -453,6 +453,19 @@ absl::Status DecisionService::Reward(const v1::RewardRequest& request,
   return p->Reward(request, response);
 }
 
+void DecisionService::Activate(const v1::ActivateRequest& request,
+                               v1::ActivateResponse* response, Done done) {
+  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  if (!p.ok()) return done(p.status());
+  if (absl::Status s = CheckStoreWritable("activations"); !s.ok()) return done(s);
+  (*p)->Activate(request, response, std::move(done));
+}
+
+absl::Status DecisionService::Activate(const v1::ActivateRequest& request,
+                                       v1::ActivateResponse* response) {
+  return AwaitDone([&](Done done) { Activate(request, response, std::move(done)); });
+}
+
 void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
                              Done done) {
   absl::StatusOr<Problem*> p = Find(request.problem_id());

@@ -161,6 +161,7 @@ class DecisionService {
                     Done done);
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
+  void Activate(const v1::ActivateRequest& request, v1::ActivateResponse* response, Done done);
   // The answer of a Choose that decided `event_id` never reached its caller (Problem::
   // Undeliver). Unknown problems and events are ignored.
   void Undeliver(const std::string& problem_id, const std::string& event_id);
@@ -188,6 +189,7 @@ class DecisionService {
                             v1::DeleteEventsResponse* response);
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
+  absl::Status Activate(const v1::ActivateRequest& request, v1::ActivateResponse* response);
   absl::Status TrainExperts(const v1::TrainExpertsRequest& request,
                             v1::TrainExpertsResponse* response);
   absl::Status ExportLog(const v1::ExportLogRequest& request,

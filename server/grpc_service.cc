@@ -81,6 +81,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
     {"GetTrainingJob", Role::kObserve},  {"SetRetention", Role::kAdmin},
     {"DeleteEvents", Role::kAdmin},      {"Explain", Role::kExport},
+    {"Activate", Role::kDecide},
 };
 
 // Administrative calls are audited; reading the audit log is not an action.
@@ -420,6 +421,18 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetTrainingJob(grpc::CallbackServ
       });
 }
 
+
+grpc::ServerUnaryReactor* GrpcDecisionService::Activate(grpc::CallbackServerContext* ctx,
+                                                        const Bytes* in, Bytes* out) {
+  return Serve<v1::ActivateRequest, v1::ActivateResponse>(
+      ctx, "Activate", in, out,
+      [](const v1::ActivateRequest& r, const auto&) {
+        return Call{"Activate", r.problem_id(), nullptr};
+      },
+      [this](const Grant&, DECISION_CALL(ActivateRequest, ActivateResponse), Done done) {
+        service_->Activate(call->request, &call->response, std::move(done));
+      });
+}
 
 grpc::ServerUnaryReactor* GrpcDecisionService::Explain(grpc::CallbackServerContext* ctx,
                                                        const Bytes* in, Bytes* out) {

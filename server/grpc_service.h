@@ -49,7 +49,8 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_SetRetention<
     v1::DecisionService::WithRawCallbackMethod_DeleteEvents<
     v1::DecisionService::WithRawCallbackMethod_Explain<
-    v1::DecisionService::Service>>>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_Activate<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -97,6 +98,8 @@ class GrpcDecisionService final : public RawDecisionService {
                                          Bytes* out) override;
   grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* ctx, const Bytes* in,
                                     Bytes* out) override;
+  grpc::ServerUnaryReactor* Activate(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                     Bytes* out) override;
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);

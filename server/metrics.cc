@@ -40,7 +40,8 @@ Metrics::Metrics()
       expired_(prometheus::BuildCounter()
                    .Name("decision_expired_total")
                    .Help("Decisions whose reward never came within the wait time, by "
-                         "handling: default (learned with the default reward) or dropped")
+                         "handling: default (learned with the default reward), dropped, or "
+                         "never_activated (chosen deferred, never activated: dropped)")
                    .Register(*registry_)),
       divergence_boundaries_(
           prometheus::BuildCounter()
@@ -227,6 +228,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.reward_sum = &reward_sum_.Add(labels);
   m.expired_default = &expired_.Add(with("handling", "default"));
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
+  m.expired_never_activated = &expired_.Add(with("handling", "never_activated"));
   m.undelivered = &undelivered_.Add(labels);
   m.batch_lag = &batch_lag_.Add(labels);
   m.divergences_reestimated = &divergence_boundaries_.Add(with("divergences", "reestimated"));

@@ -328,6 +328,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   *event.mutable_features() = request.features();
   event.mutable_eligible_arms()->Add(selection.eligible.begin(), selection.eligible.end());
   const int64_t now = env_.clock->NowMs();
+  event.set_awaiting_activation(request.deferred());
   event.set_decided_at_ms(now);
   event.set_deadline_ms(now + record_.reward_wait_ms());
   event.set_state(storage::v1::EVENT_STATE_PENDING);
@@ -382,6 +383,71 @@ void Problem::Reward(const v1::RewardRequest& request, v1::RewardResponse* respo
   RewardAs(request, response, std::move(done), Committer::kWriter);
 }
 
+void Problem::Activate(const v1::ActivateRequest& request, v1::ActivateResponse* response,
+                       Done done) {
+  if (absl::Status s = ValidateActivateRequest(request); !s.ok()) return done(s);
+  const std::string& event_id = request.event_id();
+  const auto expired = [&](int64_t deadline_ms) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "event ", event_id, " was not activated within its reward wait (it expired at ",
+        deadline_ms, " ms): it is dropped, not learned"));
+  };
+  WriteOp op;
+  {
+    absl::MutexLock lock(&mu_);
+    PendingDecision* d = pending_.Find(event_id);
+    if (d != nullptr) {
+      switch (d->state) {
+        case DecisionState::kDeciding:
+        case DecisionState::kWriting:
+          return done(absl::UnavailableError(absl::StrCat(
+              "the decision of event ", event_id, " is still being stored; retry")));
+        case DecisionState::kJoining:
+        case DecisionState::kExpiring:
+          if (d->record.awaiting_activation()) return done(expired(d->record.deadline_ms()));
+          response->set_first(false);
+          return done(absl::OkStatus());
+        case DecisionState::kUnwritten:
+        case DecisionState::kFlushing:
+        case DecisionState::kStored:
+          break;
+      }
+      if (!d->record.awaiting_activation()) {
+        response->set_first(false);
+        return done(absl::OkStatus());
+      }
+      if (env_.clock->NowMs() > d->record.deadline_ms()) {
+        return done(expired(d->record.deadline_ms()));
+      }
+      // Learnable from now on: a reward planned after this is joined after the write below
+      // (writes keep their order), and an expiry learns it with the default reward.
+      d->record.set_awaiting_activation(false);
+      response->set_first(true);
+      if (d->state == DecisionState::kUnwritten) {
+        return done(absl::OkStatus());  // its flush or its join writes it as it is now
+      }
+      op.kind = WriteOp::kActivate;
+      op.event_id = event_id;
+      op.event = d->record;
+      op.activate_response = response;
+      op.done = std::move(done);
+    }
+  }
+  if (op.kind == WriteOp::kActivate) return Submit(std::move(op), Committer::kWriter);
+  // Not pending: joined, expired or unknown; the store says which.
+  env_.blocking->Schedule([this, event_id, response, expired, done = std::move(done)] {
+    absl::StatusOr<EventRecord> stored = env_.store->GetEvent(index_, event_id);
+    if (absl::IsNotFound(stored.status())) {
+      return done(absl::NotFoundError(
+          absl::StrCat("problem ", id(), " has no event ", event_id)));
+    }
+    if (!stored.ok()) return done(stored.status());
+    if (stored->awaiting_activation()) return done(expired(stored->deadline_ms()));
+    response->set_first(false);
+    done(absl::OkStatus());
+  });
+}
+
 absl::Status Problem::LateError(const std::string& event_id, int64_t deadline_ms) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "event ", event_id, " expired at ", deadline_ms, " ms (reward wait time ",
@@ -423,6 +489,13 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
     plan.answer = absl::FailedPreconditionError(absl::StrCat(
         "the decision of event ", event_id, " was never delivered (its Choose was cancelled "
         "or passed its deadline before the answer was sent): it is not learned"));
+    return plan;
+  }
+  if (d->record.awaiting_activation() && now_ms <= d->record.deadline_ms()) {
+    plan.answer = absl::FailedPreconditionError(absl::StrCat(
+        "the decision of event ", event_id,
+        " was chosen deferred and is not activated: call Activate when it is shown, then "
+        "Reward"));
     return plan;
   }
   if (now_ms > d->record.deadline_ms()) {
@@ -617,6 +690,7 @@ absl::StatusOr<v1::Explanation> Problem::Explain(const std::string& event_id) {
   out.set_propensity(event.propensity());
   out.set_draw(event.draw());
   out.set_sequence(event.sequence());
+  out.set_awaiting_activation(event.awaiting_activation());
   *out.mutable_features() = event.features();
   *out.mutable_eligible_arms() = event.eligible_arms();
   switch (event.state()) {

@@ -231,6 +231,11 @@ class Problem {
   // `done` is called once the joined sample is durable, or with the error. Never blocks.
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes a deferred decision learnable (ChooseRequest.deferred). `done` once the
+  // activation is durable. A decision no longer pending is looked up in the store on the
+  // blocking executor; otherwise never blocks.
+  void Activate(const v1::ActivateRequest& request, v1::ActivateResponse* response, Done done)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The answer of a Choose with decision `event_id` did not reach its caller (the call was
   // cancelled or passed its deadline). When no answer of it is left delivered, the decision
   // is never learned: its expiry drops it, and a reward for it is FAILED_PRECONDITION.
@@ -410,6 +415,7 @@ class Problem {
       kDrop,        // an expired decision dropped (drop_unrewarded)
       kLateReward,  // a reward for an event no longer pending: resolved against the store
       kMarkLate,    // a late reward came while the event expired: mark the stored event
+      kActivate,    // a deferred decision was activated: rewrite its stored record
     };
     Kind kind = kJoin;
     std::string event_id;
@@ -420,6 +426,8 @@ class Problem {
     double reward = 0.0;  // kJoin
     bool is_default = false;
     bool decision_stored = true;  // kJoin, kDrop: false if the join writes the decision
+    bool never_activated = false;  // kDrop: a deferred decision never activated
+    v1::ActivateResponse* activate_response = nullptr;  // kActivate
     Done done;                         // may be empty
     // Set by the writer. `writes`: the op added records to the group, so its answer is the
     // group's write status, then `result`; otherwise its answer is `result` alone.

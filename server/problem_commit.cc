@@ -61,6 +61,7 @@ absl::Status Problem::AddToBatch(WriteOp& op, storage::Store::WriteGroup* batch,
   storage::Store& store = *env_.store;
   switch (op.kind) {
     case WriteOp::kDecision:
+    case WriteOp::kActivate:  // the same record, no longer awaiting its activation
       return store.AddDecision(batch, index_, op.event_id, op.event);
     case WriteOp::kFlush:
       for (const auto& [event_id, event] : op.flushed) {
@@ -234,9 +235,23 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
       if (!ok) return pending_.AbortJoin(op.event_id, env_.clock->NowMs());
       MarkLateAfterExpiryLocked(op);
       pending_.Erase(op.event_id);
-      metrics_.expired_dropped->Increment();
+      (op.never_activated ? metrics_.expired_never_activated : metrics_.expired_dropped)
+          ->Increment();
       return;
     }
+    case WriteOp::kActivate:
+      if (!ok) {
+        // Not durable: not activated (unless a join has taken the decision meanwhile; it
+        // writes the decision as learned).
+        PendingDecision* d = pending_.Find(op.event_id);
+        if (d != nullptr && (d->state == DecisionState::kStored ||
+                             d->state == DecisionState::kFlushing ||
+                             d->state == DecisionState::kUnwritten)) {
+          d->record.set_awaiting_activation(true);
+        }
+        if (op.activate_response != nullptr) op.activate_response->set_first(false);
+      }
+      return;
     case WriteOp::kJoin:
       return ApplyJoinLocked(op, written);
     case WriteOp::kLateReward:

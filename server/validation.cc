@@ -335,12 +335,22 @@ absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request)
                            kMaxExpertsPerTrainingJob, "");
 }
 
-absl::Status ValidateExplainRequest(const v1::ExplainRequest& request) {
-  if (request.event_id().empty() || request.event_id().size() > kMaxEventIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("event_id has ", request.event_id().size(),
-                                                   " bytes; 1 to ", kMaxEventIdBytes));
+namespace {
+absl::Status ValidateEventId(const std::string& event_id) {
+  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event_id has ", event_id.size(), " bytes; 1 to ", kMaxEventIdBytes));
   }
   return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status ValidateExplainRequest(const v1::ExplainRequest& request) {
+  return ValidateEventId(request.event_id());
+}
+
+absl::Status ValidateActivateRequest(const v1::ActivateRequest& request) {
+  return ValidateEventId(request.event_id());
 }
 
 absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request) {

@@ -79,6 +79,8 @@ inline constexpr int64_t kMaxRetentionSamples = int64_t{1} << 53;
 // TrainExperts: counts >= 0, at most kMaxExpertsPerTrainingJob in all (no overflow).
 absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request);
 // ExportLog: start and limit >= 0.
+// Activate: an event id of 1-128 bytes.
+absl::Status ValidateActivateRequest(const v1::ActivateRequest& request);
 // Explain: an event id of 1-128 bytes.
 absl::Status ValidateExplainRequest(const v1::ExplainRequest& request);
 absl::Status ValidateExportLogRequest(const v1::ExportLogRequest& request);

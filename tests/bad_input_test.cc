@@ -401,6 +401,18 @@ std::vector<BadCase> BadCases(const Suite& suite) {
     };
   };
 
+  auto activate = [](const std::string& problem_id, const std::string& event_id) {
+    v1::ActivateRequest r;
+    r.set_problem_id(problem_id);
+    r.set_event_id(event_id);
+    return [r](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::ActivateResponse out;
+      return s->Activate(&ctx, r, &out);
+    };
+  };
+
   std::vector<BadCase> cases = {
       // ---- Choose on p (d = 3).
       {"Choose/2_features", choose(ChooseRequest(kProblem, {0.1, 0.2})), kInvalid,
@@ -683,6 +695,14 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      {"Activate/empty_event_id", activate(kProblem, ""), kInvalid,
+       {"event_id has 0 bytes; 1 to 128"}},
+      {"Activate/event_id_129_bytes", activate(kProblem, event_129), kInvalid,
+       {"event_id has 129 bytes; 1 to 128"}},
+      {"Activate/unknown_event", activate(kProblem, "never-decided"), kNotFound,
+       {"has no event never-decided"}},
+      {"Activate/unknown_problem", activate(kUnknownProblem, "e1"), kNotFound, {"'nope'"}},
+      {"Activate/empty_problem_id", activate("", "e1"), kInvalid, {"problem_id"}},
       {"Explain/empty_event_id", explain(kProblem, ""), kInvalid,
        {"event_id has 0 bytes; 1 to 128"}},
       {"Explain/event_id_129_bytes", explain(kProblem, event_129), kInvalid,

@@ -222,6 +222,13 @@ class SecurityTest : public DecisiondTest {
       v1::DeleteEventsResponse out;
       return stub_->DeleteEvents(&ctx, r, &out).error_code();
     }
+    if (method == "Activate") {
+      v1::ActivateRequest r;
+      r.set_problem_id("p");
+      r.set_event_id("evt-secret-42");
+      v1::ActivateResponse out;
+      return stub_->Activate(&ctx, r, &out).error_code();
+    }
     if (method == "Explain") {
       v1::ExplainRequest r;
       r.set_problem_id("p");
@@ -248,6 +255,7 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
     {"SetRetention", "admin"},      {"DeleteEvents", "admin"},
     {"Explain", "exporter"},  // it carries the context, as ExportLog does
+    {"Activate", "decider"},
 };
 
 // The matrix covers every RPC of the service: a new one must say its role here.

@@ -1083,3 +1083,85 @@ TEST_F(ServiceTest, ExplainReproducesEveryDecision) {
 
 }  // namespace
 }  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// Deferred activation, with decisions written at once (durable Choose) or by flushes: a
+// deferred decision is not learnable until activated; activation is idempotent and survives
+// a restart; decisions never activated are dropped at expiry (counted), activated ones
+// without a reward get the default reward.
+class DeferredActivationTest : public ServiceTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    durable_choose_ = GetParam();
+    ServiceTest::SetUp();
+  }
+  absl::StatusOr<bool> Activate(const std::string& event_id) {
+    v1::ActivateRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(event_id);
+    v1::ActivateResponse resp;
+    absl::Status s = service_->Activate(req, &resp);
+    if (!s.ok()) return s;
+    return resp.first();
+  }
+};
+
+TEST_P(DeferredActivationTest, OnlyActivatedDecisionsAreLearned) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  for (int i = 0; i < 10; ++i) {
+    v1::ChooseRequest req;
+    req.set_problem_id("p");
+    req.set_event_id(absl::StrCat("d", i));
+    req.set_deferred(true);
+    for (int f = 0; f < kFeatures; ++f) req.add_features(0.1 * (f + i));
+    v1::ChooseResponse resp;
+    ASSERT_TRUE(service_->Choose(req, &resp).ok());
+  }
+  Choose("p", "n0");  // not deferred
+  absl::Status s = Reward("p", "d0", 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("was chosen deferred and is not activated"));
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<bool> first = Activate(absl::StrCat("d", i));
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_TRUE(*first);
+  }
+  EXPECT_EQ(Activate("d0").value_or(true), false);  // again: nothing changes
+  EXPECT_EQ(Activate("n0").value_or(true), false);  // not deferred
+  EXPECT_EQ(Activate("never-decided").status().code(), absl::StatusCode::kNotFound);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Reward("p", absl::StrCat("d", i), 1.0).ok());
+  Reopen();  // the activations (and the remaining decisions) survive a restart
+  ASSERT_TRUE(Reward("p", "d3", 1.0).ok());
+  s = Reward("p", "d6", 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  clock_.AdvanceMs(2000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  // d5 (activated, no reward) and n0 get the default reward; d5..d9 never activated:
+  // dropped and counted.
+  const std::vector<v1::LoggedSample> log = Export("p");
+  std::vector<std::string> learned;
+  for (const v1::LoggedSample& x : log) learned.push_back(x.event_id());
+  EXPECT_THAT(learned, ::testing::UnorderedElementsAre("d0", "d1", "d2", "d3", "d4", "n0"));
+  EXPECT_EQ(MetricValue("decision_expired_total", "handling", "never_activated"), 5);
+  EXPECT_EQ(MetricValue("decision_expired_total", "handling", "dropped"), 0);
+  s = Activate("d7").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("was not activated within its reward wait"));
+  v1::ExplainRequest explain;
+  explain.set_problem_id("p");
+  explain.set_event_id("d7");
+  v1::Explanation why;
+  ASSERT_TRUE(service_->Explain(explain, &why).ok());
+  EXPECT_EQ(why.outcome(), v1::DECISION_OUTCOME_DROPPED);
+  EXPECT_TRUE(why.awaiting_activation());
+}
+
+INSTANTIATE_TEST_SUITE_P(Writes, DeferredActivationTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "DurableChoose" : "FlushedDecisions";
+                         });
+
+}  // namespace
+}  // namespace decision::server
