@@ -118,14 +118,49 @@ absl::StatusOr<v1::ListProblemsResponse> DecisionClient::ListProblems() {
 
 absl::StatusOr<v1::Expert> DecisionClient::RegisterExpert(const std::string& problem_id,
                                                           const std::string& name,
-                                                          const v1::ExpertModel& model) {
+                                                          const v1::ExpertModel& model,
+                                                          bool shadow) {
   v1::RegisterExpertRequest request;
   request.set_problem_id(problem_id);
   request.set_name(name);
   *request.mutable_model() = model;
+  request.set_shadow(shadow);
   return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
     return stub_->RegisterExpert(ctx, request, r);
   });
+}
+
+absl::StatusOr<v1::Expert> DecisionClient::Promote(const std::string& problem_id,
+                                                   int expert_id) {
+  v1::PromoteRequest request;
+  request.set_problem_id(problem_id);
+  request.set_expert_id(expert_id);
+  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+    return stub_->Promote(ctx, request, r);
+  });
+}
+
+absl::StatusOr<v1::Expert> DecisionClient::Demote(const std::string& problem_id,
+                                                  int expert_id) {
+  v1::PromoteRequest request;
+  request.set_problem_id(problem_id);
+  request.set_expert_id(expert_id);
+  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+    return stub_->Demote(ctx, request, r);
+  });
+}
+
+absl::StatusOr<v1::ModelEvaluation> DecisionClient::EvaluateModel(
+    const std::string& problem_id, const v1::ExpertModel& model, double clip) {
+  v1::EvaluateModelRequest request;
+  request.set_problem_id(problem_id);
+  *request.mutable_model() = model;
+  request.set_clip(clip);
+  // A read: retried on UNAVAILABLE like the other reads.
+  return Unary<v1::ModelEvaluation>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ModelEvaluation* r) {
+        return stub_->EvaluateModel(ctx, request, r);
+      });
 }
 
 absl::StatusOr<v1::ListExpertsResponse> DecisionClient::ListExperts(

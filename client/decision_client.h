@@ -60,7 +60,15 @@ class DecisionClient {
   absl::StatusOr<v1::ListProblemsResponse> ListProblems();
   absl::StatusOr<v1::Expert> RegisterExpert(const std::string& problem_id,
                                             const std::string& name,
-                                            const v1::ExpertModel& model);
+                                            const v1::ExpertModel& model, bool shadow = false);
+  // Shadow experts (RegisterExpert with shadow): Promote makes one selectable, Demote
+  // returns one to shadow mode. Not retried (admin changes).
+  absl::StatusOr<v1::Expert> Promote(const std::string& problem_id, int expert_id);
+  absl::StatusOr<v1::Expert> Demote(const std::string& problem_id, int expert_id);
+  // Off-policy estimates of `model` over the problem's retained log (clip 0: 100).
+  absl::StatusOr<v1::ModelEvaluation> EvaluateModel(const std::string& problem_id,
+                                                    const v1::ExpertModel& model,
+                                                    double clip = 0.0);
   absl::StatusOr<v1::ListExpertsResponse> ListExperts(const std::string& problem_id);
   absl::StatusOr<v1::Expert> RetireExpert(const std::string& problem_id, int expert_id);
   // Not retried (an admin change: the caller reads the problem back if unsure).

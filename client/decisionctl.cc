@@ -21,6 +21,10 @@
 //   retire-expert PROBLEM EXPERT_ID
 //   estimates PROBLEM
 //   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...] [--deferred]
+//   promote PROBLEM EXPERT_ID         a shadow expert becomes selectable
+//   demote PROBLEM EXPERT_ID          back to shadow mode: estimated, never selected
+//   evaluate PROBLEM --xgboost=F|--linear=F|--table=F [--clip=100]
+//       off-policy estimates of a model over the retained log, without registering it
 //   explain PROBLEM EVENT_ID          why the decision was made
 //   activate PROBLEM EVENT_ID         a decision chosen with --deferred was shown
 //   reward PROBLEM EVENT_ID VALUE
@@ -130,6 +134,9 @@ ABSL_FLAG(bool, keep_schedule, false,
           "batched schedule, as if training kept up with the traffic)");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
+ABSL_FLAG(bool, shadow, false,
+          "register-expert: in shadow mode (estimated, never selected until `promote`)");
+ABSL_FLAG(double, clip, 0.0, "evaluate: the weight clipped_ips clips at (0: 100)");
 ABSL_FLAG(bool, deferred, false,
           "choose: the decision may not be shown; only `activate` makes it learnable");
 ABSL_FLAG(std::string, eligible, "",
@@ -220,6 +227,7 @@ const char* StatusName(v1::ExpertStatus s) {
     case v1::EXPERT_STATUS_ACTIVE: return "active";
     case v1::EXPERT_STATUS_RETIRED: return "retired";
     case v1::EXPERT_STATUS_FAILED: return "FAILED";
+    case v1::EXPERT_STATUS_SHADOW: return "shadow";
     default: return "?";
   }
 }
@@ -280,19 +288,20 @@ int ListProblems(DecisionClient& c) {
   return 0;
 }
 
-int RegisterExpert(DecisionClient& c, const std::vector<char*>& args) {
-  if (args.size() != 1) return Usage("register-expert needs PROBLEM");
+// The model given by --xgboost, --linear, --table or --uniform (and --smoothing).
+// INVALID_ARGUMENT for a usage error (not exactly one kind), or the file's error.
+absl::StatusOr<v1::ExpertModel> ModelFromFlags() {
   v1::ExpertModel model;
   int kinds = 0;
   if (const std::string f = absl::GetFlag(FLAGS_xgboost); !f.empty()) {
     auto bytes = ReadFile(f);
-    if (!bytes.ok()) return Fail(bytes.status());
+    if (!bytes.ok()) return bytes.status();
     model.mutable_xgboost()->set_model(*bytes);
     ++kinds;
   }
   if (const std::string f = absl::GetFlag(FLAGS_linear); !f.empty()) {
     auto rows = ReadMatrix(f);
-    if (!rows.ok()) return Fail(rows.status());
+    if (!rows.ok()) return rows.status();
     auto* l = model.mutable_linear_softmax();
     for (const auto& row : *rows) {
       if (row.empty()) continue;
@@ -304,7 +313,7 @@ int RegisterExpert(DecisionClient& c, const std::vector<char*>& args) {
   }
   if (const std::string f = absl::GetFlag(FLAGS_table); !f.empty()) {
     auto rows = ReadMatrix(f);
-    if (!rows.ok()) return Fail(rows.status());
+    if (!rows.ok()) return rows.status();
     for (const auto& row : *rows) {
       model.mutable_table()->add_rows()->mutable_probabilities()->Add(row.begin(), row.end());
     }
@@ -315,9 +324,19 @@ int RegisterExpert(DecisionClient& c, const std::vector<char*>& args) {
     model.mutable_uniform();
     ++kinds;
   }
-  if (kinds != 1) return Usage("give exactly one of --xgboost, --linear, --table, --uniform");
+  if (kinds != 1) {
+    return absl::InvalidArgumentError("give exactly one of --xgboost, --linear, --table, --uniform");
+  }
   if (absl::GetFlag(FLAGS_smoothing) >= 0.0) model.set_smoothing(absl::GetFlag(FLAGS_smoothing));
-  auto e = c.RegisterExpert(args[0], absl::GetFlag(FLAGS_name), model);
+  return model;
+}
+
+int RegisterExpert(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("register-expert needs PROBLEM");
+  absl::StatusOr<v1::ExpertModel> model = ModelFromFlags();
+  if (!model.ok()) return Usage(std::string(model.status().message()));
+  auto e = c.RegisterExpert(args[0], absl::GetFlag(FLAGS_name), *model,
+                            absl::GetFlag(FLAGS_shadow));
   if (!e.ok()) return Fail(e.status());
   std::printf("registered expert %d (%s, %s): %s, %lld samples to backfill\n", e->expert_id(),
               e->name().c_str(), e->kind().c_str(), StatusName(e->status()),
@@ -367,6 +386,32 @@ int DeleteEvents(DecisionClient& c, const std::vector<char*>& args) {
     std::printf("; not found: %s", absl::StrJoin(r->not_found(), ", ").c_str());
   }
   std::printf("\n");
+  return 0;
+}
+
+int EvaluateModel(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("evaluate needs PROBLEM");
+  absl::StatusOr<v1::ExpertModel> model = ModelFromFlags();
+  if (!model.ok()) return Usage(std::string(model.status().message()));
+  auto e = c.EvaluateModel(args[0], *model, absl::GetFlag(FLAGS_clip));
+  if (!e.ok()) return Fail(e.status());
+  std::printf("over %lld samples: ips %.4f [%.4f, %.4f] (95%%), snips %.4f, clipped ips %.4f; "
+              "effective sample size %.1f, mean weight %.3f, max weight %.1f\n",
+              static_cast<long long>(e->samples()), e->ips(), e->ips_lower(), e->ips_upper(),
+              e->snips(), e->clipped_ips(), e->effective_sample_size(), e->mean_weight(),
+              e->max_weight());
+  return 0;
+}
+
+int SetShadow(DecisionClient& c, const std::vector<char*>& args, bool shadow) {
+  int id;
+  if (args.size() != 2 || !absl::SimpleAtoi(args[1], &id)) {
+    return Usage(shadow ? "demote needs PROBLEM EXPERT_ID" : "promote needs PROBLEM EXPERT_ID");
+  }
+  auto e = shadow ? c.Demote(args[0], id) : c.Promote(args[0], id);
+  if (!e.ok()) return Fail(e.status());
+  std::printf("expert %d is %s%s\n", e->expert_id(), StatusName(e->status()),
+              e->shadow() && e->status() != v1::EXPERT_STATUS_SHADOW ? " (shadow)" : "");
   return 0;
 }
 
@@ -890,7 +935,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, set-retention, delete-events, estimates, choose, explain, activate, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, promote, demote, evaluate, set-retention, delete-events, estimates, choose, explain, activate, reward, export, train, job, jobs, replay, audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -927,6 +972,9 @@ int main(int argc, char** argv) {
   if (command == "choose") return Choose(client, args);
   if (command == "explain") return Explain(client, args);
   if (command == "activate") return Activate(client, args);
+  if (command == "promote") return SetShadow(client, args, false);
+  if (command == "demote") return SetShadow(client, args, true);
+  if (command == "evaluate") return EvaluateModel(client, args);
   if (command == "reward") return Reward(client, args);
   if (command == "export") return Export(client, args);
   if (command == "train") return Train(client, args);

@@ -355,9 +355,71 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
   // Its backfill covers every reward acknowledged before the registration (backfill_total),
   // whether or not the learner has caught up with them.
   DECISION_RETURN_IF_ERROR(p->WaitLearned());
-  DECISION_ASSIGN_OR_RETURN(*response,
-                            p->RegisterExpert(request.name(), std::move(model), smoothing));
+  Problem::RegisterOptions options;
+  options.shadow = request.shadow();
+  DECISION_ASSIGN_OR_RETURN(
+      *response, p->RegisterExpert(request.name(), std::move(model), smoothing, options));
   return absl::OkStatus();
+}
+
+absl::Status DecisionService::EvaluateModel(const v1::EvaluateModelRequest& request,
+                                            v1::ModelEvaluation* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  v1::RegisterExpertRequest as_registration;
+  *as_registration.mutable_model() = request.model();
+  DECISION_ASSIGN_OR_RETURN(const double smoothing,
+                            ValidateRegisterExpertRequest(as_registration,
+                                                          p->record().smoothing()));
+  const double clip = request.clip() == 0.0 ? 100.0 : request.clip();
+  if (!(clip >= 1.0 && std::isfinite(clip))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("clip is ", request.clip(), "; it must be 0 (100) or finite and >= 1"));
+  }
+  DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
+                            ModelRecordFromWire(request.model()));
+  if (model.has_xgboost() && sandbox_.enabled()) {
+    // Untrusted like any registered model: checked in the sandbox first.
+    ModelProbeRequest probe;
+    probe.num_arms = p->record().num_arms();
+    probe.num_features = p->record().num_features();
+    probe.model = model.xgboost();
+    probe.rows = ProbeRows(p->RecentContexts(kProbeRealContexts), probe.num_features,
+                           kProbeRealContexts);
+    DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
+    model.set_xgboost(std::move(canonical));
+  }
+  DECISION_ASSIGN_OR_RETURN(
+      std::unique_ptr<Expert> built,
+      BuildExpert(model, p->record().num_arms(), p->record().num_features(), smoothing));
+  DECISION_RETURN_IF_ERROR(p->WaitLearned());
+  DECISION_ASSIGN_OR_RETURN(*response, p->EvaluateModel(*built, clip));
+  return absl::OkStatus();
+}
+
+void DecisionService::EvaluateModel(const v1::EvaluateModelRequest& request,
+                                    v1::ModelEvaluation* response, Done done) {
+  OffReactor([this, &request, response] { return EvaluateModel(request, response); },
+             std::move(done));
+}
+
+absl::Status DecisionService::SetShadow(const v1::PromoteRequest& request, bool shadow,
+                                        v1::Expert* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable(shadow ? "demotions" : "promotions"));
+  DECISION_ASSIGN_OR_RETURN(*response, p->SetShadow(request.expert_id(), shadow));
+  return absl::OkStatus();
+}
+
+void DecisionService::Promote(const v1::PromoteRequest& request, v1::Expert* response,
+                              Done done) {
+  OffReactor([this, &request, response] { return SetShadow(request, false, response); },
+             std::move(done));
+}
+
+void DecisionService::Demote(const v1::PromoteRequest& request, v1::Expert* response,
+                             Done done) {
+  OffReactor([this, &request, response] { return SetShadow(request, true, response); },
+             std::move(done));
 }
 
 void DecisionService::RegisterExpert(const v1::RegisterExpertRequest& request,

@@ -153,6 +153,16 @@ class DecisionService {
 
   // Asynchronous forms: `done` is called once (see the header comment).
   void CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response, Done done);
+  // Checks the model as RegisterExpert does, then Problem::EvaluateModel, on the blocking
+  // executor.
+  void EvaluateModel(const v1::EvaluateModelRequest& request, v1::ModelEvaluation* response,
+                     Done done);
+  absl::Status EvaluateModel(const v1::EvaluateModelRequest& request,
+                             v1::ModelEvaluation* response);
+  // Promote and Demote (Problem::SetShadow), on the blocking executor.
+  void Promote(const v1::PromoteRequest& request, v1::Expert* response, Done done);
+  void Demote(const v1::PromoteRequest& request, v1::Expert* response, Done done);
+  absl::Status SetShadow(const v1::PromoteRequest& request, bool shadow, v1::Expert* response);
   void RegisterExpert(const v1::RegisterExpertRequest& request, v1::Expert* response,
                       Done done);
   void RetireExpert(const v1::RetireExpertRequest& request, v1::Expert* response, Done done);

@@ -63,7 +63,7 @@ absl::StatusOr<storage::v1::ExpertRecord> ExpertPool::RetiredRecord(
   }
   const storage::v1::ExpertRecord& current = slots_[id].record;
   if (current.status() == storage::v1::EXPERT_STATE_ACTIVE && slots_[id].failure.empty() &&
-      selectable <= 1) {
+      !current.shadow() && selectable <= 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "expert ", id, " is the last selectable expert of problem ", problem_id));
   }
@@ -87,6 +87,15 @@ double ExpertPool::ScoringCostUs() const {
   return total;
 }
 
+v1::ExpertStatus ExpertPool::WireStatus(int id) const {
+  const ExpertSlot& slot = slots_[id];
+  if (!slot.failure.empty()) return v1::EXPERT_STATUS_FAILED;
+  if (slot.record.shadow() && slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE) {
+    return v1::EXPERT_STATUS_SHADOW;
+  }
+  return ExpertStatusToWire(slot.record.status());
+}
+
 v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estimated) const {
   const ExpertSlot& slot = slots_[id];
   v1::Expert e;
@@ -95,11 +104,9 @@ v1::Expert ExpertPool::ToWire(const std::string& problem_id, int id, bool estima
   e.set_name(slot.record.name());
   const bool own_model = slot.failure.empty() && !Unloaded(id);
   e.set_kind(own_model ? slot.model->kind() : KindOf(slot.record.model()));
-  e.set_status(ExpertStatusToWire(slot.record.status()));
-  if (!slot.failure.empty()) {
-    e.set_status(v1::EXPERT_STATUS_FAILED);
-    e.set_error(slot.failure);
-  }
+  e.set_status(WireStatus(id));
+  e.set_shadow(slot.record.shadow());
+  e.set_error(slot.failure);
   e.set_smoothing(own_model ? slot.model->smoothing() : slot.record.smoothing());
   // Counted from its window's start (retention): the samples it has and will have.
   const int64_t first = slot.record.backfill_first();

@@ -136,6 +136,9 @@ class ExpertPool {
   // records' score_cost_us.
   double ScoringCostUs() const;
 
+  // Its status as the API reports it: FAILED, SHADOW (an ACTIVE expert in shadow mode),
+  // or its stored state.
+  v1::ExpertStatus WireStatus(int id) const;
   // The wire form of expert `id`; `estimated` says whether D-UCB estimates it already.
   v1::Expert ToWire(const std::string& problem_id, int id, bool estimated) const;
 

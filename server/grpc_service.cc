@@ -81,8 +81,21 @@ constexpr MethodRole kMethodRoles[] = {
     {"TrainExperts", Role::kAdmin},      {"ListAuditLog", Role::kAdmin},
     {"GetTrainingJob", Role::kObserve},  {"SetRetention", Role::kAdmin},
     {"DeleteEvents", Role::kAdmin},      {"Explain", Role::kExport},
-    {"Activate", Role::kDecide},
+    {"Activate", Role::kDecide},         {"Promote", Role::kAdmin},
+    {"Demote", Role::kAdmin},            {"EvaluateModel", Role::kAdmin},
 };
+
+// A model's kind for the audit log (its size for XGBoost bytes).
+std::string AuditKind(const v1::ExpertModel& model) {
+  switch (model.kind_case()) {
+    case v1::ExpertModel::kUniform: return "uniform";
+    case v1::ExpertModel::kTable: return "table";
+    case v1::ExpertModel::kLinearSoftmax: return "linear_softmax";
+    case v1::ExpertModel::kXgboost:
+      return absl::StrCat("xgboost (", model.xgboost().model().size(), " bytes)");
+    default: return "none";
+  }
+}
 
 // Administrative calls are audited; reading the audit log is not an action.
 bool Audited(absl::string_view method) {
@@ -269,17 +282,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::RegisterExpert(grpc::CallbackServ
       ctx, "RegisterExpert", in, out,
       [](const v1::RegisterExpertRequest& r, const v1::Expert& registered) {
         auto detail = [&r, &registered] {
-          std::string kind;
-          switch (r.model().kind_case()) {
-            case v1::ExpertModel::kUniform: kind = "uniform"; break;
-            case v1::ExpertModel::kTable: kind = "table"; break;
-            case v1::ExpertModel::kLinearSoftmax: kind = "linear_softmax"; break;
-            case v1::ExpertModel::kXgboost:
-              kind = absl::StrCat("xgboost (", r.model().xgboost().model().size(), " bytes)");
-              break;
-            default: kind = "none"; break;
-          }
-          return absl::StrCat("name=", r.name().substr(0, 128), " kind=", kind,
+          return absl::StrCat("name=", r.name().substr(0, 128), " kind=", AuditKind(r.model()),
                               registered.expert_id() > 0
                                   ? absl::StrCat(" -> expert ", registered.expert_id())
                                   : "");
@@ -421,6 +424,46 @@ grpc::ServerUnaryReactor* GrpcDecisionService::GetTrainingJob(grpc::CallbackServ
       });
 }
 
+
+grpc::ServerUnaryReactor* GrpcDecisionService::EvaluateModel(grpc::CallbackServerContext* ctx,
+                                                             const Bytes* in, Bytes* out) {
+  return Serve<v1::EvaluateModelRequest, v1::ModelEvaluation>(
+      ctx, "EvaluateModel", in, out,
+      [](const v1::EvaluateModelRequest& r, const auto&) {
+        return Call{"EvaluateModel", r.problem_id(), [&r] {
+                      return absl::StrCat("kind=", AuditKind(r.model()));
+                    }};
+      },
+      [this](const Grant&, DECISION_CALL(EvaluateModelRequest, ModelEvaluation), Done done) {
+        service_->EvaluateModel(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::Promote(grpc::CallbackServerContext* ctx,
+                                                       const Bytes* in, Bytes* out) {
+  return Serve<v1::PromoteRequest, v1::Expert>(
+      ctx, "Promote", in, out,
+      [](const v1::PromoteRequest& r, const auto&) {
+        return Call{"Promote", r.problem_id(),
+                    [&r] { return absl::StrCat("expert ", r.expert_id()); }};
+      },
+      [this](const Grant&, DECISION_CALL(PromoteRequest, Expert), Done done) {
+        service_->Promote(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::Demote(grpc::CallbackServerContext* ctx,
+                                                      const Bytes* in, Bytes* out) {
+  return Serve<v1::PromoteRequest, v1::Expert>(
+      ctx, "Demote", in, out,
+      [](const v1::PromoteRequest& r, const auto&) {
+        return Call{"Demote", r.problem_id(),
+                    [&r] { return absl::StrCat("expert ", r.expert_id()); }};
+      },
+      [this](const Grant&, DECISION_CALL(PromoteRequest, Expert), Done done) {
+        service_->Demote(call->request, &call->response, std::move(done));
+      });
+}
 
 grpc::ServerUnaryReactor* GrpcDecisionService::Activate(grpc::CallbackServerContext* ctx,
                                                         const Bytes* in, Bytes* out) {

@@ -50,7 +50,10 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_DeleteEvents<
     v1::DecisionService::WithRawCallbackMethod_Explain<
     v1::DecisionService::WithRawCallbackMethod_Activate<
-    v1::DecisionService::Service>>>>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_Promote<
+    v1::DecisionService::WithRawCallbackMethod_Demote<
+    v1::DecisionService::WithRawCallbackMethod_EvaluateModel<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -100,6 +103,12 @@ class GrpcDecisionService final : public RawDecisionService {
                                     Bytes* out) override;
   grpc::ServerUnaryReactor* Activate(grpc::CallbackServerContext* ctx, const Bytes* in,
                                      Bytes* out) override;
+  grpc::ServerUnaryReactor* Promote(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                    Bytes* out) override;
+  grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                   Bytes* out) override;
+  grpc::ServerUnaryReactor* EvaluateModel(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                          Bytes* out) override;
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);

@@ -602,8 +602,7 @@ v1::Estimates Problem::GetEstimates() const {
     v1::ExpertEstimate* e = out.add_experts();
     e->set_expert_id(k);
     const bool failed = !experts_.at(k).failure.empty();
-    e->set_status(failed ? v1::EXPERT_STATUS_FAILED
-                         : ExpertStatusToWire(experts_.at(k).record.status()));
+    e->set_status(experts_.WireStatus(k));
     if (failed) {
       // Excluded: its column holds the stand-in's 1/K since it failed, so no estimate of it
       // is meaningful; the regret is against the best healthy expert.
@@ -649,6 +648,95 @@ v1::Problem Problem::Summary() const {
   p.mutable_config()->mutable_retention()->set_max_samples(retention_max_samples_);
   p.mutable_config()->mutable_retention()->set_max_age_ms(retention_max_age_ms_);
   return p;
+}
+
+absl::StatusOr<v1::ModelEvaluation> Problem::EvaluateModel(const Expert& model, double clip) {
+  const int d = record_.num_features();
+  const int k = record_.num_arms();
+  // Scored in batches, each with its samples' eligible arms.
+  constexpr size_t kBatch = 512;
+  std::vector<double> rows, probs, logged, rewards;
+  std::vector<int> arms;
+  std::vector<std::vector<int32_t>> eligible;
+  bool restricted = false;
+  double n = 0, sum_w = 0, sum_w2 = 0, sum_wy = 0, sum_wy2 = 0, sum_clipped = 0;
+  double max_w = 0, bound = 0;  // bound: max 1 / p_s, which bounds every w_s y_s
+  const auto score = [&]() -> absl::Status {
+    const size_t m = arms.size();
+    if (m == 0) return absl::OkStatus();
+    probs.resize(m * k);
+    std::vector<absl::Span<const int32_t>> spans;
+    if (restricted) spans.assign(eligible.begin(), eligible.end());
+    if (absl::Status s = model.PredictBatchEligible(rows, m, spans, absl::MakeSpan(probs));
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model cannot score this problem's log: ", s.message()));
+    }
+    for (size_t i = 0; i < m; ++i) {
+      const double w = probs[i * k + arms[i]] / logged[i];
+      const double wy = w * rewards[i];
+      n += 1;
+      sum_w += w;
+      sum_w2 += w * w;
+      sum_wy += wy;
+      sum_wy2 += wy * wy;
+      sum_clipped += std::min(w, clip) * rewards[i];
+      max_w = std::max(max_w, w);
+      bound = std::max(bound, 1.0 / logged[i]);
+    }
+    rows.clear();
+    arms.clear();
+    logged.clear();
+    rewards.clear();
+    eligible.clear();
+    restricted = false;
+    return absl::OkStatus();
+  };
+  DECISION_RETURN_IF_ERROR(env_.store->ForEachSample(
+      index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) -> absl::Status {
+        if (s.redacted()) return absl::OkStatus();  // its context was deleted
+        const absl::Span<const int32_t> allowed =
+            absl::MakeConstSpan(s.eligible_arms().data(), s.eligible_arms_size());
+        if (s.features_size() != d || s.arm() < 0 || s.arm() >= k ||
+            !(s.propensity() > 0.0 && s.propensity() <= 1.0) ||
+            !StoredEligibleArmsValid(allowed, s.arm(), k)) {
+          return absl::DataLossError(
+              absl::StrCat("problem ", id(), ": sample ", seq, " is damaged"));
+        }
+        rows.insert(rows.end(), s.features().begin(), s.features().end());
+        arms.push_back(s.arm());
+        logged.push_back(s.propensity());
+        rewards.push_back(s.reward());
+        eligible.emplace_back(allowed.begin(), allowed.end());
+        restricted = restricted || !allowed.empty();
+        if (arms.size() == kBatch) return score();
+        return absl::OkStatus();
+      }));
+  DECISION_RETURN_IF_ERROR(score());
+  v1::ModelEvaluation out;
+  out.set_samples(static_cast<int64_t>(n));
+  if (n == 0) return out;
+  const double ips = sum_wy / n;
+  out.set_ips(ips);
+  out.set_snips(sum_w > 0 ? sum_wy / sum_w : 0.0);
+  out.set_clipped_ips(sum_clipped / n);
+  out.set_effective_sample_size(sum_w2 > 0 ? sum_w * sum_w / sum_w2 : 0.0);
+  out.set_mean_weight(sum_w / n);
+  out.set_max_weight(max_w);
+  // Empirical Bernstein (Maurer and Pontil 2009, theorem 4) for the mean of w y in
+  // [0, bound], each side at 2.5%.
+  double lower = 0.0, upper = 1.0;
+  if (n >= 2) {
+    const double variance = std::max(0.0, (sum_wy2 - n * ips * ips) / (n - 1));
+    const double log_term = std::log(2.0 / 0.025);
+    const double half = std::sqrt(2.0 * variance * log_term / n) +
+                        7.0 * bound * log_term / (3.0 * (n - 1));
+    lower = std::max(0.0, ips - half);
+    upper = std::min(1.0, ips + half);
+  }
+  out.set_ips_lower(lower);
+  out.set_ips_upper(upper);
+  return out;
 }
 
 absl::StatusOr<v1::Explanation> Problem::Explain(const std::string& event_id) {

@@ -261,6 +261,8 @@ class Problem {
     // retiring them can make it fit; else retire nothing. Training jobs of auto-training
     // problems ask for it (trainer.h).
     bool retire_to_fit = false;
+    // Shadow mode (RegisterExpertRequest.shadow): estimated, never selected.
+    bool shadow = false;
   };
   // Builds the model, tries it on recent contexts, measures its scoring cost
   // (scoring_cost.h) and adds it BACKFILLING. RESOURCE_EXHAUSTED if the problem is full, or
@@ -279,6 +281,9 @@ class Problem {
     return RegisterExpert(name, std::move(model), smoothing, RegisterOptions());
   }
   absl::StatusOr<v1::Expert> RetireExpert(int expert_id)
+      ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // Promote (shadow = false) and Demote (true): see the RPCs. Writes the expert's record.
+  absl::StatusOr<v1::Expert> SetShadow(int expert_id, bool shadow)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   // Retires active experts whose UCB is below the best lower confidence bound
   // (mean - width), then the lowest-UCB ones until at most max_active are selectable.
@@ -301,6 +306,10 @@ class Problem {
   v1::Estimates GetEstimates() const ABSL_LOCKS_EXCLUDED(mu_);
   // Its counters and its configuration (with the retention it has now).
   v1::Problem Summary() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Off-policy estimates of `model` over the retained log (v1::ModelEvaluation), weights
+  // clipped at `clip` for clipped_ips. Blocks (a store scan, one prediction per sample).
+  absl::StatusOr<v1::ModelEvaluation> EvaluateModel(const Expert& model, double clip)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Why the decision of `event_id` was made (v1::Explanation). NOT_FOUND for an event the
   // problem does not have. Blocks (store reads).
   absl::StatusOr<v1::Explanation> Explain(const std::string& event_id) ABSL_LOCKS_EXCLUDED(mu_);

@@ -286,7 +286,7 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
         // model again backfills it for real.
         retired = slot.record.status() == storage::v1::EXPERT_STATE_RETIRED ||
                   !slot.failure.empty();
-        ducb_.SetSelectable(expert_id, !retired);
+        ducb_.SetSelectable(expert_id, !retired && !slot.record.shadow());
         slot.tail = {};
         slot.metrics.backfill_progress->Set(1.0);
         ++estimator_generation_;

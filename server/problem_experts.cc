@@ -145,6 +145,7 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
     ++estimates_generation_;
     if (expert_id < ducb_.num_experts()) {
       ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
+                                         !updated.shadow() &&
                                          experts_.at(expert_id).failure.empty());
     }
     ExportScoringCostLocked();
@@ -181,6 +182,43 @@ absl::Status Problem::RetireToFitBudget(double cost_us) {
   }
   for (const auto& [k, updated] : retire) DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Expert> Problem::SetShadow(int expert_id, bool shadow) {
+  absl::MutexLock writes(&expert_writes_mu_);
+  ExpertRecord updated;
+  {
+    absl::MutexLock lock(&mu_);
+    if (expert_id < 0 || expert_id >= experts_.size()) {
+      return absl::NotFoundError(
+          absl::StrCat("expert ", expert_id, " is unknown to problem ", id()));
+    }
+    const ExpertSlot& slot = experts_.at(expert_id);
+    const char* verb = shadow ? "demoted" : "promoted";
+    if (slot.record.status() == storage::v1::EXPERT_STATE_RETIRED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "expert ", expert_id, " of problem ", id(), " is retired and cannot be ", verb,
+          "; register its model again"));
+    }
+    if (!slot.failure.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("expert ", expert_id, " of problem ",
+                                                        id(), " failed (", slot.failure,
+                                                        ") and cannot be ", verb));
+    }
+    if (slot.record.shadow() == shadow) {
+      return experts_.ToWire(id(), expert_id, expert_id < ducb_.num_experts());
+    }
+    if (shadow && expert_id < ducb_.num_experts() && ducb_.selectable(expert_id) &&
+        SelectableLocked() <= 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "expert ", expert_id, " is the last selectable expert of problem ", id()));
+    }
+    updated = slot.record;
+    updated.set_shadow(shadow);
+  }
+  DECISION_RETURN_IF_ERROR(WriteExpertRecord(expert_id, updated));
+  absl::MutexLock lock(&mu_);
+  return experts_.ToWire(id(), expert_id, expert_id < ducb_.num_experts());
 }
 
 absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
@@ -249,6 +287,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     record.set_backfill_first(std::min(retained_from_, record.backfill_total()));
     record.set_registered_at_ms(env_.clock->NowMs());
     record.set_score_cost_us(cost_us);
+    record.set_shadow(options.shadow);
     ExpertSlot slot;
     slot.record = record;
     DropModelPayload(slot.record.mutable_model());

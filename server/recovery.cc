@@ -239,7 +239,7 @@ class Recovery {
     }
     for (int k = 0; k < n_est_; ++k) {
       const ExpertSlot& slot = p_.experts_.at(k);
-      p_.ducb_.SetSelectable(k, slot.failure.empty() &&
+      p_.ducb_.SetSelectable(k, slot.failure.empty() && !slot.record.shadow() &&
                                     slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE);
     }
     return absl::OkStatus();

@@ -413,6 +413,37 @@ std::vector<BadCase> BadCases(const Suite& suite) {
     };
   };
 
+  auto set_shadow = [](bool demote, const std::string& problem_id, int expert_id) {
+    v1::PromoteRequest r;
+    r.set_problem_id(problem_id);
+    r.set_expert_id(expert_id);
+    return [r, demote](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::Expert out;
+      return demote ? s->Demote(&ctx, r, &out) : s->Promote(&ctx, r, &out);
+    };
+  };
+  auto evaluate = [](const std::string& problem_id, v1::ExpertModel model, double clip) {
+    v1::EvaluateModelRequest r;
+    r.set_problem_id(problem_id);
+    *r.mutable_model() = std::move(model);
+    r.set_clip(clip);
+    return [r](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::ModelEvaluation out;
+      return s->EvaluateModel(&ctx, r, &out);
+    };
+  };
+  v1::ExpertModel uniform_model;
+  uniform_model.mutable_uniform();
+  v1::ExpertModel table_of_3;  // p has 4 arms
+  auto* row_of_3 = table_of_3.mutable_table()->add_rows();
+  for (double v : {0.2, 0.3, 0.5}) row_of_3->add_probabilities(v);
+  v1::ExpertModel oversmoothed = uniform_model;
+  oversmoothed.set_smoothing(1.5);
+
   std::vector<BadCase> cases = {
       // ---- Choose on p (d = 3).
       {"Choose/2_features", choose(ChooseRequest(kProblem, {0.1, 0.2})), kInvalid,
@@ -695,6 +726,29 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      {"Promote/unknown_expert", set_shadow(false, kProblem, 999), kNotFound,
+       {"expert 999 is unknown to problem p"}},
+      {"Promote/negative_expert", set_shadow(false, kProblem, -1), kNotFound,
+       {"expert -1 is unknown to problem p"}},
+      {"Promote/unknown_problem", set_shadow(false, kUnknownProblem, 0), kNotFound, {"'nope'"}},
+      {"Demote/unknown_expert", set_shadow(true, kProblem, 999), kNotFound,
+       {"expert 999 is unknown to problem p"}},
+      {"Demote/empty_problem_id", set_shadow(true, "", 0), kInvalid, {"problem_id"}},
+      {"EvaluateModel/no_model", evaluate(kProblem, v1::ExpertModel(), 0), kInvalid, {"model"}},
+      {"EvaluateModel/table_of_3_arms", evaluate(kProblem, table_of_3, 0), kInvalid,
+       {"table expert: row 0 has 3 entries, expected 4 (one per arm)"}},
+      {"EvaluateModel/smoothing_1.5", evaluate(kProblem, oversmoothed, 0), kInvalid,
+       {"model.smoothing"}},
+      {"EvaluateModel/clip_0.5", evaluate(kProblem, uniform_model, 0.5), kInvalid,
+       {"clip is 0.5; it must be 0 (100) or finite and >= 1"}},
+      {"EvaluateModel/clip_-1", evaluate(kProblem, uniform_model, -1), kInvalid,
+       {"clip is -1"}},
+      {"EvaluateModel/clip_nan", evaluate(kProblem, uniform_model, kNaN), kInvalid,
+       {"clip is nan"}},
+      {"EvaluateModel/clip_inf", evaluate(kProblem, uniform_model, kInf), kInvalid,
+       {"clip is inf"}},
+      {"EvaluateModel/unknown_problem", evaluate(kUnknownProblem, uniform_model, 0), kNotFound,
+       {"'nope'"}},
       {"Activate/empty_event_id", activate(kProblem, ""), kInvalid,
        {"event_id has 0 bytes; 1 to 128"}},
       {"Activate/event_id_129_bytes", activate(kProblem, event_129), kInvalid,

@@ -222,6 +222,22 @@ class SecurityTest : public DecisiondTest {
       v1::DeleteEventsResponse out;
       return stub_->DeleteEvents(&ctx, r, &out).error_code();
     }
+    if (method == "Promote" || method == "Demote") {
+      // Expert 1, registered by the matrix's RegisterExpert, before RetireExpert retires it.
+      v1::PromoteRequest r;
+      r.set_problem_id("p");
+      r.set_expert_id(1);
+      v1::Expert out;
+      return (method == "Promote" ? stub_->Promote(&ctx, r, &out) : stub_->Demote(&ctx, r, &out))
+          .error_code();
+    }
+    if (method == "EvaluateModel") {
+      v1::EvaluateModelRequest r;
+      r.set_problem_id("p");
+      r.mutable_model()->mutable_uniform();
+      v1::ModelEvaluation out;
+      return stub_->EvaluateModel(&ctx, r, &out).error_code();
+    }
     if (method == "Activate") {
       v1::ActivateRequest r;
       r.set_problem_id("p");
@@ -250,7 +266,9 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"GetProblem", "observer"},     {"ListProblems", "observer"},
     {"ListExperts", "observer"},    {"GetEstimates", "observer"},
     {"ExportLog", "exporter"},      {"CreateProblem", "admin"},
-    {"RegisterExpert", "admin"},    {"RetireExpert", "admin"},
+    {"RegisterExpert", "admin"},    {"Demote", "admin"},
+    {"Promote", "admin"},           {"RetireExpert", "admin"},
+    {"EvaluateModel", "admin"},
     {"TrainExperts", "admin"},      {"ListAuditLog", "admin"},
     {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
     {"SetRetention", "admin"},      {"DeleteEvents", "admin"},

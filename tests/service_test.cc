@@ -1165,3 +1165,93 @@ INSTANTIATE_TEST_SUITE_P(Writes, DeferredActivationTest, ::testing::Bool(),
 
 }  // namespace
 }  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// Shadow experts: backfilled and estimated like the others (the literal reference agrees),
+// never selected until promoted, back in shadow when demoted, also across a restart.
+// EvaluateModel of the same model over the same log gives the SNIPS estimate the shadow
+// expert's column of the log gives, within its own confidence interval.
+TEST_F(ServiceTest, ShadowExpertsAreEstimatedNeverSelectedUntilPromoted) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  PlayRounds("p", 400);
+  v1::RegisterExpertRequest shadow = LinearRequest("p", 3.0);
+  shadow.set_shadow(true);
+  v1::Expert registered;
+  ASSERT_TRUE(service_->RegisterExpert(shadow, &registered).ok());
+  EXPECT_TRUE(registered.shadow());
+  EXPECT_EQ(registered.status(), v1::EXPERT_STATUS_BACKFILLING);
+  const int k = registered.expert_id();
+  RunMaintenanceUntilActive("p");
+  EXPECT_EQ(Experts("p")[k].status(), v1::EXPERT_STATUS_SHADOW);
+  PlayRounds("p", 300);
+  const auto chosen_by = [&](int expert) {
+    int n = 0;
+    for (const v1::LoggedSample& s : Export("p")) n += s.expert_id() == expert;
+    return n;
+  };
+  EXPECT_EQ(chosen_by(k), 0);
+  v1::Estimates estimates = Estimates("p");
+  EXPECT_EQ(estimates.experts(k).status(), v1::EXPERT_STATUS_SHADOW);
+  EXPECT_EQ(estimates.experts(k).times_selected(), 0);
+  EXPECT_TRUE(std::isfinite(estimates.experts(k).width()));
+  ExpectEstimatesMatchReference("p");
+
+  // The same model, evaluated off-policy without registering it.
+  v1::EvaluateModelRequest evaluate;
+  evaluate.set_problem_id("p");
+  *evaluate.mutable_model() = shadow.model();
+  v1::ModelEvaluation evaluation;
+  ASSERT_TRUE(service_->EvaluateModel(evaluate, &evaluation).ok());
+  double n = 0, sum_w = 0, sum_wy = 0;
+  for (const v1::LoggedSample& s : Export("p")) {
+    const double w = s.expert_propensities(k) / s.propensity();
+    n += 1;
+    sum_w += w;
+    sum_wy += w * s.reward();
+  }
+  EXPECT_EQ(evaluation.samples(), 700);
+  EXPECT_NEAR(evaluation.snips(), sum_wy / sum_w, 1e-12);
+  EXPECT_NEAR(evaluation.ips(), sum_wy / n, 1e-12);
+  EXPECT_NEAR(evaluation.mean_weight(), sum_w / n, 1e-12);
+  EXPECT_LE(evaluation.ips_lower(), evaluation.ips());
+  EXPECT_GE(evaluation.ips_upper(), evaluation.ips());
+  EXPECT_GT(evaluation.effective_sample_size(), 1.0);
+  EXPECT_LE(evaluation.effective_sample_size(), 700.0);
+  // A strong model: well above the uniform expert's value of 1/4.
+  EXPECT_GT(evaluation.snips(), 0.5);
+
+  v1::PromoteRequest promote;
+  promote.set_problem_id("p");
+  promote.set_expert_id(k);
+  v1::Expert promoted;
+  ASSERT_TRUE(service_->SetShadow(promote, false, &promoted).ok());
+  EXPECT_EQ(promoted.status(), v1::EXPERT_STATUS_ACTIVE);
+  EXPECT_FALSE(promoted.shadow());
+  PlayRounds("p", 300);
+  EXPECT_GT(chosen_by(k), 0);
+  // Demoted: no longer selected; and the uniform expert, now the last selectable one,
+  // cannot be demoted.
+  v1::Expert demoted;
+  ASSERT_TRUE(service_->SetShadow(promote, true, &demoted).ok());
+  EXPECT_EQ(demoted.status(), v1::EXPERT_STATUS_SHADOW);
+  v1::PromoteRequest uniform = promote;
+  uniform.set_expert_id(0);
+  absl::Status s = service_->SetShadow(uniform, true, &demoted);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("is the last selectable expert"));
+  Reopen();
+  EXPECT_EQ(Experts("p")[k].status(), v1::EXPERT_STATUS_SHADOW);
+  const int before = chosen_by(k);
+  PlayRounds("p", 200);
+  EXPECT_EQ(chosen_by(k), before);
+  // A retired expert cannot come back.
+  ASSERT_TRUE(Retire("p", k).ok());
+  s = service_->SetShadow(promote, false, &promoted);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("is retired and cannot be promoted"));
+}
+
+}  // namespace
+}  // namespace decision::server
