@@ -31,6 +31,9 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <gmock/gmock.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
 
@@ -870,6 +873,206 @@ TEST_F(IntegrationTest, SigtermExitsCleanlyAndRestarts) {
   RunRounds(problem, "t", 10, gen, 1);
   EXPECT_EQ(GetProblem(problem).samples(), 111);
   EXPECT_EQ(Terminate(), 0);
+}
+
+}  // namespace
+}  // namespace decision
+
+namespace decision {
+namespace {
+
+// What an ad server needs around Choose, through gRPC against the real decisiond (issue
+// 18): eligible arms on every request, deferred decisions (never activated: dropped and
+// counted; activated: learned), a shadow expert that is estimated but never selected until
+// promoted, EvaluateModel giving the shadow expert's SNIPS over the same log, Explain
+// reproducing a decision, and the DSJSON export parsed back. Slates are not built yet.
+TEST_F(IntegrationTest, AdServerFunnel) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  const std::string problem = "funnel";
+  {
+    v1::CreateProblemRequest request;
+    request.set_problem_id(problem);
+    request.mutable_config()->set_num_arms(kArms);
+    request.mutable_config()->set_num_features(kFeatures);
+    request.mutable_config()->set_reward_wait_ms(1000);
+    v1::Problem created;
+    ASSERT_GRPC_OK(Call(&Stub::CreateProblem, stub_.get(), request, &created));
+  }
+  Register(problem, "linear", LinearArgMaxModel());
+  ASSERT_NO_FATAL_FAILURE(WaitAllActive(problem));
+  std::mt19937_64 gen(18);
+  // Chooses with a random eligible set (every arm one time in four) and checks the arm.
+  const auto choose = [&](const std::string& event_id, bool deferred,
+                          std::vector<double>* x_out = nullptr) {
+    v1::ChooseRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id(event_id);
+    request.set_deferred(deferred);
+    const std::vector<double> x = RandomFeatures(gen);
+    request.mutable_features()->Add(x.begin(), x.end());
+    std::vector<int32_t> eligible;
+    if (std::uniform_int_distribution<int>(0, 3)(gen) != 0) {
+      for (int a = 0; a < kArms; ++a) {
+        if (std::bernoulli_distribution(0.5)(gen)) eligible.push_back(a);
+      }
+      if (eligible.empty()) eligible.push_back(ArgMax(x));
+      request.mutable_eligible()->mutable_arms()->Add(eligible.begin(), eligible.end());
+    }
+    v1::ChooseResponse response;
+    EXPECT_GRPC_OK(Call(&Stub::Choose, stub_.get(), request, &response));
+    EXPECT_TRUE(eligible.empty() ||
+                std::count(eligible.begin(), eligible.end(), response.arm()) == 1)
+        << event_id << ": arm " << response.arm() << " was not eligible";
+    if (x_out != nullptr) *x_out = x;
+    return response;
+  };
+  const auto play = [&](const std::string& prefix, int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      std::vector<double> x;
+      const v1::ChooseResponse c = choose(absl::StrCat(prefix, i), false, &x);
+      Reward(problem, c.event_id(), ArgMaxReward(x, c.arm()));
+    }
+  };
+  play("m", 300);
+
+  // Deferred decisions: a reward before the activation is refused.
+  std::vector<std::vector<double>> shown(5);
+  for (int i = 0; i < 5; ++i) {
+    choose(absl::StrCat("hidden", i), true);
+    choose(absl::StrCat("shown", i), true, &shown[i]);
+  }
+  {
+    v1::RewardRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id("shown0");
+    request.set_value(1.0);
+    v1::RewardResponse response;
+    const grpc::Status s = Call(&Stub::Reward, stub_.get(), request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  for (int i = 0; i < 5; ++i) {
+    v1::ActivateRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id(absl::StrCat("shown", i));
+    v1::ActivateResponse response;
+    ASSERT_GRPC_OK(Call(&Stub::Activate, stub_.get(), request, &response));
+    EXPECT_TRUE(response.first());
+    Reward(problem, request.event_id(), 1.0);
+  }
+
+  // A shadow expert: estimated, never selected.
+  v1::ExpertModel candidate = LinearArgMaxModel();
+  for (double& w : *candidate.mutable_linear_softmax()->mutable_weights()) w *= 0.5;
+  v1::Expert shadow;
+  {
+    v1::RegisterExpertRequest request;
+    request.set_problem_id(problem);
+    request.set_name("candidate");
+    *request.mutable_model() = candidate;
+    request.set_shadow(true);
+    ASSERT_GRPC_OK(Call(&Stub::RegisterExpert, stub_.get(), request, &shadow));
+  }
+  ASSERT_TRUE(PollUntil([&] {
+    return ListExperts(problem)[shadow.expert_id()].status() == v1::EXPERT_STATUS_SHADOW;
+  }));
+  for (int i = 0; i < 200; ++i) {
+    std::vector<double> x;
+    const v1::ChooseResponse c = choose(absl::StrCat("s", i), false, &x);
+    EXPECT_NE(c.expert_id(), shadow.expert_id());
+    Reward(problem, c.event_id(), ArgMaxReward(x, c.arm()));
+  }
+  const v1::ExpertEstimate& estimate = EstimateOf(GetEstimates(problem), shadow.expert_id());
+  EXPECT_EQ(estimate.status(), v1::EXPERT_STATUS_SHADOW);
+  EXPECT_EQ(estimate.times_selected(), 0);
+  EXPECT_TRUE(std::isfinite(estimate.width()));
+
+  // EvaluateModel of the same model over the same log: the SNIPS of its column.
+  v1::ModelEvaluation evaluation;
+  {
+    v1::EvaluateModelRequest request;
+    request.set_problem_id(problem);
+    *request.mutable_model() = candidate;
+    ASSERT_GRPC_OK(Call(&Stub::EvaluateModel, stub_.get(), request, &evaluation));
+  }
+  const std::vector<v1::LoggedSample> log = ExportLog(problem);
+  double sum_w = 0, sum_wy = 0;
+  for (const v1::LoggedSample& s : log) {
+    ASSERT_GT(s.expert_propensities_size(), shadow.expert_id());
+    const double w = s.expert_propensities(shadow.expert_id()) / s.propensity();
+    sum_w += w;
+    sum_wy += w * s.reward();
+  }
+  EXPECT_EQ(evaluation.samples(), static_cast<int64_t>(log.size()));
+  EXPECT_NEAR(evaluation.snips(), sum_wy / sum_w, 1e-12);
+
+  // Promoted: selectable.
+  {
+    v1::PromoteRequest request;
+    request.set_problem_id(problem);
+    request.set_expert_id(shadow.expert_id());
+    v1::Expert promoted;
+    ASSERT_GRPC_OK(Call(&Stub::Promote, stub_.get(), request, &promoted));
+    EXPECT_EQ(promoted.status(), v1::EXPERT_STATUS_ACTIVE);
+  }
+
+  // Explain reproduces a decision made under eligibility.
+  for (const v1::LoggedSample& s : log) {
+    if (s.eligible_arms_size() == 0) continue;
+    v1::ExplainRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id(s.event_id());
+    v1::Explanation why;
+    ASSERT_GRPC_OK(Call(&Stub::Explain, stub_.get(), request, &why));
+    EXPECT_THAT(why.eligible_arms(), ::testing::ElementsAreArray(s.eligible_arms()));
+    EXPECT_EQ(why.arm(), s.arm());
+    EXPECT_EQ(why.outcome(), v1::DECISION_OUTCOME_JOINED);
+    EXPECT_TRUE(why.reproduced());
+    break;
+  }
+
+  // The decisions never activated are dropped once their wait expires.
+  ASSERT_TRUE(PollUntil([&] {
+    v1::ExplainRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id("hidden4");
+    v1::Explanation why;
+    return Call(&Stub::Explain, stub_.get(), request, &why).ok() &&
+           why.outcome() == v1::DECISION_OUTCOME_DROPPED;
+  }));
+  std::optional<ScrapedMetrics> metrics;
+  ASSERT_TRUE(PollUntil([&] {
+    metrics = Scrape(*process_);
+    if (!metrics.has_value()) return false;
+    const std::vector<MetricSample> dropped = metrics->All(
+        "decision_expired_total", {{"problem", problem}, {"handling", "never_activated"}});
+    return dropped.size() == 1 && dropped[0].value == 5;
+  })) << "decision_expired_total{handling=never_activated} is not 5";
+
+  // The DSJSON export parses back: one line per joined decision, none of the hidden ones.
+  v1::ExportLogRequest request;
+  request.set_problem_id(problem);
+  request.set_format(v1::EXPORT_FORMAT_DSJSON);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcTimeout);
+  std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader = stub_->ExportLog(&ctx, request);
+  v1::LoggedSample sample;
+  int lines = 0;
+  std::set<std::string> ids;
+  while (reader->Read(&sample)) {
+    google::protobuf::Struct line;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(sample.dsjson(), &line).ok())
+        << sample.dsjson();
+    EXPECT_EQ(line.fields().at("_label_probability").number_value(), sample.propensity());
+    EXPECT_EQ(line.fields().at("_label_Action").number_value(), sample.arm() + 1);
+    ids.insert(line.fields().at("EventId").string_value());
+    ++lines;
+  }
+  ASSERT_GRPC_OK(reader->Finish());
+  EXPECT_EQ(lines, 300 + 5 + 200);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(ids.count(absl::StrCat("hidden", i)), 0u);
+    EXPECT_EQ(ids.count(absl::StrCat("shown", i)), 1u);
+  }
 }
 
 }  // namespace
