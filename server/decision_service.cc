@@ -505,6 +505,84 @@ absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
   return p->Choose(request, response);
 }
 
+absl::Status DecisionService::ChooseSlate(const v1::ChooseSlateRequest& request,
+                                          v1::ChooseSlateResponse* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  const int k = p->record().num_arms();
+  v1::ChooseRequest slot;
+  slot.set_problem_id(request.problem_id());
+  *slot.mutable_features() = request.features();
+  slot.set_deferred(request.deferred());
+  if (request.has_eligible()) *slot.mutable_eligible() = request.eligible();
+  DECISION_RETURN_IF_ERROR(ValidateChooseRequest(slot, p->record().num_features(), k));
+  std::vector<int32_t> remaining = EligibleArmsOf(slot, k);
+  if (remaining.empty()) {
+    for (int a = 0; a < k; ++a) remaining.push_back(a);
+  }
+  const int most = std::min<int>(kMaxSlateSlots, static_cast<int>(remaining.size()));
+  if (request.slots() < 1 || request.slots() > most) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots is ", request.slots(), "; it must be in [1, ", most, "] (",
+                     remaining.size(), " eligible arms, at most ", kMaxSlateSlots, " slots)"));
+  }
+  if (request.event_id().size() > kMaxEventIdBytes - 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event_id has ", request.event_id().size(), " bytes; at most ",
+                     kMaxEventIdBytes - 4, " for a slate (its slots add \"/<slot>\")"));
+  }
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
+  const std::string base = request.event_id().empty() ? RandomEventId() : request.event_id();
+  response->set_event_id(base);
+  for (int s = 0; s < request.slots(); ++s) {
+    slot.set_event_id(absl::StrCat(base, "/", s));
+    // The eligible arms no earlier slot took; always set, so that slot s > 0 never sees
+    // every arm.
+    slot.mutable_eligible()->mutable_arms()->Assign(remaining.begin(), remaining.end());
+    v1::ChooseResponse* chosen = response->add_slots();
+    DECISION_RETURN_IF_ERROR(p->Choose(slot, chosen));
+    remaining.erase(std::remove(remaining.begin(), remaining.end(), chosen->arm()),
+                    remaining.end());
+  }
+  return absl::OkStatus();
+}
+
+void DecisionService::ChooseSlate(const v1::ChooseSlateRequest& request,
+                                  v1::ChooseSlateResponse* response, Done done) {
+  OffReactor([this, &request, response] { return ChooseSlate(request, response); },
+             std::move(done));
+}
+
+absl::Status DecisionService::ChooseBatch(const v1::ChooseBatchRequest& request,
+                                          v1::ChooseBatchResponse* response) {
+  if (request.requests_size() > kMaxChooseBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requests has ", request.requests_size(), " decisions; at most ", kMaxChooseBatch));
+  }
+  std::vector<Problem*> problems;
+  for (int i = 0; i < request.requests_size(); ++i) {
+    const v1::ChooseRequest& r = request.requests(i);
+    absl::StatusOr<Problem*> p = Find(r.problem_id());
+    absl::Status s = p.status();
+    if (p.ok()) {
+      s = ValidateChooseRequest(r, (*p)->record().num_features(), (*p)->record().num_arms());
+    }
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("requests[", i, "]: ", s.message()));
+    problems.push_back(*p);
+  }
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
+  for (int i = 0; i < request.requests_size(); ++i) {
+    absl::Status s = problems[i]->Choose(request.requests(i), response->add_responses());
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("requests[", i, "]: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+void DecisionService::ChooseBatch(const v1::ChooseBatchRequest& request,
+                                  v1::ChooseBatchResponse* response, Done done) {
+  OffReactor([this, &request, response] { return ChooseBatch(request, response); },
+             std::move(done));
+}
+
 absl::Status DecisionService::Reward(const v1::RewardRequest& request,
                                      v1::RewardResponse* response) {
   if (options_.inline_maintenance) {

@@ -172,6 +172,16 @@ class DecisionService {
   void Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done);
   void Reward(const v1::RewardRequest& request, v1::RewardResponse* response, Done done);
   void Activate(const v1::ActivateRequest& request, v1::ActivateResponse* response, Done done);
+  // A slate: one Choose per slot over the eligible arms left (the proto's ChooseSlate), and
+  // a batch of independent Chooses; both on the blocking executor.
+  void ChooseSlate(const v1::ChooseSlateRequest& request, v1::ChooseSlateResponse* response,
+                   Done done);
+  void ChooseBatch(const v1::ChooseBatchRequest& request, v1::ChooseBatchResponse* response,
+                   Done done);
+  absl::Status ChooseSlate(const v1::ChooseSlateRequest& request,
+                           v1::ChooseSlateResponse* response);
+  absl::Status ChooseBatch(const v1::ChooseBatchRequest& request,
+                           v1::ChooseBatchResponse* response);
   // The answer of a Choose that decided `event_id` never reached its caller (Problem::
   // Undeliver). Unknown problems and events are ignored.
   void Undeliver(const std::string& problem_id, const std::string& event_id);

@@ -83,6 +83,7 @@ constexpr MethodRole kMethodRoles[] = {
     {"DeleteEvents", Role::kAdmin},      {"Explain", Role::kExport},
     {"Activate", Role::kDecide},         {"Promote", Role::kAdmin},
     {"Demote", Role::kAdmin},            {"EvaluateModel", Role::kAdmin},
+    {"ChooseSlate", Role::kDecide},      {"ChooseBatch", Role::kDecide},
 };
 
 // A model's kind for the audit log (its size for XGBoost bytes).
@@ -462,6 +463,43 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Demote(grpc::CallbackServerContex
       },
       [this](const Grant&, DECISION_CALL(PromoteRequest, Expert), Done done) {
         service_->Demote(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ChooseSlate(grpc::CallbackServerContext* ctx,
+                                                           const Bytes* in, Bytes* out) {
+  return Serve<v1::ChooseSlateRequest, v1::ChooseSlateResponse>(
+      ctx, "ChooseSlate", in, out,
+      [](const v1::ChooseSlateRequest& r, const auto&) {
+        return Call{"ChooseSlate", r.problem_id(), nullptr};
+      },
+      [this](const Grant&, DECISION_CALL(ChooseSlateRequest, ChooseSlateResponse), Done done) {
+        service_->ChooseSlate(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ChooseBatch(grpc::CallbackServerContext* ctx,
+                                                           const Bytes* in, Bytes* out) {
+  return Serve<v1::ChooseBatchRequest, v1::ChooseBatchResponse>(
+      ctx, "ChooseBatch", in, out,
+      // A batch may name several problems: authorized for each (a scoped token must cover
+      // all of them).
+      [](const v1::ChooseBatchRequest& r, const auto&) {
+        return Call{"ChooseBatch",
+                    r.requests_size() > 0 ? absl::string_view(r.requests(0).problem_id())
+                                          : absl::string_view(),
+                    nullptr};
+      },
+      [this](const Grant& grant, DECISION_CALL(ChooseBatchRequest, ChooseBatchResponse),
+             Done done) {
+        for (int i = 0; i < call->request.requests_size(); ++i) {
+          if (!grant.Covers(call->request.requests(i).problem_id())) {
+            return done(absl::PermissionDeniedError(absl::StrCat(
+                "requests[", i, "]: the token is not scoped to problem ",
+                call->request.requests(i).problem_id())));
+          }
+        }
+        service_->ChooseBatch(call->request, &call->response, std::move(done));
       });
 }
 

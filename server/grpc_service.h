@@ -53,7 +53,9 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_Promote<
     v1::DecisionService::WithRawCallbackMethod_Demote<
     v1::DecisionService::WithRawCallbackMethod_EvaluateModel<
-    v1::DecisionService::Service>>>>>>>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_ChooseSlate<
+    v1::DecisionService::WithRawCallbackMethod_ChooseBatch<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -103,6 +105,10 @@ class GrpcDecisionService final : public RawDecisionService {
                                     Bytes* out) override;
   grpc::ServerUnaryReactor* Activate(grpc::CallbackServerContext* ctx, const Bytes* in,
                                      Bytes* out) override;
+  grpc::ServerUnaryReactor* ChooseSlate(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                        Bytes* out) override;
+  grpc::ServerUnaryReactor* ChooseBatch(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                        Bytes* out) override;
   grpc::ServerUnaryReactor* Promote(grpc::CallbackServerContext* ctx, const Bytes* in,
                                     Bytes* out) override;
   grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx, const Bytes* in,

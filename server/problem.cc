@@ -15,9 +15,6 @@
 #include "server/validation.h"
 
 namespace decision::server {
-namespace {
-
-using storage::v1::EventRecord;
 
 std::string RandomEventId() {
   static thread_local std::mt19937_64 gen(std::random_device{}() ^
@@ -27,6 +24,10 @@ std::string RandomEventId() {
                 static_cast<unsigned long long>(gen()));
   return buf;
 }
+
+namespace {
+
+using storage::v1::EventRecord;
 
 }  // namespace
 

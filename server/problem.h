@@ -93,6 +93,9 @@
 
 namespace decision::server {
 
+// A random event id (32 hex digits), for a Choose without one.
+std::string RandomEventId();
+
 inline constexpr size_t kMaxTrainingSamples = 200'000;
 // A checkpoint writes the estimators' state when this many samples were learned since it
 // was last written, whatever else changed: what a restart learns again at most.

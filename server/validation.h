@@ -50,6 +50,9 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(
 // field. A restart checks it before anything is sized from the record.
 absl::Status CheckStoredProblem(const storage::v1::ProblemRecord& record);
 
+// The most slots of a ChooseSlate, and of decisions in a ChooseBatch.
+inline constexpr int kMaxSlateSlots = 64;
+inline constexpr int kMaxChooseBatch = 256;
 // Choose: features (count and finiteness), the caller's event id and the eligible arms.
 absl::Status ValidateChooseRequest(const v1::ChooseRequest& request, int num_features,
                                    int num_arms);

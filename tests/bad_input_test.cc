@@ -444,6 +444,32 @@ std::vector<BadCase> BadCases(const Suite& suite) {
   v1::ExpertModel oversmoothed = uniform_model;
   oversmoothed.set_smoothing(1.5);
 
+  auto slate = [](const std::string& problem_id, int slots, const std::string& event_id,
+                  std::vector<double> features) {
+    v1::ChooseSlateRequest r;
+    r.set_problem_id(problem_id);
+    r.set_slots(slots);
+    r.set_event_id(event_id);
+    r.mutable_features()->Add(features.begin(), features.end());
+    return [r](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::ChooseSlateResponse out;
+      return s->ChooseSlate(&ctx, r, &out);
+    };
+  };
+  auto batch = [](std::vector<v1::ChooseRequest> requests) {
+    v1::ChooseBatchRequest r;
+    for (v1::ChooseRequest& one : requests) *r.add_requests() = std::move(one);
+    return [r](Stub* s) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      v1::ChooseBatchResponse out;
+      return s->ChooseBatch(&ctx, r, &out);
+    };
+  };
+  const v1::ChooseRequest good_choose = ChooseRequest(kProblem, {0.1, 0.2, 0.3}, "batch-ok");
+
   std::vector<BadCase> cases = {
       // ---- Choose on p (d = 3).
       {"Choose/2_features", choose(ChooseRequest(kProblem, {0.1, 0.2})), kInvalid,
@@ -726,6 +752,26 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      {"ChooseSlate/slots_0", slate(kProblem, 0, "", {0.1, 0.2, 0.3}), kInvalid,
+       {"slots is 0; it must be in [1, 4]"}},
+      {"ChooseSlate/slots_5_of_4_arms", slate(kProblem, 5, "", {0.1, 0.2, 0.3}), kInvalid,
+       {"slots is 5; it must be in [1, 4] (4 eligible arms"}},
+      {"ChooseSlate/event_id_125_bytes",
+       slate(kProblem, 2, std::string(125, 's'), {0.1, 0.2, 0.3}), kInvalid,
+       {"event_id has 125 bytes; at most 124 for a slate"}},
+      {"ChooseSlate/2_features", slate(kProblem, 2, "", {0.1, 0.2}), kInvalid,
+       {"expects 3 features, got 2"}},
+      {"ChooseSlate/unknown_problem", slate(kUnknownProblem, 1, "", {0.1, 0.2, 0.3}),
+       kNotFound, {"'nope'"}},
+      {"ChooseBatch/257_requests",
+       batch(std::vector<v1::ChooseRequest>(257, good_choose)), kInvalid,
+       {"requests has 257 decisions; at most 256"}},
+      {"ChooseBatch/second_has_nan",
+       batch({good_choose, ChooseRequest(kProblem, {0.1, kNaN, 0.3}, "batch-bad")}), kInvalid,
+       {"requests[1]: features[1] is nan"}},
+      {"ChooseBatch/second_unknown_problem",
+       batch({good_choose, ChooseRequest(kUnknownProblem, {0.1, 0.2, 0.3})}), kNotFound,
+       {"requests[1]:", "'nope'"}},
       {"Promote/unknown_expert", set_shadow(false, kProblem, 999), kNotFound,
        {"expert 999 is unknown to problem p"}},
       {"Promote/negative_expert", set_shadow(false, kProblem, -1), kNotFound,

@@ -238,6 +238,24 @@ class SecurityTest : public DecisiondTest {
       v1::ModelEvaluation out;
       return stub_->EvaluateModel(&ctx, r, &out).error_code();
     }
+    if (method == "ChooseSlate") {
+      v1::ChooseSlateRequest r;
+      r.set_problem_id("p");
+      r.add_features(1.0);
+      r.add_features(2.0);
+      r.set_slots(2);
+      v1::ChooseSlateResponse out;
+      return stub_->ChooseSlate(&ctx, r, &out).error_code();
+    }
+    if (method == "ChooseBatch") {
+      v1::ChooseBatchRequest r;
+      v1::ChooseRequest* one = r.add_requests();
+      one->set_problem_id("p");
+      one->add_features(1.0);
+      one->add_features(2.0);
+      v1::ChooseBatchResponse out;
+      return stub_->ChooseBatch(&ctx, r, &out).error_code();
+    }
     if (method == "Activate") {
       v1::ActivateRequest r;
       r.set_problem_id("p");
@@ -273,7 +291,8 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"GetTrainingJob", "observer"},  // after TrainExperts, which queues the job it reads
     {"SetRetention", "admin"},      {"DeleteEvents", "admin"},
     {"Explain", "exporter"},  // it carries the context, as ExportLog does
-    {"Activate", "decider"},
+    {"Activate", "decider"},        {"ChooseSlate", "decider"},
+    {"ChooseBatch", "decider"},
 };
 
 // The matrix covers every RPC of the service: a new one must say its role here.

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -1251,6 +1252,82 @@ TEST_F(ServiceTest, ShadowExpertsAreEstimatedNeverSelectedUntilPromoted) {
   s = service_->SetShadow(promote, false, &promoted);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("is retired and cannot be promoted"));
+}
+
+}  // namespace
+}  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// A slate: one arm per slot, no repeats, each slot a decision of its own ("<id>/<s>") over
+// the eligible arms the earlier slots left, rewarded and explained per slot; a retry
+// returns the same slate. A batch decides each request, or refuses the whole batch when
+// one request is invalid.
+TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  RegisterLinear("p", 3.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 100);
+  v1::ChooseSlateRequest slate;
+  slate.set_problem_id("p");
+  slate.set_event_id("page1");
+  slate.set_slots(3);
+  for (int f = 0; f < kFeatures; ++f) slate.add_features(0.2 * (f + 1));
+  for (int a : {3, 0, 1, 2}) slate.mutable_eligible()->add_arms(a);
+  v1::ChooseSlateResponse chosen;
+  ASSERT_TRUE(service_->ChooseSlate(slate, &chosen).ok());
+  ASSERT_EQ(chosen.slots_size(), 3);
+  EXPECT_EQ(chosen.event_id(), "page1");
+  std::set<int> arms;
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(chosen.slots(s).event_id(), absl::StrCat("page1/", s));
+    arms.insert(chosen.slots(s).arm());
+  }
+  EXPECT_EQ(arms.size(), 3u) << "an arm was chosen twice";
+  // Slot 1 was chosen among the arms slot 0 left.
+  v1::ExplainRequest explain;
+  explain.set_problem_id("p");
+  explain.set_event_id("page1/1");
+  v1::Explanation why;
+  ASSERT_TRUE(service_->Explain(explain, &why).ok());
+  EXPECT_EQ(why.eligible_arms_size(), 3);
+  EXPECT_THAT(why.eligible_arms(), ::testing::Not(::testing::Contains(chosen.slots(0).arm())));
+  EXPECT_TRUE(why.reproduced());
+  // A retry: the same slate.
+  v1::ChooseSlateResponse again;
+  ASSERT_TRUE(service_->ChooseSlate(slate, &again).ok());
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(again.slots(s).arm(), chosen.slots(s).arm());
+  // Rewarded per slot.
+  ASSERT_TRUE(Reward("p", "page1/0", 1.0).ok());
+  ASSERT_TRUE(Reward("p", "page1/2", 0.0).ok());
+  // More slots than eligible arms.
+  slate.set_slots(5);
+  absl::Status s = service_->ChooseSlate(slate, &again);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("slots is 5; it must be in [1, 4]"));
+
+  v1::ChooseBatchRequest batch;
+  for (int i = 0; i < 3; ++i) {
+    v1::ChooseRequest* r = batch.add_requests();
+    r->set_problem_id("p");
+    r->set_event_id(absl::StrCat("b", i));
+    for (int f = 0; f < kFeatures; ++f) r->add_features(0.1 * (i + f));
+  }
+  v1::ChooseBatchResponse decided;
+  ASSERT_TRUE(service_->ChooseBatch(batch, &decided).ok());
+  ASSERT_EQ(decided.responses_size(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(decided.responses(i).event_id(), absl::StrCat("b", i));
+  // One bad request: nothing of the batch is decided.
+  v1::ChooseBatchRequest bad = batch;
+  for (int i = 0; i < 3; ++i) bad.mutable_requests(i)->set_event_id(absl::StrCat("c", i));
+  bad.mutable_requests(2)->add_features(1.0);
+  v1::ChooseBatchResponse none;
+  s = service_->ChooseBatch(bad, &none);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("requests[2]: features: problem p expects 3 features"));
+  explain.set_event_id("c0");
+  EXPECT_EQ(service_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
