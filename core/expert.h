@@ -81,8 +81,9 @@ class Expert {
   // Per-request eligibility: each row's distribution restricted to its eligible arms
   // (RestrictToEligible: renormalised and smoothed over them, 0 for the other arms).
   // `eligible` is empty (no row restricted) or has one entry per row, each empty (every
-  // arm) or a set of distinct arms in [0, K); a row with every arm eligible gets exactly
-  // PredictBatch's distribution. INVALID_ARGUMENT for a bad set or a count that is not n.
+  // arm) or ascending distinct arms in [0, K) (sort a request's set first: it is checked
+  // in O(|E|)); a row with every arm eligible gets exactly PredictBatch's distribution.
+  // INVALID_ARGUMENT for a bad set or a count that is not n.
   absl::Status PredictBatchEligible(absl::Span<const double> rows, size_t n,
                                     absl::Span<const absl::Span<const int32_t>> eligible,
                                     absl::Span<double> probs) const;
@@ -100,6 +101,9 @@ class Expert {
 
  private:
   void Smooth(absl::Span<double> probs) const;
+  // Checks the batch's sizes and finiteness, then PredictRaw.
+  absl::Status PredictRawChecked(absl::Span<const double> rows, size_t n,
+                                 absl::Span<double> probs) const;
 
   const int num_arms_;
   const int num_features_;

@@ -84,7 +84,7 @@ TEST(RestrictToEligible, EveryArmIsThePlainSmoothingBitForBit) {
   std::vector<double> plain(5), all(5), listed(5);
   ASSERT_TRUE((*expert)->Predict(x, absl::MakeSpan(plain)).ok());
   ASSERT_TRUE((*expert)->PredictEligible(x, {}, absl::MakeSpan(all)).ok());
-  ASSERT_TRUE((*expert)->PredictEligible(x, {4, 0, 2, 1, 3}, absl::MakeSpan(listed)).ok());
+  ASSERT_TRUE((*expert)->PredictEligible(x, {0, 1, 2, 3, 4}, absl::MakeSpan(listed)).ok());
   EXPECT_EQ(all, plain);
   EXPECT_EQ(listed, plain);
 }
@@ -129,8 +129,14 @@ TEST(PredictBatchEligible, RefusesBadSetsWithTheirReason) {
   EXPECT_THAT(s.message(), HasSubstr("eligible arm 4 (entry 1) is not an arm in [0, 4)"));
   s = (*expert)->PredictEligible(x, {2, -1}, absl::MakeSpan(probs));
   EXPECT_THAT(s.message(), HasSubstr("eligible arm -1 (entry 1) is not an arm in [0, 4)"));
-  s = (*expert)->PredictEligible(x, {1, 3, 1}, absl::MakeSpan(probs));
-  EXPECT_THAT(s.message(), HasSubstr("eligible arm 1 is listed twice (entry 2)"));
+  s = (*expert)->PredictEligible(x, {1, 3, 3}, absl::MakeSpan(probs));
+  EXPECT_THAT(s.message(), HasSubstr("eligible arms are not ascending at entry 2 (3 after 3)"));
+  s = (*expert)->PredictEligible(x, {3, 1}, absl::MakeSpan(probs));
+  EXPECT_THAT(s.message(), HasSubstr("eligible arms are not ascending at entry 1 (1 after 3)"));
+  // A request's set in any order is validated (and then sorted) by the server.
+  EXPECT_THAT(ValidateEligibleArms({1, 3, 1}, 4).message(),
+              HasSubstr("eligible arm 1 is listed twice (entry 2)"));
+  EXPECT_TRUE(ValidateEligibleArms({3, 1}, 4).ok());
   const std::vector<int32_t> one = {1};
   const std::vector<absl::Span<const int32_t>> two_sets = {one, one};
   s = (*expert)->PredictBatchEligible(x, 1, two_sets, absl::MakeSpan(probs));
