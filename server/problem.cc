@@ -388,7 +388,8 @@ void Problem::Activate(const v1::ActivateRequest& request, v1::ActivateResponse*
                        Done done) {
   if (absl::Status s = ValidateActivateRequest(request); !s.ok()) return done(s);
   const std::string& event_id = request.event_id();
-  const auto expired = [&](int64_t deadline_ms) {
+  // By value: it also runs on the blocking executor below.
+  const auto expired = [event_id](int64_t deadline_ms) {
     return absl::FailedPreconditionError(absl::StrCat(
         "event ", event_id, " was not activated within its reward wait (it expired at ",
         deadline_ms, " ms): it is dropped, not learned"));

@@ -31,7 +31,6 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gmock/gmock.h>
 #include <grpcpp/support/byte_buffer.h>
@@ -45,6 +44,7 @@
 #include "decision/v1/decision.grpc.pb.h"
 #include "tests/decisiond_fixture.h"
 #include "tests/decisiond_process.h"
+#include "tests/dsjson_line.pb.h"
 
 namespace decision {
 namespace {
@@ -981,7 +981,8 @@ TEST_F(IntegrationTest, AdServerFunnel) {
     EXPECT_NE(c.expert_id(), shadow.expert_id());
     Reward(problem, c.event_id(), ArgMaxReward(x, c.arm()));
   }
-  const v1::ExpertEstimate& estimate = EstimateOf(GetEstimates(problem), shadow.expert_id());
+  const v1::Estimates estimates = GetEstimates(problem);
+  const v1::ExpertEstimate& estimate = EstimateOf(estimates, shadow.expert_id());
   EXPECT_EQ(estimate.status(), v1::EXPERT_STATUS_SHADOW);
   EXPECT_EQ(estimate.times_selected(), 0);
   EXPECT_TRUE(std::isfinite(estimate.width()));
@@ -1059,12 +1060,12 @@ TEST_F(IntegrationTest, AdServerFunnel) {
   int lines = 0;
   std::set<std::string> ids;
   while (reader->Read(&sample)) {
-    google::protobuf::Struct line;
+    testing::DsjsonLine line;
     ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(sample.dsjson(), &line).ok())
         << sample.dsjson();
-    EXPECT_EQ(line.fields().at("_label_probability").number_value(), sample.propensity());
-    EXPECT_EQ(line.fields().at("_label_Action").number_value(), sample.arm() + 1);
-    ids.insert(line.fields().at("EventId").string_value());
+    EXPECT_EQ(line.label_probability(), sample.propensity());
+    EXPECT_EQ(line.label_action(), sample.arm() + 1);
+    ids.insert(line.event_id());
     ++lines;
   }
   ASSERT_GRPC_OK(reader->Finish());

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include <gmock/gmock.h>
-#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +21,7 @@
 #include "storage/format.h"
 #include "storage/store.h"
 #include "tests/decisiond_process.h"
+#include "tests/dsjson_line.pb.h"
 #include "tests/reference_estimators.h"
 #include "tests/service_fixture.h"
 
@@ -730,7 +730,7 @@ namespace decision::server {
 namespace {
 
 // DSJSON export (ExportLog with EXPORT_FORMAT_DSJSON): every line parses back as JSON
-// (protobuf's parser, into a Struct) to the sample it came from, with the documented
+// (protobuf's parser, into tests/dsjson_line.proto) to the sample it came from, with the documented
 // mapping: cost = -reward, 1-based actions with the chosen one first, the chooser's
 // restricted distribution over the eligible arms in `p`, the context, the event id and
 // time, and this service's fields under _decision. A redacted sample keeps only what
@@ -786,52 +786,43 @@ TEST_F(ServiceTest, DsjsonExportParsesBackToTheLog) {
   for (const v1::LoggedSample& s : log) {
     SCOPED_TRACE(s.dsjson());
     ASSERT_EQ(s.dsjson().find('\n'), std::string::npos);
-    google::protobuf::Struct line;
-    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(s.dsjson(), &line).ok());
-    const auto& f = line.fields();
-    EXPECT_EQ(f.at("_label_cost").number_value(), -s.reward());
-    EXPECT_EQ(f.at("_label_probability").number_value(), s.propensity());
-    EXPECT_EQ(f.at("_label_Action").number_value(), s.arm() + 1);
-    EXPECT_EQ(f.at("_labelIndex").number_value(), s.arm());
-    EXPECT_EQ(f.at("EventId").string_value(), s.event_id());
+    testing::DsjsonLine line;  // unknown fields are refused
+    const auto parsed = google::protobuf::util::JsonStringToMessage(s.dsjson(), &line);
+    ASSERT_TRUE(parsed.ok()) << parsed.ToString();
+    EXPECT_EQ(line.label_cost(), -s.reward());
+    EXPECT_EQ(line.label_probability(), s.propensity());
+    EXPECT_EQ(line.label_action(), s.arm() + 1);
+    EXPECT_EQ(line.label_index(), s.arm());
+    EXPECT_EQ(line.event_id(), s.event_id());
     absl::Time when;
     std::string error;
-    ASSERT_TRUE(absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", f.at("Timestamp").string_value(),
-                                &when, &error))
+    ASSERT_TRUE(absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", line.timestamp(), &when, &error))
         << error;
     EXPECT_EQ(absl::ToUnixMillis(when), s.decided_at_ms());
-    const auto& decision = f.at("_decision").struct_value().fields();
-    EXPECT_EQ(decision.at("sequence").number_value(), s.sequence());
-    EXPECT_EQ(decision.at("expert_id").number_value(), s.expert_id());
-    EXPECT_EQ(decision.at("default_reward").bool_value(), s.default_reward());
-    EXPECT_EQ(decision.at("joined_at_ms").number_value(), s.joined_at_ms());
-    std::vector<int32_t> eligible;
-    if (decision.count("eligible_arms")) {
-      for (const auto& v : decision.at("eligible_arms").list_value().values()) {
-        eligible.push_back(static_cast<int32_t>(v.number_value()));
-      }
-    }
+    const testing::DsjsonDecision& decision = line.decision();
+    EXPECT_EQ(decision.sequence(), s.sequence());
+    EXPECT_EQ(decision.expert_id(), s.expert_id());
+    EXPECT_EQ(decision.default_reward(), s.default_reward());
+    EXPECT_EQ(decision.joined_at_ms(), s.joined_at_ms());
+    EXPECT_EQ(decision.redacted(), s.redacted());
+    const std::vector<int32_t> eligible(decision.eligible_arms().begin(),
+                                        decision.eligible_arms().end());
     EXPECT_THAT(eligible, ::testing::ElementsAreArray(s.eligible_arms()));
-    const auto& a = f.at("a").list_value().values();
-    const auto& p = f.at("p").list_value().values();
-    ASSERT_EQ(a.size(), p.size());
-    ASSERT_GE(a.size(), 1);
-    EXPECT_EQ(a[0].number_value(), s.arm() + 1);
-    EXPECT_EQ(p[0].number_value(), s.propensity());
-    const auto& context = f.at("c").struct_value().fields();
+    ASSERT_EQ(line.a_size(), line.p_size());
+    ASSERT_GE(line.a_size(), 1);
+    EXPECT_EQ(line.a(0), s.arm() + 1);
+    EXPECT_EQ(line.p(0), s.propensity());
     if (s.redacted()) {
       ++redacted;
-      EXPECT_TRUE(context.empty());
-      EXPECT_EQ(a.size(), 1);  // no context to re-score: the chosen arm only
-      EXPECT_TRUE(decision.at("redacted").bool_value());
+      EXPECT_FALSE(line.c().has_x());
+      EXPECT_EQ(line.a_size(), 1);  // no context to re-score: the chosen arm only
       continue;
     }
     defaulted += s.default_reward() ? 1 : 0;
-    const auto& x = context.at("x").struct_value().fields();
-    ASSERT_EQ(static_cast<int>(x.size()), kFeatures);
-    for (int i = 0; i < kFeatures; ++i) {
-      EXPECT_EQ(x.at(absl::StrCat("x", i)).number_value(), s.features(i));
-    }
+    ASSERT_TRUE(line.c().has_x());
+    EXPECT_EQ(line.c().x().x0(), s.features(0));
+    EXPECT_EQ(line.c().x().x1(), s.features(1));
+    EXPECT_EQ(line.c().x().x2(), s.features(2));
     // a: the chosen action, then the other eligible ones ascending; p: the chooser's
     // restricted distribution, read back exactly.
     std::vector<double> dist(kArms);
@@ -846,12 +837,12 @@ TEST_F(ServiceTest, DsjsonExportParsesBackToTheLog) {
           eligible.empty() || std::count(eligible.begin(), eligible.end(), v) == 1;
       if (v != s.arm() && allowed) expected.push_back(v + 1);
     }
-    ASSERT_EQ(a.size(), expected.size());
+    ASSERT_EQ(line.a_size(), static_cast<int>(expected.size()));
     double total = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].number_value(), expected[i]);
-      EXPECT_EQ(p[i].number_value(), dist[expected[i] - 1]);
-      total += p[i].number_value();
+    for (int i = 0; i < line.a_size(); ++i) {
+      EXPECT_EQ(line.a(i), expected[i]);
+      EXPECT_EQ(line.p(i), dist[expected[i] - 1]);
+      total += line.p(i);
     }
     EXPECT_NEAR(total, 1.0, 1e-12);
   }
