@@ -885,7 +885,8 @@ namespace {
 // 18): eligible arms on every request, deferred decisions (never activated: dropped and
 // counted; activated: learned), a shadow expert that is estimated but never selected until
 // promoted, EvaluateModel giving the shadow expert's SNIPS over the same log, Explain
-// reproducing a decision, and the DSJSON export parsed back. Slates are not built yet.
+// reproducing a decision, a two-slot slate rewarded per slot, and the DSJSON export parsed
+// back.
 TEST_F(IntegrationTest, AdServerFunnel) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string problem = "funnel";
@@ -1031,6 +1032,22 @@ TEST_F(IntegrationTest, AdServerFunnel) {
     break;
   }
 
+  // A two-slot slate, rewarded per slot ("<id>/<slot>").
+  {
+    v1::ChooseSlateRequest request;
+    request.set_problem_id(problem);
+    request.set_event_id("page");
+    request.set_slots(2);
+    const std::vector<double> x = RandomFeatures(gen);
+    request.mutable_features()->Add(x.begin(), x.end());
+    v1::ChooseSlateResponse slate;
+    ASSERT_GRPC_OK(Call(&Stub::ChooseSlate, stub_.get(), request, &slate));
+    ASSERT_EQ(slate.slots_size(), 2);
+    EXPECT_NE(slate.slots(0).arm(), slate.slots(1).arm());
+    EXPECT_TRUE(Reward(problem, "page/0", ArgMaxReward(x, slate.slots(0).arm())).first());
+    EXPECT_TRUE(Reward(problem, "page/1", ArgMaxReward(x, slate.slots(1).arm())).first());
+  }
+
   // The decisions never activated are dropped once their wait expires.
   ASSERT_TRUE(PollUntil([&] {
     v1::ExplainRequest request;
@@ -1069,7 +1086,8 @@ TEST_F(IntegrationTest, AdServerFunnel) {
     ++lines;
   }
   ASSERT_GRPC_OK(reader->Finish());
-  EXPECT_EQ(lines, 300 + 5 + 200);
+  EXPECT_EQ(lines, 300 + 5 + 200 + 2);
+  EXPECT_EQ(ids.count("page/0") + ids.count("page/1"), 2u);
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(ids.count(absl::StrCat("hidden", i)), 0u);
     EXPECT_EQ(ids.count(absl::StrCat("shown", i)), 1u);
