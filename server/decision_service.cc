@@ -332,6 +332,22 @@ absl::Status DecisionService::ListProblems(const v1::ListProblemsRequest&,
 
 // ---------------------------------------------------------------------------- Experts
 
+absl::Status DecisionService::ProbeInSandbox(Problem& p,
+                                             storage::v1::ExpertModelRecord* model) {
+  if (!model->has_xgboost() || !sandbox_.enabled()) return absl::OkStatus();
+  // A client's model is loaded and scored first in the sandbox; what is stored and loaded
+  // here is the probe's canonical form (a legacy binary model becomes UBJSON).
+  ModelProbeRequest probe;
+  probe.num_arms = p.record().num_arms();
+  probe.num_features = p.record().num_features();
+  probe.model = model->xgboost();
+  probe.rows = ProbeRows(p.RecentContexts(kProbeRealContexts), probe.num_features,
+                         kProbeRealContexts);
+  DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
+  model->set_xgboost(std::move(canonical));
+  return absl::OkStatus();
+}
+
 absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& request,
                                              v1::Expert* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
@@ -340,18 +356,7 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
                             ModelRecordFromWire(request.model()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("new experts"));
-  if (model.has_xgboost() && sandbox_.enabled()) {
-    // A client's model is loaded and scored first in the sandbox; what is stored and loaded
-    // here is the probe's canonical form (a legacy binary model becomes UBJSON).
-    ModelProbeRequest probe;
-    probe.num_arms = p->record().num_arms();
-    probe.num_features = p->record().num_features();
-    probe.model = model.xgboost();
-    probe.rows = ProbeRows(p->RecentContexts(kProbeRealContexts), probe.num_features,
-                           kProbeRealContexts);
-    DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
-    model.set_xgboost(std::move(canonical));
-  }
+  DECISION_RETURN_IF_ERROR(ProbeInSandbox(*p, &model));
   // Its backfill covers every reward acknowledged before the registration (backfill_total),
   // whether or not the learner has caught up with them.
   DECISION_RETURN_IF_ERROR(p->WaitLearned());
@@ -377,17 +382,7 @@ absl::Status DecisionService::EvaluateModel(const v1::EvaluateModelRequest& requ
   }
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
                             ModelRecordFromWire(request.model()));
-  if (model.has_xgboost() && sandbox_.enabled()) {
-    // Untrusted like any registered model: checked in the sandbox first.
-    ModelProbeRequest probe;
-    probe.num_arms = p->record().num_arms();
-    probe.num_features = p->record().num_features();
-    probe.model = model.xgboost();
-    probe.rows = ProbeRows(p->RecentContexts(kProbeRealContexts), probe.num_features,
-                           kProbeRealContexts);
-    DECISION_ASSIGN_OR_RETURN(std::string canonical, sandbox_.Check(probe));
-    model.set_xgboost(std::move(canonical));
-  }
+  DECISION_RETURN_IF_ERROR(ProbeInSandbox(*p, &model));  // untrusted like any registered one
   DECISION_ASSIGN_OR_RETURN(
       std::unique_ptr<Expert> built,
       BuildExpert(model, p->record().num_arms(), p->record().num_features(), smoothing));

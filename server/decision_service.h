@@ -255,6 +255,10 @@ class DecisionService {
   storage::Store& store_for_testing() { return *store_; }
 
  private:
+  // An XGBoost model from a client, loaded and scored in the sandbox (when enabled) on the
+  // problem's shape and recent contexts; `model` becomes the probe's canonical form.
+  absl::Status ProbeInSandbox(Problem& p, storage::v1::ExpertModelRecord* model);
+
   DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics);
   absl::StatusOr<Problem*> Find(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
   static absl::Status FailedLoadError(const std::string& problem_id, const absl::Status& why);
