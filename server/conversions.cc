@@ -153,6 +153,7 @@ v1::ProblemConfig ConfigFromRecord(const rec::ProblemRecord& r) {
   at->set_linear_experts(r.auto_train_linear());
   at->set_max_active_experts(r.max_active_experts());
   c.set_scoring_budget_us(r.scoring_budget_us());
+  c.set_auto_promote(r.auto_promote());
   c.set_divergence_refresh_turnover(r.divergence_refresh_turnover());
   c.mutable_retention()->set_max_samples(r.retention_max_samples());
   c.mutable_retention()->set_max_age_ms(r.retention_max_age_ms());

@@ -285,6 +285,9 @@ class Problem {
   }
   absl::StatusOr<v1::Expert> RetireExpert(int expert_id)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
+  // The promotion gate (ProblemConfig.auto_promote): promotes every shadow expert whose
+  // lower bound (estimate - width) exceeds the best estimate of the selectable experts.
+  absl::Status PromoteProvenShadows() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
   // Promote (shadow = false) and Demote (true): see the RPCs. Writes the expert's record.
   absl::StatusOr<v1::Expert> SetShadow(int expert_id, bool shadow)
       ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);

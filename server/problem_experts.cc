@@ -333,6 +333,29 @@ absl::StatusOr<v1::Expert> Problem::RetireExpert(int expert_id) {
   return experts_.ToWire(id(), expert_id, expert_id < ducb_.num_experts());
 }
 
+absl::Status Problem::PromoteProvenShadows() {
+  std::vector<int> promote;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ducb_.num_samples() == 0) return absl::OkStatus();
+    double best = -std::numeric_limits<double>::infinity();
+    for (int k = 0; k < ducb_.num_experts(); ++k) {
+      if (ducb_.selectable(k)) best = std::max(best, ducb_.Estimate(k).mean);
+    }
+    for (int k = 0; k < ducb_.num_experts(); ++k) {
+      const ExpertSlot& slot = experts_.at(k);
+      if (!slot.record.shadow() || slot.record.status() != storage::v1::EXPERT_STATE_ACTIVE ||
+          !slot.failure.empty()) {
+        continue;
+      }
+      const ExpertEstimate e = ducb_.Estimate(k);
+      if (e.mean - e.width > best) promote.push_back(k);
+    }
+  }
+  for (int k : promote) DECISION_RETURN_IF_ERROR(SetShadow(k, false).status());
+  return absl::OkStatus();
+}
+
 absl::Status Problem::RetireDominated(int max_active) {
   absl::MutexLock writes(&expert_writes_mu_);
   std::vector<std::pair<int, ExpertRecord>> retire;

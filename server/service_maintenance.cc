@@ -161,6 +161,7 @@ absl::Status DecisionService::MaintainPool(Problem* p,
   errors.Keep("backfill", backfill);
   if (worked && backfill.ok()) backfill_behind_ = true;
   const storage::v1::ProblemRecord& r = p->record();
+  if (r.auto_promote()) errors.Keep("promoting shadow experts", p->PromoteProvenShadows());
   if (r.auto_train()) {
     errors.Keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
   }

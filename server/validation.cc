@@ -195,6 +195,7 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_scoring_budget_us(c.scoring_budget_us());
   r.set_divergence_refresh_turnover(
       c.has_divergence_refresh_turnover() ? c.divergence_refresh_turnover() : 0.5);
+  r.set_auto_promote(c.auto_promote());
   return r;
 }
 

@@ -1323,3 +1323,45 @@ TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
 
 }  // namespace
 }  // namespace decision::server
+
+namespace decision::server {
+namespace {
+
+// The promotion gate (auto_promote): a shadow expert is promoted once its lower bound
+// passes the best selectable estimate; a shadow expert no better than the pool is not.
+TEST_F(ServiceTest, ThePromotionGatePromotesOnlyAProvenShadowExpert) {
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1000);
+  create.mutable_config()->set_auto_promote(true);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  EXPECT_TRUE(created.config().auto_promote());
+  PlayRounds("p", 300);
+  v1::RegisterExpertRequest strong = LinearRequest("p", 12.0);
+  strong.set_shadow(true);
+  v1::RegisterExpertRequest weak = TableRequest("p", {0.25, 0.25, 0.25, 0.25});
+  weak.set_shadow(true);
+  v1::Expert s, w;
+  ASSERT_TRUE(service_->RegisterExpert(strong, &s).ok());
+  ASSERT_TRUE(service_->RegisterExpert(weak, &w).ok());
+  RunMaintenanceUntilActive("p");
+  int rounds = 0;
+  while (Experts("p")[s.expert_id()].status() == v1::EXPERT_STATUS_SHADOW && rounds < 5000) {
+    PlayRounds("p", 100);
+    rounds += 100;
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+  }
+  EXPECT_EQ(Experts("p")[s.expert_id()].status(), v1::EXPERT_STATUS_ACTIVE)
+      << "not promoted after " << rounds << " rounds";
+  EXPECT_EQ(Experts("p")[w.expert_id()].status(), v1::EXPERT_STATUS_SHADOW);
+  // What the gate saw: the strong expert's lower bound above the uniform expert's estimate.
+  const v1::Estimates e = Estimates("p");
+  EXPECT_GT(e.experts(s.expert_id()).estimate() - e.experts(s.expert_id()).width(),
+            e.experts(0).estimate());
+}
+
+}  // namespace
+}  // namespace decision::server
