@@ -6,7 +6,7 @@
 //   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
 //                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
-//                  [--retention_max_samples=N] [--retention_max_age_ms=MS]
+//                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
 //   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //       what the store keeps of the problem's history (0: no limit; both 0: keep all)
 //   delete-events PROBLEM EVENT_ID...
@@ -94,6 +94,9 @@ ABSL_FLAG(std::string, estimator, "median_of_means", "create-problem: median_of_
 ABSL_FLAG(int64_t, wait_ms, 0, "create-problem: reward wait time (0: server default 60000)");
 ABSL_FLAG(double, default_reward, 0.0, "create-problem: reward of decisions never rewarded");
 ABSL_FLAG(bool, drop_unrewarded, false, "create-problem: drop instead of default reward");
+ABSL_FLAG(bool, auto_promote, false,
+          "create-problem: promote a shadow expert once its lower bound passes the best "
+          "selectable estimate");
 ABSL_FLAG(bool, auto_train, false,
           "create-problem: train experts from the log at every batch boundary");
 ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
@@ -248,6 +251,7 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.set_reward_wait_ms(absl::GetFlag(FLAGS_wait_ms));
   config.set_default_reward(absl::GetFlag(FLAGS_default_reward));
   config.set_drop_unrewarded(absl::GetFlag(FLAGS_drop_unrewarded));
+  config.set_auto_promote(absl::GetFlag(FLAGS_auto_promote));
   config.mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
   config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
   config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
