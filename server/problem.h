@@ -8,9 +8,11 @@
 //                  the samples (the log is in the store; docs/ENGINE.md)
 //   validation.h   request checks; conversions.h the enum tables
 // and the pieces of work, one file each:
-//   problem.cc              creation, Choose, Reward, the read-only queries
+//   problem.cc              creation, Choose, Reward (and Activate), in-memory queries
 //   problem_commit.cc       the join writer: group commits on the writer executor
 //   problem_learn.cc        the learner: joined samples scored in batches and learned
+//   problem_log.cc          reads of the stored log: ExportLog (and DSJSON), Explain,
+//                           EvaluateModel
 //   problem_experts.cc      registration, retirement, quarantine, divergence refresh
 //   problem_backfill.cc     the backfill of a new expert, and its estimator rows
 //   problem_maintenance.cc  expiry, checkpoints, log chunks, training sets, metrics
@@ -184,7 +186,8 @@ class Problem {
     // Caps on the decisions waiting for their reward (answered, not yet joined or
     // expired): a Choose that would make a new one past either gets RESOURCE_EXHAUSTED.
     // Chooses in flight at once may pass the cap by their number. The memory of one is
-    // estimated as PendingDecisionBytes(num_features).
+    // estimated as PendingDecisionBytes(num_features), plus 4 bytes per eligible arm it
+    // carries (PendingTable::eligible_arms).
     int64_t max_pending_decisions = 1'000'000;
     int64_t max_pending_decision_bytes = int64_t{1} << 30;
     // The divergence pair series (decision_divergence_mij, _sigmaij) cover the active experts

@@ -763,7 +763,9 @@ TEST_F(ServiceTest, DsjsonExportParsesBackToTheLog) {
     }
     v1::ChooseResponse resp;
     ASSERT_TRUE(service_->Choose(req, &resp).ok());
-    if (i != 50) ASSERT_TRUE(Reward("p", resp.event_id(), (i % 4) / 3.0).ok());
+    if (i != 50) {
+      ASSERT_TRUE(Reward("p", resp.event_id(), (i % 4) / 3.0).ok());
+    }
   }
   clock_.AdvanceMs(2000);  // event e50 expires: learned with the default reward
   ASSERT_TRUE(service_->RunMaintenance().ok());
@@ -904,7 +906,9 @@ TEST_F(ServiceTest, EligibleArmsRestrictEveryExpertThroughJoinBackfillAndRestart
       ASSERT_TRUE(
           models[resp.expert_id()]->PredictEligible(x, eligible, absl::MakeSpan(probs)).ok());
       ASSERT_DOUBLE_EQ(resp.propensity(), probs[resp.arm()]);
-      if (reward) ASSERT_TRUE(Reward("p", resp.event_id(), resp.arm() == 0 ? 1.0 : 0.2).ok());
+      if (reward) {
+        ASSERT_TRUE(Reward("p", resp.event_id(), resp.arm() == 0 ? 1.0 : 0.2).ok());
+      }
     }
   };
   play(300, true);
