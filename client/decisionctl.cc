@@ -436,12 +436,21 @@ int Estimates(DecisionClient& c, const std::vector<char*>& args) {
   if (!e.ok()) return Fail(e.status());
   std::printf("problem %s: %lld samples, estimated regret %.1f\n", e->problem_id().c_str(),
               static_cast<long long>(e->samples()), e->estimated_regret());
-  std::printf("%6s %-12s %10s %10s %10s %10s %12s\n", "expert", "status", "estimate", "width",
-              "ucb", "selected", "eff. samples");
+  // Then its off-policy estimates (GetEstimates' off_policy): SNIPS, IPS's 95% lower bound
+  // and the effective sample size of its importance weights; "-" where none is kept.
+  std::printf("%6s %-12s %10s %10s %10s %10s %12s %8s %8s %8s\n", "expert", "status",
+              "estimate", "width", "ucb", "selected", "eff. samples", "snips", "ips lb",
+              "ips ess");
   for (const v1::ExpertEstimate& x : e->experts()) {
-    std::printf("%6d %-12s %10.4f %10.4f %10.4f %10lld %12.1f\n", x.expert_id(),
+    std::printf("%6d %-12s %10.4f %10.4f %10.4f %10lld %12.1f", x.expert_id(),
                 StatusName(x.status()), x.estimate(), x.width(), x.ucb(),
                 static_cast<long long>(x.times_selected()), x.effective_sample_size());
+    if (x.off_policy().samples() > 0) {
+      std::printf(" %8.4f %8.4f %8.1f\n", x.off_policy().snips(), x.off_policy().ips_lower(),
+                  x.off_policy().effective_sample_size());
+    } else {
+      std::printf(" %8s %8s %8s\n", "-", "-", "-");
+    }
   }
   return 0;
 }

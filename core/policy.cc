@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "absl/random/distributions.h"
@@ -27,7 +28,8 @@ absl::StatusOr<DUcb> DUcb::Create(const EstimatorOptions& options, int num_exper
 }
 
 absl::StatusOr<DUcb> DUcb::Restore(const EstimatorOptions& options, absl::string_view state,
-                                   std::vector<int64_t> counts) {
+                                   std::vector<int64_t> counts,
+                                   std::vector<OffPolicySums> off_policy) {
   absl::StatusOr<std::unique_ptr<Estimator>> estimator = RestoreEstimator(options, state);
   if (!estimator.ok()) return estimator.status();
   const int n = (*estimator)->num_experts();
@@ -41,8 +43,14 @@ absl::StatusOr<DUcb> DUcb::Restore(const EstimatorOptions& options, absl::string
                                             total, " for an estimator of ", n, " experts and ",
                                             (*estimator)->num_samples(), " samples"));
   }
+  if (!off_policy.empty() && static_cast<int>(off_policy.size()) != n) {
+    return absl::DataLossError(absl::StrCat(off_policy.size(), " experts' off-policy sums for ",
+                                            "an estimator of ", n, " experts"));
+  }
   DUcb ducb(*std::move(estimator), n, LogMode::kNone);
+  for (int k = 0; k < n; ++k) ducb.frozen_[k] = ducb.estimator_->Retired(k);
   ducb.counts_ = std::move(counts);
+  if (!off_policy.empty()) ducb.off_policy_ = std::move(off_policy);
   return ducb;
 }
 
@@ -68,6 +76,7 @@ absl::Status DUcb::Retire(int k) {
   }
   if (absl::Status s = estimator_->Retire(k); !s.ok()) return s;
   selectable_[k] = false;
+  frozen_[k] = true;
   return absl::OkStatus();
 }
 
@@ -85,6 +94,11 @@ int DUcb::SelectExpert(absl::BitGenRef gen) const {
 absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> propensities) {
   if (mode_ == LogMode::kNone) {
     if (absl::Status s = estimator_->Add(chooser, reward, propensities); !s.ok()) return s;
+    // Valid: the estimator checked them. The chooser's propensity is the logged one.
+    const double logged = propensities[chooser];
+    for (int k = 0; k < num_experts(); ++k) {
+      if (!frozen_[k]) off_policy_[k].Add(propensities[k], logged, reward);
+    }
   } else {
     if (absl::Status s = log_.Append(chooser, reward, propensities); !s.ok()) return s;
     if (absl::Status s = estimator_->Update(log_); !s.ok()) return s;
@@ -93,12 +107,56 @@ absl::Status DUcb::Learn(int chooser, double reward, absl::Span<const double> pr
   return absl::OkStatus();
 }
 
+OffPolicySums DUcb::OffPolicy(int k) const {
+  if (mode_ == LogMode::kNone) return off_policy_[k];
+  OffPolicySums sums;
+  for (int64_t s = 0; s < log_.size(); ++s) {
+    sums.Add(log_.propensity(k, s), log_.propensity(log_.chooser(s), s), log_.reward(s));
+  }
+  return sums;
+}
+
+namespace {
+
+// The estimator's rows of new experts, summing their off-policy estimates as they are fed.
+class OffPolicyRows final : public ExpertRows {
+ public:
+  OffPolicyRows(std::unique_ptr<ExpertRows> rows, int count)
+      : rows_(std::move(rows)), sums_(count) {}
+
+  absl::Status Add(int chooser, double reward, double chooser_propensity,
+                   absl::Span<const double> propensities) override {
+    if (absl::Status s = rows_->Add(chooser, reward, chooser_propensity, propensities);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t e = 0; e < sums_.size(); ++e) {
+      sums_[e].Add(propensities[e], chooser_propensity, reward);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Skip(int chooser) override { return rows_->Skip(chooser); }
+  int64_t num_samples() const override { return rows_->num_samples(); }
+
+  std::unique_ptr<ExpertRows> TakeRows() { return std::move(rows_); }
+  std::vector<OffPolicySums>& sums() { return sums_; }
+
+ private:
+  std::unique_ptr<ExpertRows> rows_;
+  std::vector<OffPolicySums> sums_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ExpertRows>> DUcb::NewExpertRows(int count,
                                                                 int64_t first_sample) const {
   if (mode_ == LogMode::kKeep) {
     return absl::FailedPreconditionError("this D-UCB keeps a log: use AddExperts(backfill, d)");
   }
-  return estimator_->NewExpertRows(count, first_sample);
+  absl::StatusOr<std::unique_ptr<ExpertRows>> rows =
+      estimator_->NewExpertRows(count, first_sample);
+  if (!rows.ok()) return rows.status();
+  return std::make_unique<OffPolicyRows>(*std::move(rows), count);
 }
 
 absl::Status DUcb::AddExperts(std::unique_ptr<ExpertRows> rows,
@@ -106,11 +164,18 @@ absl::Status DUcb::AddExperts(std::unique_ptr<ExpertRows> rows,
   if (mode_ == LogMode::kKeep) {
     return absl::FailedPreconditionError("this D-UCB keeps a log: use AddExperts(backfill, d)");
   }
+  auto* ours = dynamic_cast<OffPolicyRows*>(rows.get());
+  if (ours == nullptr) {
+    return absl::InvalidArgumentError("the rows were not started by this D-UCB's NewExpertRows");
+  }
+  std::vector<OffPolicySums> sums = std::move(ours->sums());
   const int old_n = num_experts();
-  if (absl::Status s = estimator_->AddExperts(std::move(rows), divergences); !s.ok()) return s;
+  if (absl::Status s = estimator_->AddExperts(ours->TakeRows(), divergences); !s.ok()) return s;
   for (int k = old_n; k < num_experts(); ++k) {
     selectable_.push_back(true);
     counts_.push_back(0);
+    off_policy_.push_back(sums[k - old_n]);
+    frozen_.push_back(false);
   }
   log_ = SampleLog(num_experts());
   return absl::OkStatus();
@@ -154,6 +219,8 @@ absl::Status DUcb::AddExperts(absl::Span<const std::vector<double>> backfill,
     if (!s.ok()) return s;  // unreachable: validated above
     selectable_.push_back(true);
     counts_.push_back(0);
+    off_policy_.emplace_back();  // unused with a log (OffPolicy reads it)
+    frozen_.push_back(false);
   }
   return estimator_->SetDivergences(log_, divergences);
 }
@@ -267,6 +334,8 @@ absl::Status DUcb::SwapInExtension(Extension x, absl::Span<const std::vector<dou
   for (int e = 0; e < added; ++e) {
     selectable_.push_back(true);
     counts_.push_back(0);
+    off_policy_.emplace_back();
+    frozen_.push_back(false);
   }
   return absl::OkStatus();
 }

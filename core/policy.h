@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/estimator.h"
+#include "core/off_policy.h"
 #include "core/sample_log.h"
 
 namespace decision {
@@ -49,8 +50,11 @@ class DUcb {
   // A DUcb without a log from an Estimator::Snapshot and the experts' selection counts.
   // Every expert is selectable. DATA_LOSS if the state is damaged or the counts do not
   // match it.
+  // `off_policy`: the experts' off-policy sums (off_policy_sums()); empty for a state saved
+  // without them, which then count the samples learnt from here on.
   static absl::StatusOr<DUcb> Restore(const EstimatorOptions& options, absl::string_view state,
-                                      std::vector<int64_t> counts);
+                                      std::vector<int64_t> counts,
+                                      std::vector<OffPolicySums> off_policy = {});
   // D-UCB over an existing log with the given divergences: the estimator is built in one
   // pass (O(N t)), cheaper than learning the samples one by one. INVALID_ARGUMENT if the
   // divergences do not match the log's experts.
@@ -115,9 +119,10 @@ class DUcb {
                                absl::Span<const std::vector<double>> tails);
 
   // Without a log (LogMode::kNone): the rows of `count` new experts over the samples
-  // learnt so far, to be fed by the caller (Estimator::NewExpertRows), then appended with
-  // divergences covering old and new experts (Estimator::AddExperts); the new experts are
-  // selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)). With
+  // learnt so far, to be fed by the caller (Estimator::NewExpertRows; they also sum the
+  // new experts' off-policy estimates), then appended with divergences covering old and
+  // new experts (Estimator::AddExperts; INVALID_ARGUMENT for rows this D-UCB did not
+  // start); the new experts are selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)). With
   // first_sample > 0 the rows cover samples [first_sample, t) only (a window:
   // Estimator::NewExpertRows).
   absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
@@ -137,6 +142,14 @@ class DUcb {
   absl::Status Retire(int k);
 
   ExpertEstimate Estimate(int k) const { return estimator_->Estimate(k); }
+  // Expert k's value estimated off-policy (core/off_policy.h, clip kDefaultOffPolicyClip)
+  // from the samples its estimate counts: every sample learnt since it was added, with
+  // those it was backfilled over (NewExpertRows' window), up to its retirement. Without a
+  // log the sums are kept as samples are learnt (O(N) per sample, 72 bytes per expert);
+  // with one they are computed from it (O(t)). REQUIRES: 0 <= k < num_experts().
+  OffPolicySums OffPolicy(int k) const;
+  // Without a log: every expert's sums, for Restore.
+  const std::vector<OffPolicySums>& off_policy_sums() const { return off_policy_; }
   int num_experts() const { return estimator_->num_experts(); }
   int64_t num_samples() const { return estimator_->num_samples(); }
   // n_k: the samples expert k chose. REQUIRES: 0 <= k < num_experts().
@@ -153,13 +166,17 @@ class DUcb {
         log_(num_experts),
         estimator_(std::move(estimator)),
         selectable_(num_experts, true),
-        counts_(num_experts, 0) {}
+        counts_(num_experts, 0),
+        off_policy_(num_experts),
+        frozen_(num_experts, false) {}
 
   LogMode mode_;
   SampleLog log_;
   std::unique_ptr<Estimator> estimator_;
   std::vector<bool> selectable_;
   std::vector<int64_t> counts_;
+  std::vector<OffPolicySums> off_policy_;  // without a log; frozen at Retire
+  std::vector<bool> frozen_;
 };
 
 namespace internal {

@@ -261,4 +261,19 @@ v1::TrainingJob TrainingJobToWire(const rec::TrainingJobRecord& record) {
   return job;
 }
 
+v1::ModelEvaluation OffPolicyToWire(const OffPolicyEstimate& e) {
+  v1::ModelEvaluation out;
+  out.set_samples(e.samples);
+  if (e.samples == 0) return out;
+  out.set_ips(e.ips);
+  out.set_ips_lower(e.ips_lower);
+  out.set_ips_upper(e.ips_upper);
+  out.set_snips(e.snips);
+  out.set_clipped_ips(e.clipped_ips);
+  out.set_effective_sample_size(e.effective_sample_size);
+  out.set_mean_weight(e.mean_weight);
+  out.set_max_weight(e.max_weight);
+  return out;
+}
+
 }  // namespace decision::server

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/estimator.h"
+#include "core/off_policy.h"
 #include "core/expert.h"
 #include "decision/v1/decision.pb.h"
 #include "storage/records.pb.h"
@@ -44,6 +45,8 @@ absl::StatusOr<std::unique_ptr<Expert>> BuildExpert(const storage::v1::ExpertMod
 
 // The wire form of a stored training job. A state or origin the table does not know (a
 // corrupt record) maps to UNSPECIFIED.
+v1::ModelEvaluation OffPolicyToWire(const OffPolicyEstimate& e);
+
 v1::TrainingJob TrainingJobToWire(const storage::v1::TrainingJobRecord& record);
 
 }  // namespace decision::server

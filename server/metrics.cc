@@ -124,6 +124,19 @@ Metrics::Metrics()
                       .Name("decision_expert_effective_sample_size")
                       .Help("Importance-weighted sample count behind an expert's estimate")
                       .Register(*registry_)),
+      expert_off_policy_(prometheus::BuildGauge()
+                             .Name("decision_expert_off_policy_value")
+                             .Help("An expert's value estimated off-policy from the samples "
+                                   "its estimate counts (GetEstimates' off_policy): "
+                                   "estimator=ips, ips_lower (95% lower bound), snips, "
+                                   "clipped_ips (weights clipped at 100)")
+                             .Register(*registry_)),
+      expert_off_policy_ess_(prometheus::BuildGauge()
+                                 .Name("decision_expert_off_policy_effective_sample_size")
+                                 .Help("(sum w)^2 / sum w^2 of an expert's importance weights "
+                                       "over the logged samples: how many on-policy samples "
+                                       "its off-policy estimates are worth")
+                                 .Register(*registry_)),
       expert_backfill_(prometheus::BuildGauge()
                            .Name("decision_expert_backfill_progress")
                            .Help("Share of the stored log backfilled for an expert (1 = done)")
@@ -261,6 +274,16 @@ Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert
   m.estimate = &expert_estimate_.Add(labels);
   m.ucb = &expert_ucb_.Add(labels);
   m.effective_sample_size = &expert_ess_.Add(labels);
+  const auto with = [&](const char* estimator) {
+    std::map<std::string, std::string> l = labels;
+    l["estimator"] = estimator;
+    return &expert_off_policy_.Add(l);
+  };
+  m.off_policy_ips = with("ips");
+  m.off_policy_ips_lower = with("ips_lower");
+  m.off_policy_snips = with("snips");
+  m.off_policy_clipped_ips = with("clipped_ips");
+  m.off_policy_ess = &expert_off_policy_ess_.Add(labels);
   m.backfill_progress = &expert_backfill_.Add(labels);
   m.selected = &expert_selected_.Add(labels);
   m.failed = &expert_failed_.Add(labels);

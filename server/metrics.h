@@ -95,6 +95,12 @@ class Metrics {
     prometheus::Gauge* estimate;
     prometheus::Gauge* ucb;
     prometheus::Gauge* effective_sample_size;
+    // Off-policy estimates from the samples its estimate counts (core/off_policy.h).
+    prometheus::Gauge* off_policy_ips;
+    prometheus::Gauge* off_policy_ips_lower;
+    prometheus::Gauge* off_policy_snips;
+    prometheus::Gauge* off_policy_clipped_ips;
+    prometheus::Gauge* off_policy_ess;
     prometheus::Gauge* backfill_progress;
     prometheus::Counter* selected;
     prometheus::Gauge* failed;  // 1 while the expert is FAILED
@@ -134,6 +140,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& expert_estimate_;
   prometheus::Family<prometheus::Gauge>& expert_ucb_;
   prometheus::Family<prometheus::Gauge>& expert_ess_;
+  prometheus::Family<prometheus::Gauge>& expert_off_policy_;
+  prometheus::Family<prometheus::Gauge>& expert_off_policy_ess_;
   prometheus::Family<prometheus::Gauge>& expert_backfill_;
   prometheus::Family<prometheus::Gauge>& expert_failed_;
   prometheus::Family<prometheus::Gauge>& expert_score_cost_;

@@ -618,6 +618,7 @@ v1::Estimates Problem::GetEstimates() const {
       e->set_times_selected(ducb_.count(k));
       if (!experts_.Frozen(k)) {
         e->set_effective_sample_size(ducb_.estimator().EffectiveSampleSize(k));
+        *e->mutable_off_policy() = OffPolicyToWire(ducb_.OffPolicy(k).Estimate());
       }
       best = std::max(best, est.mean);
       collected += ducb_.count(k) * est.mean;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "server/conversions.h"
 #include "server/dsjson.h"
 #include "server/problem.h"
 #include "server/validation.h"
@@ -26,8 +27,7 @@ absl::StatusOr<v1::ModelEvaluation> Problem::EvaluateModel(const Expert& model, 
   std::vector<int> arms;
   std::vector<std::vector<int32_t>> eligible;
   bool restricted = false;
-  double n = 0, sum_w = 0, sum_w2 = 0, sum_wy = 0, sum_wy2 = 0, sum_clipped = 0;
-  double max_w = 0, bound = 0;  // bound: max 1 / p_s, which bounds every w_s y_s
+  OffPolicySums sums(clip);
   const auto score = [&]() -> absl::Status {
     const size_t m = arms.size();
     if (m == 0) return absl::OkStatus();
@@ -39,18 +39,7 @@ absl::StatusOr<v1::ModelEvaluation> Problem::EvaluateModel(const Expert& model, 
       return absl::InvalidArgumentError(
           absl::StrCat("the model cannot score this problem's log: ", s.message()));
     }
-    for (size_t i = 0; i < m; ++i) {
-      const double w = probs[i * k + arms[i]] / logged[i];
-      const double wy = w * rewards[i];
-      n += 1;
-      sum_w += w;
-      sum_w2 += w * w;
-      sum_wy += wy;
-      sum_wy2 += wy * wy;
-      sum_clipped += std::min(w, clip) * rewards[i];
-      max_w = std::max(max_w, w);
-      bound = std::max(bound, 1.0 / logged[i]);
-    }
+    for (size_t i = 0; i < m; ++i) sums.Add(probs[i * k + arms[i]], logged[i], rewards[i]);
     rows.clear();
     arms.clear();
     logged.clear();
@@ -80,30 +69,7 @@ absl::StatusOr<v1::ModelEvaluation> Problem::EvaluateModel(const Expert& model, 
         return absl::OkStatus();
       }));
   DECISION_RETURN_IF_ERROR(score());
-  v1::ModelEvaluation out;
-  out.set_samples(static_cast<int64_t>(n));
-  if (n == 0) return out;
-  const double ips = sum_wy / n;
-  out.set_ips(ips);
-  out.set_snips(sum_w > 0 ? sum_wy / sum_w : 0.0);
-  out.set_clipped_ips(sum_clipped / n);
-  out.set_effective_sample_size(sum_w2 > 0 ? sum_w * sum_w / sum_w2 : 0.0);
-  out.set_mean_weight(sum_w / n);
-  out.set_max_weight(max_w);
-  // Empirical Bernstein (Maurer and Pontil 2009, theorem 4) for the mean of w y in
-  // [0, bound], each side at 2.5%.
-  double lower = 0.0, upper = 1.0;
-  if (n >= 2) {
-    const double variance = std::max(0.0, (sum_wy2 - n * ips * ips) / (n - 1));
-    const double log_term = std::log(2.0 / 0.025);
-    const double half = std::sqrt(2.0 * variance * log_term / n) +
-                        7.0 * bound * log_term / (3.0 * (n - 1));
-    lower = std::max(0.0, ips - half);
-    upper = std::min(1.0, ips + half);
-  }
-  out.set_ips_lower(lower);
-  out.set_ips_upper(upper);
-  return out;
+  return OffPolicyToWire(sums.Estimate());
 }
 
 absl::StatusOr<v1::Explanation> Problem::Explain(const std::string& event_id) {

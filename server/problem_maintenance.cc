@@ -136,6 +136,9 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
       w.state->mutable_state()->swap(state_buffer_);
       *w.state->mutable_times_selected() = {ducb_.counts().begin(), ducb_.counts().end()};
       w.state->set_positive_rewards(positive_learned_);
+      for (const OffPolicySums& sums : ducb_.off_policy_sums()) {
+        for (double v : sums.ToArray()) w.state->add_off_policy(v);
+      }
     }
   }
   const DivergenceMatrix& d = ducb_.estimator().divergences();
@@ -513,6 +516,14 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
       slot.metrics.estimate->Set(e.estimate());
       slot.metrics.ucb->Set(e.ucb());
       slot.metrics.effective_sample_size->Set(e.effective_sample_size());
+      if (e.has_off_policy()) {
+        const v1::ModelEvaluation& o = e.off_policy();
+        slot.metrics.off_policy_ips->Set(o.ips());
+        slot.metrics.off_policy_ips_lower->Set(o.ips_lower());
+        slot.metrics.off_policy_snips->Set(o.snips());
+        slot.metrics.off_policy_clipped_ips->Set(o.clipped_ips());
+        slot.metrics.off_policy_ess->Set(o.effective_sample_size());
+      }
       if (slot.record.status() == storage::v1::EXPERT_STATE_ACTIVE) {
         active.push_back({e.ucb(), e.expert_id()});
       }

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -214,8 +215,20 @@ class Recovery {
       replay_from_ = 0;
     } else {
       const storage::v1::EstimatorStateRecord& state = *stored;
+      std::vector<OffPolicySums> off_policy;
+      if (state.off_policy_size() % OffPolicySums::kStateValues != 0) {
+        return DataLoss(absl::StrCat("estimator state: ", state.off_policy_size(),
+                                     " off-policy values"));
+      }
+      for (int i = 0; i < state.off_policy_size(); i += OffPolicySums::kStateValues) {
+        absl::StatusOr<OffPolicySums> sums = OffPolicySums::FromArray(absl::MakeConstSpan(
+            state.off_policy().data() + i, OffPolicySums::kStateValues));
+        if (!sums.ok()) return DataLoss(absl::StrCat("estimator state: ", sums.status().message()));
+        off_policy.push_back(*sums);
+      }
       absl::StatusOr<DUcb> restored = DUcb::Restore(
-          options, state.state(), {state.times_selected().begin(), state.times_selected().end()});
+          options, state.state(), {state.times_selected().begin(), state.times_selected().end()},
+          std::move(off_policy));
       if (!restored.ok()) {
         return DataLoss(absl::StrCat("estimator state: ", restored.status().message()));
       }

@@ -1006,6 +1006,22 @@ TEST_F(IntegrationTest, AdServerFunnel) {
   }
   EXPECT_EQ(evaluation.samples(), static_cast<int64_t>(log.size()));
   EXPECT_NEAR(evaluation.snips(), sum_wy / sum_w, 1e-12);
+  // GetEstimates reports the same off-policy estimates of the shadow expert, kept as the
+  // samples were learnt (its backfill, then every join).
+  v1::Estimates learned;
+  ASSERT_TRUE(PollUntil([&] {
+    learned = GetEstimates(problem);
+    return learned.samples() == evaluation.samples();
+  }));
+  const v1::ModelEvaluation tracked = EstimateOf(learned, shadow.expert_id()).off_policy();
+  EXPECT_EQ(tracked.samples(), evaluation.samples());
+  EXPECT_NEAR(tracked.ips(), evaluation.ips(), 1e-9);
+  EXPECT_NEAR(tracked.ips_lower(), evaluation.ips_lower(), 1e-9);
+  EXPECT_NEAR(tracked.ips_upper(), evaluation.ips_upper(), 1e-9);
+  EXPECT_NEAR(tracked.snips(), evaluation.snips(), 1e-9);
+  EXPECT_NEAR(tracked.clipped_ips(), evaluation.clipped_ips(), 1e-9);
+  EXPECT_NEAR(tracked.effective_sample_size(), evaluation.effective_sample_size(), 1e-6);
+  EXPECT_GT(tracked.effective_sample_size(), 0.0);
 
   // Promoted: selectable.
   {
