@@ -222,6 +222,26 @@ absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(v1::ChooseRequest requ
       });
 }
 
+absl::StatusOr<v1::ChooseSlateResponse> DecisionClient::ChooseSlate(
+    v1::ChooseSlateRequest request) {
+  if (request.event_id().empty()) request.set_event_id(RandomEventId());
+  return Unary<v1::ChooseSlateResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseSlateResponse* r) {
+        return stub_->ChooseSlate(ctx, request, r);
+      });
+}
+
+absl::StatusOr<v1::ChooseBatchResponse> DecisionClient::ChooseBatch(
+    v1::ChooseBatchRequest request) {
+  for (v1::ChooseRequest& r : *request.mutable_requests()) {
+    if (r.event_id().empty()) r.set_event_id(RandomEventId());
+  }
+  return Unary<v1::ChooseBatchResponse>(
+      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseBatchResponse* r) {
+        return stub_->ChooseBatch(ctx, request, r);
+      });
+}
+
 absl::StatusOr<bool> DecisionClient::Activate(const std::string& problem_id,
                                               const std::string& event_id) {
   v1::ActivateRequest request;

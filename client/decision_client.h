@@ -84,6 +84,12 @@ class DecisionClient {
   // The same with every field of the request (eligible arms, ...); an empty event_id is
   // replaced by a random one.
   absl::StatusOr<v1::ChooseResponse> Choose(v1::ChooseRequest request);
+  // A slate: one arm per slot, none twice (v1::ChooseSlateRequest). An empty event_id is
+  // replaced by a random one; reward slot s as "<event_id>/<s>".
+  absl::StatusOr<v1::ChooseSlateResponse> ChooseSlate(v1::ChooseSlateRequest request);
+  // Independent decisions in one call; each request without an event id gets a random
+  // one, so that a retry returns the same decisions.
+  absl::StatusOr<v1::ChooseBatchResponse> ChooseBatch(v1::ChooseBatchRequest request);
   // Makes a decision chosen with ChooseRequest.deferred learnable (it was shown). Returns
   // true if this activated it (false: activated already, or not deferred).
   absl::StatusOr<bool> Activate(const std::string& problem_id, const std::string& event_id);

@@ -7,6 +7,7 @@
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
 //                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
 //                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
+//                  [--slate_learning=every_slot|first_slot]
 //   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //       what the store keeps of the problem's history (0: no limit; both 0: keep all)
 //   delete-events PROBLEM EVENT_ID...
@@ -21,6 +22,8 @@
 //   retire-expert PROBLEM EXPERT_ID
 //   estimates PROBLEM
 //   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...] [--deferred]
+//   choose-slate PROBLEM --x=x1,x2,... --slots=N [--event_id=ID] [--eligible=...] [--deferred]
+//       one arm per slot, none twice; reward slot s as EVENT_ID/s
 //   promote PROBLEM EXPERT_ID         a shadow expert becomes selectable
 //   demote PROBLEM EXPERT_ID          back to shadow mode: estimated, never selected
 //   evaluate PROBLEM --xgboost=F|--linear=F|--table=F [--clip=100]
@@ -63,6 +66,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
 
 #include <cmath>
 #include <cstdio>
@@ -97,6 +101,9 @@ ABSL_FLAG(bool, drop_unrewarded, false, "create-problem: drop instead of default
 ABSL_FLAG(bool, auto_promote, false,
           "create-problem: promote a shadow expert once its lower bound passes the best "
           "selectable estimate");
+ABSL_FLAG(std::string, slate_learning, "every_slot",
+          "create-problem: which slots of a slate are learned: every_slot or first_slot");
+ABSL_FLAG(int, slots, 0, "choose-slate: number of slots");
 ABSL_FLAG(bool, auto_train, false,
           "create-problem: train experts from the log at every batch boundary");
 ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
@@ -141,9 +148,11 @@ ABSL_FLAG(bool, shadow, false,
           "register-expert: in shadow mode (estimated, never selected until `promote`)");
 ABSL_FLAG(double, clip, 0.0, "evaluate: the weight clipped_ips clips at (0: 100)");
 ABSL_FLAG(bool, deferred, false,
-          "choose: the decision may not be shown; only `activate` makes it learnable");
+          "choose, choose-slate: the decision may not be shown; only `activate` makes it "
+          "learnable");
 ABSL_FLAG(std::string, eligible, "",
-          "choose: comma-separated arm ids eligible for this request (default: every arm)");
+          "choose, choose-slate: comma-separated arm ids eligible for this request (default: "
+          "every arm)");
 ABSL_FLAG(std::string, token_file, "",
           "file holding the bearer token (default: the DECISION_TOKEN environment variable)");
 ABSL_FLAG(bool, tls, false, "connect with TLS");
@@ -252,6 +261,14 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.set_default_reward(absl::GetFlag(FLAGS_default_reward));
   config.set_drop_unrewarded(absl::GetFlag(FLAGS_drop_unrewarded));
   config.set_auto_promote(absl::GetFlag(FLAGS_auto_promote));
+  const std::string slate_learning = absl::GetFlag(FLAGS_slate_learning);
+  if (slate_learning == "first_slot") {
+    config.set_slate_learning(v1::SLATE_LEARNING_FIRST_SLOT);
+  } else if (slate_learning == "every_slot") {
+    config.set_slate_learning(v1::SLATE_LEARNING_EVERY_SLOT);
+  } else {
+    return Usage("--slate_learning must be every_slot or first_slot");
+  }
   config.mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
   config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
   config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
@@ -455,27 +472,50 @@ int Estimates(DecisionClient& c, const std::vector<char*>& args) {
   return 0;
 }
 
+// --x, --event_id, --deferred and --eligible of choose and choose-slate, into `request`.
+// The usage error, if any.
+template <typename Request>
+std::optional<std::string> DecisionFromFlags(Request* request) {
+  auto x = ParseNumbers(absl::GetFlag(FLAGS_x));
+  if (!x.ok()) return std::string(x.status().message());
+  request->mutable_features()->Add(x->begin(), x->end());
+  request->set_event_id(absl::GetFlag(FLAGS_event_id));
+  request->set_deferred(absl::GetFlag(FLAGS_deferred));
+  const std::string eligible = absl::GetFlag(FLAGS_eligible);
+  if (eligible.empty()) return std::nullopt;
+  auto arms = ParseNumbers(eligible);
+  if (!arms.ok()) return std::string(arms.status().message());
+  request->mutable_eligible();  // set, even if every entry is refused below
+  for (const double a : *arms) {
+    if (a != std::floor(a) || std::abs(a) > 1e9) {
+      return absl::StrCat("--eligible: ", Number(a), " is not an arm id");
+    }
+    request->mutable_eligible()->add_arms(static_cast<int32_t>(a));
+  }
+  return std::nullopt;
+}
+
+int ChooseSlate(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("choose-slate needs PROBLEM");
+  v1::ChooseSlateRequest request;
+  request.set_problem_id(args[0]);
+  if (auto error = DecisionFromFlags(&request)) return Usage(*error);
+  request.set_slots(absl::GetFlag(FLAGS_slots));
+  auto r = c.ChooseSlate(std::move(request));
+  if (!r.ok()) return Fail(r.status());
+  for (int s = 0; s < r->slots_size(); ++s) {
+    const v1::ChooseResponse& slot = r->slots(s);
+    std::printf("slot=%d event_id=%s arm=%d propensity=%.6f expert=%d\n", s,
+                slot.event_id().c_str(), slot.arm(), slot.propensity(), slot.expert_id());
+  }
+  return 0;
+}
+
 int Choose(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("choose needs PROBLEM");
-  auto x = ParseNumbers(absl::GetFlag(FLAGS_x));
-  if (!x.ok()) return Fail(x.status());
   v1::ChooseRequest request;
   request.set_problem_id(args[0]);
-  request.mutable_features()->Add(x->begin(), x->end());
-  request.set_event_id(absl::GetFlag(FLAGS_event_id));
-  request.set_deferred(absl::GetFlag(FLAGS_deferred));
-  const std::string eligible = absl::GetFlag(FLAGS_eligible);
-  if (!eligible.empty()) {
-    auto arms = ParseNumbers(eligible);
-    if (!arms.ok()) return Fail(arms.status());
-    request.mutable_eligible();  // set, even if every entry is refused below
-    for (const double a : *arms) {
-      if (a != std::floor(a) || std::abs(a) > 1e9) {
-        return Usage(absl::StrCat("--eligible: ", Number(a), " is not an arm id"));
-      }
-      request.mutable_eligible()->add_arms(static_cast<int32_t>(a));
-    }
-  }
+  if (auto error = DecisionFromFlags(&request)) return Usage(*error);
   auto r = c.Choose(std::move(request));
   if (!r.ok()) return Fail(r.status());
   std::printf("event_id=%s arm=%d propensity=%.6f expert=%d\n", r->event_id().c_str(), r->arm(),
@@ -513,6 +553,10 @@ int Explain(DecisionClient& c, const std::vector<char*>& args) {
               }).c_str());
   std::printf("eligible arms: %s\n",
               e->eligible_arms().empty() ? "all" : absl::StrJoin(e->eligible_arms(), ",").c_str());
+  if (e->has_slate_slot()) {
+    std::printf("slate slot %d%s\n", e->slate_slot(),
+                e->unlearned_slot() ? " (not learned: the problem learns only slot 0)" : "");
+  }
   std::printf("followed expert %d: estimate %s + width %s = UCB %s\n", e->expert_id(),
               Number(e->estimate()).c_str(), Number(e->width()).c_str(),
               Number(e->ucb()).c_str());
@@ -983,6 +1027,7 @@ int main(int argc, char** argv) {
   if (command == "delete-events") return DeleteEvents(client, args);
   if (command == "estimates") return Estimates(client, args);
   if (command == "choose") return Choose(client, args);
+  if (command == "choose-slate") return ChooseSlate(client, args);
   if (command == "explain") return Explain(client, args);
   if (command == "activate") return Activate(client, args);
   if (command == "promote") return SetShadow(client, args, false);

@@ -154,6 +154,8 @@ v1::ProblemConfig ConfigFromRecord(const rec::ProblemRecord& r) {
   at->set_max_active_experts(r.max_active_experts());
   c.set_scoring_budget_us(r.scoring_budget_us());
   c.set_auto_promote(r.auto_promote());
+  c.set_slate_learning(r.learn_first_slot_only() ? v1::SLATE_LEARNING_FIRST_SLOT
+                                                 : v1::SLATE_LEARNING_EVERY_SLOT);
   c.set_divergence_refresh_turnover(r.divergence_refresh_turnover());
   c.mutable_retention()->set_max_samples(r.retention_max_samples());
   c.mutable_retention()->set_max_age_ms(r.retention_max_age_ms());

@@ -534,7 +534,7 @@ absl::Status DecisionService::ChooseSlate(const v1::ChooseSlateRequest& request,
     // every arm.
     slot.mutable_eligible()->mutable_arms()->Assign(remaining.begin(), remaining.end());
     v1::ChooseResponse* chosen = response->add_slots();
-    DECISION_RETURN_IF_ERROR(p->Choose(slot, chosen));
+    DECISION_RETURN_IF_ERROR(p->ChooseSlot(slot, s, chosen));
     remaining.erase(std::remove(remaining.begin(), remaining.end(), chosen->arm()),
                     remaining.end());
   }

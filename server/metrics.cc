@@ -41,7 +41,8 @@ Metrics::Metrics()
                    .Name("decision_expired_total")
                    .Help("Decisions whose reward never came within the wait time, by "
                          "handling: default (learned with the default reward), dropped, or "
-                         "never_activated (chosen deferred, never activated: dropped)")
+                         "never_activated (chosen deferred, never activated: dropped), or "
+                         "unlearned_slot (a slate slot the problem does not learn: dropped)")
                    .Register(*registry_)),
       divergence_boundaries_(
           prometheus::BuildCounter()
@@ -242,6 +243,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.expired_default = &expired_.Add(with("handling", "default"));
   m.expired_dropped = &expired_.Add(with("handling", "dropped"));
   m.expired_never_activated = &expired_.Add(with("handling", "never_activated"));
+  m.expired_unlearned_slot = &expired_.Add(with("handling", "unlearned_slot"));
   m.undelivered = &undelivered_.Add(labels);
   m.batch_lag = &batch_lag_.Add(labels);
   m.divergences_reestimated = &divergence_boundaries_.Add(with("divergences", "reestimated"));

@@ -65,6 +65,7 @@ class Metrics {
     prometheus::Counter* expired_default;
     prometheus::Counter* expired_dropped;
     prometheus::Counter* expired_never_activated;  // deferred, never activated: dropped
+    prometheus::Counter* expired_unlearned_slot;   // a slate slot not learned: dropped
     prometheus::Counter* undelivered;  // answers that never reached the client
     prometheus::Gauge* batch_lag;      // rounds behind the batch schedule
     // Batch boundaries at which the estimated experts' divergences were estimated again,

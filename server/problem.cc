@@ -104,6 +104,13 @@ absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
       [&](Done done) { ChooseAs(request, response, std::move(done), Committer::kCaller); });
 }
 
+absl::Status Problem::ChooseSlot(const v1::ChooseRequest& request, int slot,
+                                v1::ChooseResponse* response) {
+  return AwaitDone([&](Done done) {
+    ChooseAs(request, response, std::move(done), Committer::kCaller, slot);
+  });
+}
+
 void Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
                      Done done) {
   ChooseAs(request, response, std::move(done), Committer::kWriter);
@@ -180,7 +187,7 @@ absl::StatusOr<Problem::Selection> Problem::SelectLocked(absl::Span<const double
 }
 
 void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* response,
-                       Done done, Committer committer) {
+                       Done done, Committer committer, int slate_slot) {
   if (absl::Status s =
           ValidateChooseRequest(request, record_.num_features(), record_.num_arms());
       !s.ok()) {
@@ -220,13 +227,15 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
   if (answered) return done(absl::OkStatus());
   if (lookup && committer == Committer::kCaller) {
     // A caller that may block looks the id up itself.
-    return DecideAfterLookup(request, std::move(event_id), response, std::move(done));
+    return DecideAfterLookup(request, std::move(event_id), response, std::move(done),
+                             slate_slot);
   }
   if (lookup) {
     // The id may be stored (joined or expired): the store says, on the blocking executor.
     env_.blocking->Schedule([this, request = request, event_id = std::move(event_id), response,
-                             done = std::move(done)]() mutable {
-      DecideAfterLookup(std::move(request), std::move(event_id), response, std::move(done));
+                             done = std::move(done), slate_slot]() mutable {
+      DecideAfterLookup(std::move(request), std::move(event_id), response, std::move(done),
+                        slate_slot);
     });
     return;
   }
@@ -235,11 +244,11 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
     return done(selection.status());
   }
   Decide(request, std::move(event_id), caller_id, *std::move(selection), response,
-         std::move(done), committer);
+         std::move(done), committer, slate_slot);
 }
 
 void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
-                                v1::ChooseResponse* response, Done done) {
+                                v1::ChooseResponse* response, Done done, int slate_slot) {
   if (env_.hooks != nullptr && env_.hooks->before_event_lookup) {
     env_.hooks->before_event_lookup(event_id);
   }
@@ -265,7 +274,7 @@ void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
   if (!selection.ok()) return FailClaim(event_id, selection.status(), std::move(done));
   // On the blocking executor: this thread may commit.
   Decide(request, std::move(event_id), /*claimed=*/true, *std::move(selection), response,
-         std::move(done), Committer::kCaller);
+         std::move(done), Committer::kCaller, slate_slot);
 }
 
 void Problem::FailClaim(const std::string& event_id, absl::Status status, Done done) {
@@ -280,7 +289,7 @@ void Problem::FailClaim(const std::string& event_id, absl::Status status, Done d
 
 void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
                      Selection selection, v1::ChooseResponse* response, Done done,
-                     Committer committer) {
+                     Committer committer, int slate_slot) {
   if (env_.hooks != nullptr && env_.hooks->after_select) env_.hooks->after_select(event_id);
   // WART: the chosen expert is evaluated on the caller's thread (a reactor thread under
   // gRPC). It is CPU work, not a wait, and one model per Choose; but a model whose cost is
@@ -329,6 +338,7 @@ void Problem::Decide(const v1::ChooseRequest& request, std::string event_id, boo
   event.mutable_eligible_arms()->Add(selection.eligible.begin(), selection.eligible.end());
   const int64_t now = env_.clock->NowMs();
   event.set_awaiting_activation(request.deferred());
+  if (slate_slot >= 0) event.set_slate_slot(slate_slot);
   event.set_decided_at_ms(now);
   event.set_deadline_ms(now + record_.reward_wait_ms());
   event.set_state(storage::v1::EVENT_STATE_PENDING);
@@ -449,6 +459,14 @@ void Problem::Activate(const v1::ActivateRequest& request, v1::ActivateResponse*
   });
 }
 
+absl::Status Problem::UnlearnedSlotError(const std::string& event_id,
+                                        const EventRecord& event) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "event ", event_id, " is slot ", event.slate_slot(), " of a slate, and problem ", id(),
+      " learns only the first slot (slate_learning SLATE_LEARNING_FIRST_SLOT): its reward is "
+      "not learned"));
+}
+
 absl::Status Problem::LateError(const std::string& event_id, int64_t deadline_ms) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "event ", event_id, " expired at ", deadline_ms, " ms (reward wait time ",
@@ -485,6 +503,10 @@ Problem::RewardPlan Problem::PlanRewardLocked(const std::string& event_id, int64
     case DecisionState::kFlushing:
     case DecisionState::kStored:
       break;
+  }
+  if (UnlearnedSlot(d->record)) {
+    plan.answer = UnlearnedSlotError(event_id, d->record);
+    return plan;
   }
   if (d->deliveries == 0) {
     plan.answer = absl::FailedPreconditionError(absl::StrCat(

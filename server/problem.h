@@ -251,6 +251,10 @@ class Problem {
   // The same, waiting for `done` (tests, tools). The synchronous Reward also waits until
   // its sample is learned.
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
+  // Choose for slot `slot` (>= 0) of a slate: the decision records its slot, and is never
+  // learned if the problem learns first slots only and slot > 0 (UnlearnedSlot).
+  absl::Status ChooseSlot(const v1::ChooseRequest& request, int slot,
+                          v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
 
   // Calls `done` (OK) once every sample written before the call is learned, or has been
@@ -445,6 +449,7 @@ class Problem {
     bool is_default = false;
     bool decision_stored = true;  // kJoin, kDrop: false if the join writes the decision
     bool never_activated = false;  // kDrop: a deferred decision never activated
+    bool unlearned_slot = false;   // kDrop: a slate slot the problem does not learn
     v1::ActivateResponse* activate_response = nullptr;  // kActivate
     Done done;                         // may be empty
     // Set by the writer. `writes`: the op added records to the group, so its answer is the
@@ -516,8 +521,9 @@ class Problem {
   // calls from reactor threads; the caller itself, when no group is pending, for callers
   // that may block (the synchronous forms, the maintenance thread, the blocking executor).
   enum class Committer { kWriter, kCaller };
+  // `slate_slot`: the decision's slot in a ChooseSlate; -1 for a Choose.
   void ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* response, Done done,
-                Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
+                Committer committer, int slate_slot = -1) ABSL_LOCKS_EXCLUDED(mu_);
   void RewardAs(const v1::RewardRequest& request, v1::RewardResponse* response, Done done,
                 Committer committer) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -541,11 +547,19 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Decide(const v1::ChooseRequest& request, std::string event_id, bool claimed,
               Selection selection, v1::ChooseResponse* response, Done done,
-              Committer committer)
+              Committer committer, int slate_slot)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A claimed Choose whose event id may be stored: looks it up (on the blocking executor).
   void DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
-                         v1::ChooseResponse* response, Done done) ABSL_LOCKS_EXCLUDED(mu_);
+                         v1::ChooseResponse* response, Done done, int slate_slot)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `event` is a slate slot this problem never learns (ProblemRecord.
+  // learn_first_slot_only, slot > 0), and the error its reward gets.
+  bool UnlearnedSlot(const storage::v1::EventRecord& event) const {
+    return record_.learn_first_slot_only() && event.has_slate_slot() && event.slate_slot() > 0;
+  }
+  absl::Status UnlearnedSlotError(const std::string& event_id,
+                                  const storage::v1::EventRecord& event) const;
   // Fails a claimed Choose and its waiters with `status`.
   void FailClaim(const std::string& event_id, absl::Status status, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -119,6 +119,10 @@ absl::Status Problem::AddLateMarkToBatch(WriteOp& op, storage::Store::WriteGroup
     return absl::OkStatus();
   }
   const bool reward = op.kind == WriteOp::kLateReward;  // else a kMarkLate
+  if (reward && UnlearnedSlot(*stored)) {
+    op.result = UnlearnedSlotError(op.event_id, *stored);
+    return absl::OkStatus();
+  }
   if (stored->state() != storage::v1::EVENT_STATE_EXPIRED) {
     if (op.reward_response != nullptr) op.reward_response->set_first(false);
     op.counts_duplicate = reward;
@@ -235,7 +239,9 @@ void Problem::ApplyLocked(WriteOp& op, const absl::Status& written) {
       if (!ok) return pending_.AbortJoin(op.event_id, env_.clock->NowMs());
       MarkLateAfterExpiryLocked(op);
       pending_.Erase(op.event_id);
-      (op.never_activated ? metrics_.expired_never_activated : metrics_.expired_dropped)
+      (op.unlearned_slot    ? metrics_.expired_unlearned_slot
+       : op.never_activated ? metrics_.expired_never_activated
+                            : metrics_.expired_dropped)
           ->Increment();
       return;
     }

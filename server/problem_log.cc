@@ -112,6 +112,8 @@ absl::StatusOr<v1::Explanation> Problem::Explain(const std::string& event_id) {
   out.set_draw(event.draw());
   out.set_sequence(event.sequence());
   out.set_awaiting_activation(event.awaiting_activation());
+  if (event.has_slate_slot()) out.set_slate_slot(event.slate_slot());
+  out.set_unlearned_slot(UnlearnedSlot(event));
   *out.mutable_features() = event.features();
   *out.mutable_eligible_arms() = event.eligible_arms();
   switch (event.state()) {

@@ -69,11 +69,13 @@ void Problem::PrepareExpiryLocked(const std::string& event_id, PendingDecision& 
   if (decision.late_reward) op->event.set_late_reward(true);
   // A decision never delivered is dropped: learning it (with the default reward) would log
   // an impression that never happened.
+  // A slate slot the problem does not learn is dropped too.
   if (record_.drop_unrewarded() || decision.deliveries == 0 ||
-      decision.record.awaiting_activation()) {
+      decision.record.awaiting_activation() || UnlearnedSlot(decision.record)) {
     op->kind = WriteOp::kDrop;
     // Chosen deferred and never shown: no impression to learn from.
     op->never_activated = decision.record.awaiting_activation();
+    op->unlearned_slot = UnlearnedSlot(decision.record);
     return;
   }
   op->kind = WriteOp::kJoin;

@@ -173,6 +173,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   }
   DECISION_RETURN_IF_ERROR(
       ValidateRetention(c.retention(), o.kind, "config.retention"));
+  if (!v1::SlateLearning_IsValid(c.slate_learning())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.slate_learning is ", c.slate_learning(),
+        "; it must be SLATE_LEARNING_EVERY_SLOT (1) or SLATE_LEARNING_FIRST_SLOT (2), or "
+        "unset (every slot)"));
+  }
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
   r.set_retention_max_samples(c.retention().max_samples());
@@ -196,6 +202,7 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_divergence_refresh_turnover(
       c.has_divergence_refresh_turnover() ? c.divergence_refresh_turnover() : 0.5);
   r.set_auto_promote(c.auto_promote());
+  r.set_learn_first_slot_only(c.slate_learning() == v1::SLATE_LEARNING_FIRST_SLOT);
   return r;
 }
 

@@ -592,6 +592,11 @@ std::vector<BadCase> BadCases(const Suite& suite) {
          c->mutable_estimator()->set_epsilon_rule(static_cast<v1::EpsilonRule>(7));
        })),
        kInvalid, {"epsilon_rule", "7"}},
+      {"CreateProblem/slate_learning_7",
+       create(BadConfig([](auto* c) {
+         c->set_slate_learning(static_cast<v1::SlateLearning>(7));
+       })),
+       kInvalid, {"config.slate_learning is 7", "SLATE_LEARNING_FIRST_SLOT (2)"}},
       {"CreateProblem/estimator_grouping_contiguous",
        create(BadConfig([](auto* c) {
          c->mutable_estimator()->set_grouping(v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);

@@ -1325,6 +1325,73 @@ TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
   EXPECT_EQ(service_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
 }
 
+// SLATE_LEARNING_FIRST_SLOT: every slot is decided and stored, but only slot 0 is learned.
+// The other slots' rewards are refused (before and after a restart, and after their expiry:
+// the same error, never "late"), and their expiry drops them, counted.
+TEST_F(ServiceTest, AProblemThatLearnsFirstSlotsOnlyNeverLearnsTheOthers) {
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1000);
+  create.mutable_config()->set_default_reward(0.25);
+  create.mutable_config()->set_slate_learning(v1::SLATE_LEARNING_FIRST_SLOT);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  EXPECT_EQ(created.config().slate_learning(), v1::SLATE_LEARNING_FIRST_SLOT);
+  v1::ChooseSlateRequest slate;
+  slate.set_problem_id("p");
+  slate.set_event_id("page");
+  slate.set_slots(3);
+  for (int f = 0; f < kFeatures; ++f) slate.add_features(0.2 * (f + 1));
+  v1::ChooseSlateResponse chosen;
+  ASSERT_TRUE(service_->ChooseSlate(slate, &chosen).ok());
+  ASSERT_EQ(chosen.slots_size(), 3);
+  Choose("p", "single");  // a plain Choose is learned as ever
+
+  ASSERT_TRUE(Reward("p", "page/0", 1.0).ok());
+  ASSERT_TRUE(Reward("p", "single", 0.0).ok());
+  absl::Status s = Reward("p", "page/1", 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("event page/1 is slot 1 of a slate, and problem p learns "
+                                     "only the first slot"));
+  EXPECT_EQ(GetProblem("p").samples(), 2);
+  const auto explain = [&](const std::string& event_id) {
+    v1::ExplainRequest request;
+    request.set_problem_id("p");
+    request.set_event_id(event_id);
+    v1::Explanation why;
+    EXPECT_TRUE(service_->Explain(request, &why).ok());
+    return why;
+  };
+  v1::Explanation why = explain("page/1");
+  EXPECT_EQ(why.slate_slot(), 1);
+  EXPECT_TRUE(why.unlearned_slot());
+  EXPECT_EQ(why.outcome(), v1::DECISION_OUTCOME_PENDING);
+  why = explain("page/0");
+  EXPECT_TRUE(why.has_slate_slot());
+  EXPECT_EQ(why.slate_slot(), 0);
+  EXPECT_FALSE(why.unlearned_slot());
+  EXPECT_FALSE(explain("single").has_slate_slot());
+
+  Reopen();
+  s = Reward("p", "page/2", 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("learns only the first slot"));
+  clock_.AdvanceMs(2000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(MetricValue("decision_expired_total", "handling", "unlearned_slot"), 2);
+  EXPECT_EQ(MetricValue("decision_expired_total", "handling", "default"), 0);
+  std::vector<std::string> learned;
+  for (const v1::LoggedSample& x : Export("p")) learned.push_back(x.event_id());
+  EXPECT_THAT(learned, ::testing::UnorderedElementsAre("page/0", "single"));
+  s = Reward("p", "page/1", 1.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("learns only the first slot"));
+  EXPECT_EQ(explain("page/1").outcome(), v1::DECISION_OUTCOME_DROPPED);
+  EXPECT_EQ(MetricValue("decision_rewards_total", "outcome", "late"), 0);
+}
+
 }  // namespace
 }  // namespace decision::server
 
