@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/decision_client.h"
 #include "core/xgboost_trainer.h"
 #include "decision/v1/decision.grpc.pb.h"
 #include "tests/decisiond_fixture.h"
@@ -887,6 +888,55 @@ namespace {
 // promoted, EvaluateModel giving the shadow expert's SNIPS over the same log, Explain
 // reproducing a decision, a two-slot slate rewarded per slot, and the DSJSON export parsed
 // back.
+// The client library's slates and batches: ids it fills in itself make a retry return the
+// same decisions, and a problem that learns first slots only refuses a lower slot's reward.
+TEST_F(IntegrationTest, ClientLibrarySlatesAndBatchesAreRetrySafe) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  client::ClientOptions options;
+  options.address = process_->address();
+  client::DecisionClient c(options);
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  v1::ProblemConfig config;
+  config.set_num_arms(kArms);
+  config.set_num_features(kFeatures);
+  config.set_slate_learning(v1::SLATE_LEARNING_FIRST_SLOT);
+  ASSERT_TRUE(c.CreateProblem("slates", config).ok());
+  v1::ChooseSlateRequest slate;
+  slate.set_problem_id("slates");
+  slate.set_slots(2);
+  for (int f = 0; f < kFeatures; ++f) slate.add_features(0.1 * f);
+  absl::StatusOr<v1::ChooseSlateResponse> chosen = c.ChooseSlate(slate);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  ASSERT_EQ(chosen->slots_size(), 2);
+  EXPECT_FALSE(chosen->event_id().empty());
+  EXPECT_EQ(chosen->slots(1).event_id(), chosen->event_id() + "/1");
+  EXPECT_NE(chosen->slots(0).arm(), chosen->slots(1).arm());
+  slate.set_event_id(chosen->event_id());
+  absl::StatusOr<v1::ChooseSlateResponse> again = c.ChooseSlate(slate);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), chosen->SerializeAsString());
+  EXPECT_TRUE(c.Reward("slates", chosen->slots(0).event_id(), 1.0).ok());
+  EXPECT_EQ(c.Reward("slates", chosen->slots(1).event_id(), 1.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  v1::ChooseBatchRequest batch;
+  for (int i = 0; i < 3; ++i) {
+    v1::ChooseRequest* r = batch.add_requests();
+    r->set_problem_id("slates");
+    for (int f = 0; f < kFeatures; ++f) r->add_features(0.3 * i + f);
+  }
+  absl::StatusOr<v1::ChooseBatchResponse> decided = c.ChooseBatch(batch);
+  ASSERT_TRUE(decided.ok()) << decided.status();
+  ASSERT_EQ(decided->responses_size(), 3);
+  std::set<std::string> ids;
+  for (const v1::ChooseResponse& r : decided->responses()) {
+    ids.insert(r.event_id());
+    EXPECT_TRUE(c.Reward("slates", r.event_id(), 0.5).ok());
+  }
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids.count(""), 0u);
+}
+
 TEST_F(IntegrationTest, AdServerFunnel) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string problem = "funnel";
