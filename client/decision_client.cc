@@ -62,20 +62,49 @@ DecisionClient::DecisionClient(const ClientOptions& options) : options_(options)
       grpc::CreateCustomChannel(options.address, credentials, args));
 }
 
+// The problem a request is about: its problem_id field, or the one problem every request
+// of a ChooseBatch names; empty otherwise (ListProblems, ListAuditLog, a batch of several
+// problems).
+static std::string RoutingProblem(const google::protobuf::Message& request) {
+  const google::protobuf::Descriptor* d = request.GetDescriptor();
+  const google::protobuf::Reflection* r = request.GetReflection();
+  if (const google::protobuf::FieldDescriptor* f = d->FindFieldByName("problem_id");
+      f != nullptr && f->type() == google::protobuf::FieldDescriptor::TYPE_STRING &&
+      !f->is_repeated()) {
+    return r->GetString(request, f);
+  }
+  if (const auto* batch = dynamic_cast<const v1::ChooseBatchRequest*>(&request)) {
+    std::string problem;
+    for (const v1::ChooseRequest& c : batch->requests()) {
+      if (!problem.empty() && c.problem_id() != problem) return "";
+      problem = c.problem_id();
+    }
+    return problem;
+  }
+  return "";
+}
+
 void DecisionClient::Prepare(grpc::ClientContext* ctx,
-                             std::chrono::system_clock::duration deadline) const {
+                             std::chrono::system_clock::duration deadline,
+                             const google::protobuf::Message& request) const {
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
   if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
+  // What a proxy routes on (deploy/haproxy): the problem's owner serves the call.
+  if (std::string problem = RoutingProblem(request); !problem.empty()) {
+    ctx->AddMetadata(std::string(kProblemHeader), problem);
+  }
 }
 
 template <typename Response, typename Call>
-absl::StatusOr<Response> DecisionClient::Unary(int attempts, Call&& call) {
+absl::StatusOr<Response> DecisionClient::Unary(int attempts,
+                                               const google::protobuf::Message& request,
+                                               Call&& call) {
   int64_t backoff_ms = options_.initial_backoff_ms;
   grpc::Status status;
   if (!status_.ok()) return status_;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext ctx;
-    Prepare(&ctx, std::chrono::milliseconds(options_.deadline_ms));
+    Prepare(&ctx, std::chrono::milliseconds(options_.deadline_ms), request);
     Response response;
     status = call(&ctx, &response);
     if (status.ok()) return response;
@@ -93,7 +122,7 @@ absl::StatusOr<v1::Problem> DecisionClient::CreateProblem(const std::string& pro
   *request.mutable_config() = config;
   int calls = 0;
   absl::StatusOr<v1::Problem> result =
-      Unary<v1::Problem>(options_.max_attempts, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+      Unary<v1::Problem>(options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::Problem* r) {
         ++calls;
         return stub_->CreateProblem(ctx, request, r);
       });
@@ -104,15 +133,16 @@ absl::StatusOr<v1::Problem> DecisionClient::CreateProblem(const std::string& pro
 absl::StatusOr<v1::Problem> DecisionClient::GetProblem(const std::string& problem_id) {
   v1::GetProblemRequest request;
   request.set_problem_id(problem_id);
-  return Unary<v1::Problem>(options_.max_attempts, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+  return Unary<v1::Problem>(options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::Problem* r) {
     return stub_->GetProblem(ctx, request, r);
   });
 }
 
 absl::StatusOr<v1::ListProblemsResponse> DecisionClient::ListProblems() {
+  const v1::ListProblemsRequest request;
   return Unary<v1::ListProblemsResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListProblemsResponse* r) {
-        return stub_->ListProblems(ctx, v1::ListProblemsRequest(), r);
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ListProblemsResponse* r) {
+        return stub_->ListProblems(ctx, request, r);
       });
 }
 
@@ -125,7 +155,7 @@ absl::StatusOr<v1::Expert> DecisionClient::RegisterExpert(const std::string& pro
   request.set_name(name);
   *request.mutable_model() = model;
   request.set_shadow(shadow);
-  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+  return Unary<v1::Expert>(1, request, [&](grpc::ClientContext* ctx, v1::Expert* r) {
     return stub_->RegisterExpert(ctx, request, r);
   });
 }
@@ -135,7 +165,7 @@ absl::StatusOr<v1::Expert> DecisionClient::Promote(const std::string& problem_id
   v1::PromoteRequest request;
   request.set_problem_id(problem_id);
   request.set_expert_id(expert_id);
-  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+  return Unary<v1::Expert>(1, request, [&](grpc::ClientContext* ctx, v1::Expert* r) {
     return stub_->Promote(ctx, request, r);
   });
 }
@@ -145,7 +175,7 @@ absl::StatusOr<v1::Expert> DecisionClient::Demote(const std::string& problem_id,
   v1::PromoteRequest request;
   request.set_problem_id(problem_id);
   request.set_expert_id(expert_id);
-  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+  return Unary<v1::Expert>(1, request, [&](grpc::ClientContext* ctx, v1::Expert* r) {
     return stub_->Demote(ctx, request, r);
   });
 }
@@ -158,7 +188,7 @@ absl::StatusOr<v1::ModelEvaluation> DecisionClient::EvaluateModel(
   request.set_clip(clip);
   // A read: retried on UNAVAILABLE like the other reads.
   return Unary<v1::ModelEvaluation>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ModelEvaluation* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ModelEvaluation* r) {
         return stub_->EvaluateModel(ctx, request, r);
       });
 }
@@ -168,7 +198,7 @@ absl::StatusOr<v1::ListExpertsResponse> DecisionClient::ListExperts(
   v1::ListExpertsRequest request;
   request.set_problem_id(problem_id);
   return Unary<v1::ListExpertsResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListExpertsResponse* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ListExpertsResponse* r) {
         return stub_->ListExperts(ctx, request, r);
       });
 }
@@ -178,7 +208,7 @@ absl::StatusOr<v1::Expert> DecisionClient::RetireExpert(const std::string& probl
   v1::RetireExpertRequest request;
   request.set_problem_id(problem_id);
   request.set_expert_id(expert_id);
-  return Unary<v1::Expert>(1, [&](grpc::ClientContext* ctx, v1::Expert* r) {
+  return Unary<v1::Expert>(1, request, [&](grpc::ClientContext* ctx, v1::Expert* r) {
     return stub_->RetireExpert(ctx, request, r);
   });
 }
@@ -188,7 +218,7 @@ absl::StatusOr<v1::Problem> DecisionClient::SetRetention(const std::string& prob
   v1::SetRetentionRequest request;
   request.set_problem_id(problem_id);
   *request.mutable_retention() = retention;
-  return Unary<v1::Problem>(1, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+  return Unary<v1::Problem>(1, request, [&](grpc::ClientContext* ctx, v1::Problem* r) {
     return stub_->SetRetention(ctx, request, r);
   });
 }
@@ -199,7 +229,7 @@ absl::StatusOr<v1::DeleteEventsResponse> DecisionClient::DeleteEvents(
   request.set_problem_id(problem_id);
   for (const std::string& id : ids) request.add_event_ids(id);
   return Unary<v1::DeleteEventsResponse>(
-      1, [&](grpc::ClientContext* ctx, v1::DeleteEventsResponse* r) {
+      1, request, [&](grpc::ClientContext* ctx, v1::DeleteEventsResponse* r) {
         return stub_->DeleteEvents(ctx, request, r);
       });
 }
@@ -217,7 +247,7 @@ absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(const std::string& pro
 absl::StatusOr<v1::ChooseResponse> DecisionClient::Choose(v1::ChooseRequest request) {
   if (request.event_id().empty()) request.set_event_id(RandomEventId());
   return Unary<v1::ChooseResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseResponse* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ChooseResponse* r) {
         return stub_->Choose(ctx, request, r);
       });
 }
@@ -226,7 +256,7 @@ absl::StatusOr<v1::ChooseSlateResponse> DecisionClient::ChooseSlate(
     v1::ChooseSlateRequest request) {
   if (request.event_id().empty()) request.set_event_id(RandomEventId());
   return Unary<v1::ChooseSlateResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseSlateResponse* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ChooseSlateResponse* r) {
         return stub_->ChooseSlate(ctx, request, r);
       });
 }
@@ -237,7 +267,7 @@ absl::StatusOr<v1::ChooseBatchResponse> DecisionClient::ChooseBatch(
     if (r.event_id().empty()) r.set_event_id(RandomEventId());
   }
   return Unary<v1::ChooseBatchResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ChooseBatchResponse* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ChooseBatchResponse* r) {
         return stub_->ChooseBatch(ctx, request, r);
       });
 }
@@ -248,7 +278,7 @@ absl::StatusOr<bool> DecisionClient::Activate(const std::string& problem_id,
   request.set_problem_id(problem_id);
   request.set_event_id(event_id);
   absl::StatusOr<v1::ActivateResponse> r = Unary<v1::ActivateResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ActivateResponse* resp) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ActivateResponse* resp) {
         return stub_->Activate(ctx, request, resp);
       });
   if (!r.ok()) return r.status();
@@ -262,7 +292,7 @@ absl::StatusOr<bool> DecisionClient::Reward(const std::string& problem_id,
   request.set_event_id(event_id);
   request.set_value(value);
   absl::StatusOr<v1::RewardResponse> r = Unary<v1::RewardResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::RewardResponse* resp) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::RewardResponse* resp) {
         return stub_->Reward(ctx, request, resp);
       });
   if (!r.ok()) return r.status();
@@ -274,7 +304,7 @@ absl::StatusOr<v1::Explanation> DecisionClient::Explain(const std::string& probl
   v1::ExplainRequest request;
   request.set_problem_id(problem_id);
   request.set_event_id(event_id);
-  return Unary<v1::Explanation>(options_.max_attempts,
+  return Unary<v1::Explanation>(options_.max_attempts, request,
                                 [&](grpc::ClientContext* ctx, v1::Explanation* r) {
                                   return stub_->Explain(ctx, request, r);
                                 });
@@ -283,7 +313,7 @@ absl::StatusOr<v1::Explanation> DecisionClient::Explain(const std::string& probl
 absl::StatusOr<v1::Estimates> DecisionClient::GetEstimates(const std::string& problem_id) {
   v1::GetEstimatesRequest request;
   request.set_problem_id(problem_id);
-  return Unary<v1::Estimates>(options_.max_attempts,
+  return Unary<v1::Estimates>(options_.max_attempts, request,
                               [&](grpc::ClientContext* ctx, v1::Estimates* r) {
                                 return stub_->GetEstimates(ctx, request, r);
                               });
@@ -296,7 +326,7 @@ absl::StatusOr<v1::TrainExpertsResponse> DecisionClient::TrainExperts(
   request.set_tree_experts(tree_experts);
   request.set_linear_experts(linear_experts);
   return Unary<v1::TrainExpertsResponse>(
-      1, [&](grpc::ClientContext* ctx, v1::TrainExpertsResponse* r) {
+      1, request, [&](grpc::ClientContext* ctx, v1::TrainExpertsResponse* r) {
         return stub_->TrainExperts(ctx, request, r);
       });
 }
@@ -306,7 +336,7 @@ absl::StatusOr<v1::TrainingJob> DecisionClient::GetTrainingJob(const std::string
   v1::GetTrainingJobRequest request;
   request.set_problem_id(problem_id);
   request.set_job_id(job_id);
-  return Unary<v1::TrainingJob>(options_.max_attempts,
+  return Unary<v1::TrainingJob>(options_.max_attempts, request,
                                 [&](grpc::ClientContext* ctx, v1::TrainingJob* r) {
                                   return stub_->GetTrainingJob(ctx, request, r);
                                 });
@@ -324,7 +354,7 @@ absl::Status DecisionClient::ExportLog(
   grpc::ClientContext ctx;
   // A whole-log export can be long: the deadline scales with nothing we know, so give it an
   // hour; cancel by returning an error from fn.
-  Prepare(&ctx, std::chrono::hours(1));
+  Prepare(&ctx, std::chrono::hours(1), request);
   std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader =
       stub_->ExportLog(&ctx, request);
   v1::LoggedSample sample;
@@ -343,7 +373,7 @@ absl::StatusOr<v1::ListAuditLogResponse> DecisionClient::ListAuditLog(int64_t st
   request.set_start(start);
   request.set_limit(limit);
   return Unary<v1::ListAuditLogResponse>(
-      options_.max_attempts, [&](grpc::ClientContext* ctx, v1::ListAuditLogResponse* r) {
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ListAuditLogResponse* r) {
         return stub_->ListAuditLog(ctx, request, r);
       });
 }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,6 +25,12 @@
 #include "decision/v1/decision.grpc.pb.h"
 
 namespace decision::client {
+
+// The call metadata naming the problem a call is about, set on every problem-scoped call
+// (every call with a problem_id, and a ChooseBatch whose requests all name one problem). A
+// proxy routes on it to the problem's owner (deploy/haproxy/README.md); clients in other
+// languages set it themselves.
+inline constexpr std::string_view kProblemHeader = "x-decision-problem";
 
 // TLS to decisiond (its --tls_cert/--tls_key, and --tls_client_ca for mutual TLS).
 struct TlsOptions {
@@ -121,9 +128,11 @@ class DecisionClient {
 
  private:
   template <typename Response, typename Call>
-  absl::StatusOr<Response> Unary(int attempts, Call&& call);
-  // The deadline and the token.
-  void Prepare(grpc::ClientContext* ctx, std::chrono::system_clock::duration deadline) const;
+  absl::StatusOr<Response> Unary(int attempts, const google::protobuf::Message& request,
+                                 Call&& call);
+  // The deadline, the token and the routing header of `request`.
+  void Prepare(grpc::ClientContext* ctx, std::chrono::system_clock::duration deadline,
+               const google::protobuf::Message& request) const;
 
   ClientOptions options_;
   absl::Status status_;

@@ -992,7 +992,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, promote, demote, evaluate, set-retention, delete-events, estimates, choose, explain, activate, reward, export, train, job, jobs, replay, audit, health, "
+      "retire-expert, promote, demote, evaluate, set-retention, delete-events, estimates, "
+      "choose, choose-slate, explain, activate, reward, export, train, job, jobs, replay, "
+      "audit, health, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -21,6 +21,7 @@ build_packages=(
   gnuplot-nox
   curl ca-certificates
   prometheus jq
+  haproxy
 )
 # The packages of every library decisiond and decisionctl link directly (readelf -d NEEDED,
 # mapped with dpkg -S); the rest comes with them as Debian dependencies.

@@ -122,6 +122,23 @@ absl::StatusOr<Grant> GrpcDecisionService::Authorize(grpc::CallbackServerContext
                           call.problem_id, absl::Now());
 }
 
+absl::Status GrpcDecisionService::CheckRouting(grpc::CallbackServerContext* ctx,
+                                               const Call& call) const {
+  if (call.problem_id.empty()) return absl::OkStatus();
+  const auto& metadata = ctx->client_metadata();
+  if (const auto it = metadata.find(std::string(kProblemMetadata)); it != metadata.end()) {
+    const absl::string_view routed(it->second.data(), it->second.size());
+    if (routed != call.problem_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", kProblemMetadata, " metadata names problem ", routed.substr(0, 64),
+          ", the request problem ", call.problem_id.substr(0, 64),
+          ": a proxy routes by the metadata, so they must agree"));
+    }
+  }
+  if (placement_ == nullptr) return absl::OkStatus();
+  return placement_->Check(call.problem_id);
+}
+
 void GrpcDecisionService::CountError(const char* method, const grpc::Status& status) {
   if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
 }
@@ -198,6 +215,12 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Serve(grpc::CallbackServerContext
   absl::StatusOr<Grant> grant = Authorize(ctx, described);
   if (!grant.ok()) {
     const grpc::Status status = ToGrpcStatus(grant.status());
+    CountError(method, status);
+    call->Reply(status);
+    return call;
+  }
+  if (absl::Status routed = CheckRouting(ctx, described); !routed.ok()) {
+    const grpc::Status status = ToGrpcStatus(routed);
     CountError(method, status);
     call->Reply(status);
     return call;
@@ -497,6 +520,12 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ChooseBatch(grpc::CallbackServerC
             return done(absl::PermissionDeniedError(absl::StrCat(
                 "requests[", i, "]: the token is not scoped to problem ",
                 call->request.requests(i).problem_id())));
+          }
+          if (placement_ == nullptr) continue;
+          if (absl::Status s = placement_->Check(call->request.requests(i).problem_id());
+              !s.ok()) {
+            return done(absl::FailedPreconditionError(
+                absl::StrCat("requests[", i, "]: ", s.message())));
           }
         }
         service_->ChooseBatch(call->request, &call->response, std::move(done));

@@ -15,6 +15,7 @@
 #include "server/auth.h"
 #include "server/decision_service.h"
 #include "server/metrics.h"
+#include "server/placement.h"
 
 namespace decision::server {
 
@@ -62,9 +63,11 @@ class UnaryCall;
 
 class GrpcDecisionService final : public RawDecisionService {
  public:
-  // `auth` decides who may call what (open mode: everyone). All three must outlive this.
-  GrpcDecisionService(DecisionService* service, Metrics* metrics, const Authorizer* auth)
-      : service_(service), metrics_(metrics), auth_(auth) {}
+  // `auth` decides who may call what (open mode: everyone); `placement`, if given, which
+  // problems this replica serves (server/placement.h). All must outlive this.
+  GrpcDecisionService(DecisionService* service, Metrics* metrics, const Authorizer* auth,
+                      const Placement* placement = nullptr)
+      : service_(service), metrics_(metrics), auth_(auth), placement_(placement) {}
 
   using Bytes = grpc::ByteBuffer;
   grpc::ServerUnaryReactor* CreateProblem(grpc::CallbackServerContext* ctx, const Bytes* in,
@@ -135,6 +138,10 @@ class GrpcDecisionService final : public RawDecisionService {
     std::function<std::string()> audit_detail;
   };
   absl::StatusOr<Grant> Authorize(grpc::CallbackServerContext* ctx, const Call& call) const;
+  // INVALID_ARGUMENT if the call's x-decision-problem metadata names another problem than
+  // its request (a proxy would have routed it by the wrong one); FAILED_PRECONDITION if the
+  // placement map puts its problem on another replica.
+  absl::Status CheckRouting(grpc::CallbackServerContext* ctx, const Call& call) const;
 
   // Parses the request into a UnaryCall (INVALID_ARGUMENT if it does not parse), describes
   // it (describe(request, response) -> Call; the audit detail may read the response once
@@ -152,6 +159,7 @@ class GrpcDecisionService final : public RawDecisionService {
   DecisionService* service_;
   Metrics* metrics_;
   const Authorizer* auth_;
+  const Placement* placement_;
   std::function<void(grpc::CallbackServerContext*)> before_decide_for_testing_;
 };
 

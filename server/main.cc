@@ -5,7 +5,7 @@
 //
 // On a non-loopback address it refuses to start without TLS and a tokens file unless
 // --insecure_plaintext and --allow_unauthenticated say otherwise (README, "Security").
-// SIGHUP re-reads the tokens file.
+// SIGHUP re-reads the tokens file and the placement map.
 //
 // On start it prints one line "decisiond listening on HOST:PORT metrics on HOST:PORT" (the
 // ports actually bound, so port 0 works), then serves until SIGTERM or SIGINT: it stops
@@ -39,6 +39,7 @@
 #include "server/decision_service.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
+#include "server/placement.h"
 #include "server/validation.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address (host:port; port 0 picks one)");
@@ -118,6 +119,13 @@ ABSL_FLAG(std::string, tokens_file, "",
           "per-role bearer tokens (hashes only; see server/auth.h); re-read on SIGHUP. Without "
           "it every call is allowed, which decisiond accepts only on loopback unless "
           "--allow_unauthenticated");
+ABSL_FLAG(std::string, replica_id, "",
+          "this replica's name in the placement map (the proxy's backend name for it; "
+          "deploy/haproxy)");
+ABSL_FLAG(std::string, placement_map, "",
+          "the proxy's placement map (\"PROBLEM_ID REPLICA_ID\" lines; server/placement.h): "
+          "calls for a problem it places on another replica are refused, naming the owner; "
+          "re-read on SIGHUP. Needs --replica_id");
 ABSL_FLAG(bool, allow_unauthenticated, false,
           "serve a non-loopback address without a tokens file (a warning is printed)");
 ABSL_FLAG(std::string, model_probe, "",
@@ -326,6 +334,17 @@ int Run() {
     std::fprintf(stderr, "decisiond: WARNING: no --tokens_file: every caller on %s may do "
                          "everything (--allow_unauthenticated)\n", listen.c_str());
   }
+  if (!absl::GetFlag(FLAGS_placement_map).empty() && absl::GetFlag(FLAGS_replica_id).empty()) {
+    std::fprintf(stderr, "decisiond: --placement_map needs --replica_id (this replica's "
+                         "name in the map)\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<Placement>> placement =
+      Placement::Open(absl::GetFlag(FLAGS_replica_id), absl::GetFlag(FLAGS_placement_map));
+  if (!placement.ok()) {
+    std::fprintf(stderr, "decisiond: %s\n", placement.status().ToString().c_str());
+    return 2;
+  }
   auto service = DecisionService::Open(options, &clock, &metrics);
   if (!service.ok()) {
     // A store that cannot be opened names itself and the reason, in one line: "decisiond:
@@ -346,7 +365,7 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   LimitProtobufLogs();
-  GrpcDecisionService grpc_service(service->get(), &metrics, auth->get());
+  GrpcDecisionService grpc_service(service->get(), &metrics, auth->get(), placement->get());
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, credentials, &port);
@@ -371,6 +390,12 @@ int Run() {
                    s.ToString().c_str());
     } else {
       std::fprintf(stderr, "decisiond: SIGHUP: %zu tokens loaded\n", (*auth)->size());
+    }
+    if (absl::Status s = (*placement)->Reload(); !s.ok()) {
+      std::fprintf(stderr, "decisiond: SIGHUP: placement map not reloaded, the old one "
+                           "stays: %s\n", s.ToString().c_str());
+    } else if (!absl::GetFlag(FLAGS_placement_map).empty()) {
+      std::fprintf(stderr, "decisiond: SIGHUP: %zu problems placed\n", (*placement)->size());
     }
   }
   std::fprintf(stderr, "decisiond: signal %d: draining\n", signal);

@@ -937,6 +937,35 @@ TEST_F(IntegrationTest, ClientLibrarySlatesAndBatchesAreRetrySafe) {
   EXPECT_EQ(ids.count(""), 0u);
 }
 
+// A proxy routes by the x-decision-problem metadata (deploy/haproxy): a call whose metadata
+// names another problem than its request is refused before it does anything.
+TEST_F(IntegrationTest, TheRoutingMetadataMustNameTheRequestsProblem) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  CreateProblem("routed");
+  v1::ChooseRequest request;
+  request.set_problem_id("routed");
+  request.set_event_id("r1");
+  for (int f = 0; f < kFeatures; ++f) request.add_features(0.1);
+  const auto choose = [&](const char* routed) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ctx.AddMetadata("x-decision-problem", routed);
+    v1::ChooseResponse response;
+    return stub_->Choose(&ctx, request, &response);
+  };
+  const grpc::Status refused = choose("other");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(),
+            "the x-decision-problem metadata names problem other, the request problem routed: "
+            "a proxy routes by the metadata, so they must agree");
+  EXPECT_GRPC_OK(choose("routed"));
+  v1::GetProblemRequest get;
+  get.set_problem_id("routed");
+  v1::Problem problem;
+  ASSERT_GRPC_OK(Call(&Stub::GetProblem, stub_.get(), get, &problem));
+  EXPECT_EQ(problem.decisions(), 1);  // the refused call decided nothing
+}
+
 TEST_F(IntegrationTest, AdServerFunnel) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string problem = "funnel";

@@ -1,6 +1,8 @@
 // Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
 // transitions (pending_table.h) and the executor's group commit (executor.h).
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "server/conversions.h"
 #include "server/executor.h"
 #include "server/pending_table.h"
+#include "server/placement.h"
 #include "server/problem.h"
 
 namespace decision::server {
@@ -79,6 +82,46 @@ storage::v1::EventRecord Event(int64_t deadline_ms) {
 // Found by tests/fuzz/request_fuzz: a batch_multiplier CreateProblem accepts (finite, > 0)
 // made b sqrt(t) overflow int64 in the conversion (undefined; x86 gave INT64_MIN, so a
 // divergence refresh at every sample).
+TEST(PlacementTest, TheMapFileIsParsedStrictly) {
+  auto map = ParsePlacementMap("# placed\nhome decisiond-0   # the front page\n\n"
+                               "search\tdecisiond-1\r\n");
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->size(), 2u);
+  EXPECT_EQ(map->at("search"), "decisiond-1");
+  EXPECT_EQ(ParsePlacementMap("a r1\nb\n").status().message(),
+            "placement map line 2: 1 fields; expected \"PROBLEM_ID REPLICA_ID\"");
+  EXPECT_EQ(ParsePlacementMap("a r1\na r2\n").status().message(),
+            "placement map line 2: problem a is placed twice");
+  EXPECT_EQ(ParsePlacementMap(std::string(65, 'p') + " r1").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlacementTest, AReplicaRefusesWhatTheMapPlacesElsewhereAndAReloadKeepsAGoodMap) {
+  const std::string path = ::testing::TempDir() + "/placement_test.map";
+  std::ofstream(path) << "home r0\nsearch r1\n";
+  auto placement = Placement::Open("r0", path);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_TRUE((*placement)->Check("home").ok());
+  EXPECT_TRUE((*placement)->Check("unplaced").ok());  // the hash's: served if held here
+  absl::Status s = (*placement)->Check("search");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "problem search is placed on replica r1, not on this one (r0): call it there, or "
+            "through the proxy with the x-decision-problem metadata set");
+  std::ofstream(path) << "home r1\n";
+  ASSERT_TRUE((*placement)->Reload().ok());
+  EXPECT_EQ((*placement)->Check("home").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*placement)->Check("search").ok());
+  std::ofstream(path) << "broken\n";
+  EXPECT_EQ((*placement)->Reload().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*placement)->Check("home").code(), absl::StatusCode::kFailedPrecondition);
+  std::remove(path.c_str());
+  EXPECT_EQ(Placement::Open("r0", path).status().code(), absl::StatusCode::kNotFound);
+  auto none = Placement::Open("r0", "");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE((*none)->Check("anything").ok());
+}
+
 TEST(NextRefreshTest, TheStepIsAtLeastOneAndSaturates) {
   storage::v1::ProblemRecord r;
   r.set_num_arms(4);

@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# End-to-end test of scale-out through a real gRPC proxy (deploy/haproxy): two decisiond
+# replicas behind Debian's HAProxy 2.6, with the shipped haproxy.cfg, placement map and
+# place.sh. Every call goes through decisionctl, whose client library sets the
+# x-decision-problem metadata the proxy routes on. It checks:
+#   - CreateProblem through the proxy lands on the owner the map names, and a problem not
+#     in the map on the one the consistent hash picks, where its later calls go too;
+#   - a replica refuses a call for a problem placed on the other one, naming the owner,
+#     and never creates it;
+#   - place.sh changes the placement at runtime (HAProxy's runtime API, the map file and
+#     SIGHUP to the replicas), without restarting anything;
+#   - kill -9 of one replica: the other's problems keep serving with no error, the killed
+#     one's answer UNAVAILABLE through the proxy; once it is restarted on its store they
+#     serve again with every acknowledged reward. The recovery time is printed.
+#
+# Usage: tests/e2e_haproxy_test.sh DECISIOND DECISIONCTL SOURCE_DIR   (ctest passes them)
+set -euo pipefail
+
+if (($# != 3)); then
+  echo "usage: $0 DECISIOND DECISIONCTL SOURCE_DIR" >&2
+  exit 2
+fi
+DECISIOND=$1
+DECISIONCTL=$2
+ROOT=$3
+
+step() { echo "== $*"; }
+ok() { echo "   ok: $*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+command -v haproxy >/dev/null || fail "haproxy is not installed (deploy/install-deps.sh installs it)"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e_haproxy.XXXXXX")
+declare -A PID
+cleanup() {
+  local rc=$?
+  local name
+  for name in "${!PID[@]}"; do kill "${PID[$name]}" 2>/dev/null || true; done
+  for name in "${!PID[@]}"; do wait "${PID[$name]}" 2>/dev/null || true; done
+  if ((rc != 0)); then
+    for log in "$WORK"/*.err "$WORK"/haproxy.log; do
+      [[ -s "$log" ]] || continue
+      echo "--- last lines of $(basename "$log")" >&2
+      tail -n 15 "$log" >&2
+    done
+  fi
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# A loopback port nothing answers on (a race with other processes is possible but rare).
+free_port() {
+  local port
+  while true; do
+    port=$((20000 + RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+}
+
+MAP=$WORK/placement.map
+cp "$ROOT/deploy/haproxy/placement.map" "$MAP"
+printf 'home decisiond-0\nsearch decisiond-1\n' >>"$MAP"
+declare -A PORT=([decisiond-0]=$(free_port) [decisiond-1]=$(free_port))
+
+start_replica() {
+  local name=$1
+  "$DECISIOND" --listen="127.0.0.1:${PORT[$name]}" --metrics_listen= \
+    --data_dir="$WORK/$name" --replica_id="$name" --placement_map="$MAP" \
+    >"$WORK/$name.out" 2>>"$WORK/$name.err" &
+  PID[$name]=$!
+  local i
+  for i in $(seq 1 100); do
+    grep -q '^decisiond listening on ' "$WORK/$name.out" 2>/dev/null && return 0
+    kill -0 "${PID[$name]}" 2>/dev/null || fail "$name exited at start"
+    sleep 0.1
+  done
+  fail "$name did not start"
+}
+
+step "start two replicas and HAProxy with deploy/haproxy/haproxy.cfg"
+start_replica decisiond-0
+start_replica decisiond-1
+PROXY_PORT=$(free_port)
+RUNTIME_PORT=$(free_port)
+export HAPROXY_BIND=127.0.0.1:$PROXY_PORT HAPROXY_RUNTIME=127.0.0.1:$RUNTIME_PORT
+export HAPROXY_MAP=$MAP
+export DECISIOND_0=127.0.0.1:${PORT[decisiond-0]} DECISIOND_1=127.0.0.1:${PORT[decisiond-1]}
+haproxy -c -q -f "$ROOT/deploy/haproxy/haproxy.cfg" || fail "haproxy -c rejects haproxy.cfg"
+haproxy -db -f "$ROOT/deploy/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+PID[haproxy]=$!
+for i in $(seq 1 50); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null && break
+  sleep 0.1
+done
+ok "proxy on $HAPROXY_BIND, replicas on ${PORT[decisiond-0]} and ${PORT[decisiond-1]}"
+
+PROXY=(--server="127.0.0.1:$PROXY_PORT" --deadline_ms=3000)
+via_proxy() { "$DECISIONCTL" "${PROXY[@]}" "$@"; }
+on() { local name=$1; shift; "$DECISIONCTL" --server="127.0.0.1:${PORT[$name]}" --deadline_ms=3000 "$@"; }
+holds() { on "$1" list-problems | awk 'NR > 1 {print $1}' | grep -qx "$2"; }
+
+step "CreateProblem through the proxy lands on the placed owner"
+for p in home search; do
+  via_proxy create-problem "$p" --arms=3 --features=2 --wait_ms=600000 >/dev/null ||
+    fail "create-problem $p through the proxy"
+done
+holds decisiond-0 home && ! holds decisiond-1 home || fail "home is not on decisiond-0 alone"
+holds decisiond-1 search && ! holds decisiond-0 search || fail "search is not on decisiond-1 alone"
+ok "home on decisiond-0, search on decisiond-1"
+
+step "a problem not in the map goes to the consistent hash, and stays there"
+via_proxy create-problem misc --arms=3 --features=2 >/dev/null || fail "create-problem misc"
+if holds decisiond-0 misc; then misc_owner=decisiond-0; else misc_owner=decisiond-1; fi
+holds "$misc_owner" misc || fail "misc is on neither replica"
+for i in $(seq 1 10); do
+  via_proxy choose misc --x=0.1,0.2 >/dev/null || fail "choose misc (call $i) through the proxy"
+done
+ok "misc on $misc_owner; 10 decisions through the proxy all reached it"
+
+step "a replica refuses a problem placed on the other one, naming the owner"
+if out=$(on decisiond-1 create-problem home --arms=3 --features=2 2>&1); then
+  fail "decisiond-1 created home: $out"
+fi
+[[ "$out" == *"FAILED_PRECONDITION"*"problem home is placed on replica decisiond-0"* ]] ||
+  fail "unexpected refusal: $out"
+if out=$(on decisiond-1 choose home --x=0.1,0.2 2>&1); then fail "decisiond-1 served home"; fi
+[[ "$out" == *"placed on replica decisiond-0"* ]] || fail "unexpected refusal: $out"
+! holds decisiond-1 home || fail "decisiond-1 holds a copy of home"
+ok "$out"
+
+step "place.sh moves the placement of a new problem at runtime"
+"$ROOT/deploy/haproxy/place.sh" promo decisiond-1 "${PID[decisiond-0]}" "${PID[decisiond-1]}" >/dev/null ||
+  fail "place.sh"
+for name in decisiond-0 decisiond-1; do
+  for i in $(seq 1 50); do
+    grep -q 'SIGHUP: 3 problems placed' "$WORK/$name.err" && break
+    sleep 0.1
+  done
+  grep -q 'SIGHUP: 3 problems placed' "$WORK/$name.err" || fail "$name did not reload the map"
+done
+via_proxy create-problem promo --arms=3 --features=2 >/dev/null || fail "create-problem promo"
+holds decisiond-1 promo && ! holds decisiond-0 promo || fail "promo is not on decisiond-1 alone"
+grep -qx 'promo decisiond-1' "$MAP" || fail "the map file does not place promo"
+ok "promo created on decisiond-1 through the same proxy process (pid ${PID[haproxy]})"
+
+step "traffic on both replicas through the proxy; every reward acknowledged"
+declare -A REWARDED=([home]=0 [search]=0)
+for p in home search; do
+  for i in $(seq 1 20); do
+    via_proxy choose "$p" --x=0.$i,0.5 --event_id="$p-$i" >/dev/null || fail "choose $p-$i"
+    via_proxy reward "$p" "$p-$i" 1 >/dev/null || fail "reward $p-$i"
+    REWARDED[$p]=$((REWARDED[$p] + 1))
+  done
+done
+ok "20 rewarded decisions each"
+
+step "kill -9 decisiond-0: only its problems are affected"
+kill -9 "${PID[decisiond-0]}"
+wait "${PID[decisiond-0]}" 2>/dev/null || true
+unset 'PID[decisiond-0]'
+KILLED_AT=$(date +%s.%N)
+for i in $(seq 1 20); do
+  via_proxy choose search --x=0.3,0.4 --event_id="search-after-$i" >/dev/null ||
+    fail "search failed while decisiond-0 was down"
+  via_proxy reward search "search-after-$i" 0 >/dev/null || fail "reward search-after-$i"
+  REWARDED[search]=$((REWARDED[search] + 1))
+done
+ok "search: 20 decisions and rewards, no error"
+if out=$(via_proxy choose home --x=0.1,0.2 2>&1); then fail "home answered while its replica was down"; fi
+[[ "$out" == *UNAVAILABLE* ]] || fail "home while down: $out"
+ok "home: $out"
+
+step "restart decisiond-0 on its store: its problems serve again with every acknowledged reward"
+RESTARTED_AT=$(date +%s.%N)
+start_replica decisiond-0
+LISTENING_AT=$(date +%s.%N)
+until via_proxy choose home --x=0.1,0.2 --event_id=home-back >/dev/null 2>&1; do
+  (($(date +%s) - ${RESTARTED_AT%.*} < 30)) || fail "home did not come back within 30 s"
+  sleep 0.05
+done
+SERVING_AT=$(date +%s.%N)
+samples=$(via_proxy estimates home | awk 'NR == 1 {print $3}')
+((samples == REWARDED[home])) || fail "home has $samples samples after the restart; ${REWARDED[home]} rewards were acknowledged"
+samples=$(via_proxy estimates search | awk 'NR == 1 {print $3}')
+((samples == REWARDED[search])) || fail "search has $samples samples; ${REWARDED[search]} rewards were acknowledged"
+ok "home: ${REWARDED[home]} samples kept; search: ${REWARDED[search]}"
+printf '   recovery: decisiond-0 listening %.2f s after its restart, serving home through the proxy %.2f s later\n' \
+  "$(awk "BEGIN {print $LISTENING_AT - $RESTARTED_AT}")" "$(awk "BEGIN {print $SERVING_AT - $LISTENING_AT}")"
+echo "PASS"
