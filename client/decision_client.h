@@ -28,8 +28,8 @@ namespace decision::client {
 
 // The call metadata naming the problem a call is about, set on every problem-scoped call
 // (every call with a problem_id, and a ChooseBatch whose requests all name one problem). A
-// proxy routes on it to the problem's owner (deploy/haproxy/README.md); clients in other
-// languages set it themselves.
+// proxy routes on it to the problem's owner (deploy/README.md, "Sharding problems across
+// replicas"); clients in other languages set it themselves.
 inline constexpr std::string_view kProblemHeader = "x-decision-problem";
 
 // TLS to decisiond (its --tls_cert/--tls_key, and --tls_client_ca for mutual TLS).
