@@ -53,13 +53,17 @@ trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
-# A loopback port nothing answers on (a race with other processes is possible but rare).
+# A loopback port nothing answers on and not handed out before (a race with other
+# processes is possible but rare). Sets FREE_PORT (a subshell could not remember).
+TAKEN=" "
 free_port() {
   local port
   while true; do
     port=$((20000 + RANDOM % 20000))
+    [[ "$TAKEN" == *" $port "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
+      TAKEN+="$port "
+      FREE_PORT=$port
       return
     fi
   done
@@ -68,7 +72,9 @@ free_port() {
 MAP=$WORK/placement.map
 cp "$ROOT/deploy/haproxy/placement.map" "$MAP"
 printf 'home decisiond-0\nsearch decisiond-1\n' >>"$MAP"
-declare -A PORT=([decisiond-0]=$(free_port) [decisiond-1]=$(free_port))
+declare -A PORT
+free_port; PORT[decisiond-0]=$FREE_PORT
+free_port; PORT[decisiond-1]=$FREE_PORT
 
 start_replica() {
   local name=$1
@@ -88,8 +94,8 @@ start_replica() {
 step "start two replicas and HAProxy with deploy/haproxy/haproxy.cfg"
 start_replica decisiond-0
 start_replica decisiond-1
-PROXY_PORT=$(free_port)
-RUNTIME_PORT=$(free_port)
+free_port; PROXY_PORT=$FREE_PORT
+free_port; RUNTIME_PORT=$FREE_PORT
 export HAPROXY_BIND=127.0.0.1:$PROXY_PORT HAPROXY_RUNTIME=127.0.0.1:$RUNTIME_PORT
 export HAPROXY_MAP=$MAP
 export DECISIOND_0=127.0.0.1:${PORT[decisiond-0]} DECISIOND_1=127.0.0.1:${PORT[decisiond-1]}
