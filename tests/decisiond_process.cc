@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,9 +87,19 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // A test process that dies (a crash, a failed ASSERT in a forked helper, ctest's timeout)
+  // takes its servers with it, instead of leaving them running and ctest waiting for their
+  // output pipe until its timeout. The signal follows the thread that forks, not the
+  // process: only a fork from the main thread asks for it.
+  const pid_t parent = getpid();
+  const bool from_main_thread = gettid() == parent;
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    if (from_main_thread) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent died before the prctl
+    }
     dup2(pipe_fds[1], STDOUT_FILENO);  // the duplicate does not close on exec
     closefrom(STDERR_FILENO + 1);
     execv(argv[0], argv.data());
