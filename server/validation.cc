@@ -268,18 +268,24 @@ std::vector<int32_t> EligibleArmsOf(const v1::ChooseRequest& request, int num_ar
   return out;
 }
 
+namespace {
+// Reward, Activate and Explain name a decided event: 1 to kMaxEventIdBytes bytes.
+absl::Status ValidateEventId(const std::string& event_id) {
+  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event_id has ", event_id.size(), " bytes; 1 to ", kMaxEventIdBytes));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status ValidateRewardRequest(const v1::RewardRequest& request) {
   const double value = request.value();
   if (!(value >= 0.0 && value <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("value is ", value, "; a reward must be in [0, 1]"));
   }
-  const std::string& event_id = request.event_id();
-  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "event_id must have 1 to ", kMaxEventIdBytes, " bytes, got ", event_id.size()));
-  }
-  return absl::OkStatus();
+  return ValidateEventId(request.event_id());
 }
 
 absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertRequest& request,
@@ -342,16 +348,6 @@ absl::Status ValidateTrainExpertsRequest(const v1::TrainExpertsRequest& request)
   return CheckExpertCounts(request.tree_experts(), request.linear_experts(),
                            kMaxExpertsPerTrainingJob, "");
 }
-
-namespace {
-absl::Status ValidateEventId(const std::string& event_id) {
-  if (event_id.empty() || event_id.size() > kMaxEventIdBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("event_id has ", event_id.size(), " bytes; 1 to ", kMaxEventIdBytes));
-  }
-  return absl::OkStatus();
-}
-}  // namespace
 
 absl::Status ValidateExplainRequest(const v1::ExplainRequest& request) {
   return ValidateEventId(request.event_id());
