@@ -16,20 +16,7 @@
 # Usage: tests/e2e_haproxy_test.sh DECISIOND DECISIONCTL SOURCE_DIR   (ctest passes them)
 set -euo pipefail
 
-if (($# != 3)); then
-  echo "usage: $0 DECISIOND DECISIONCTL SOURCE_DIR" >&2
-  exit 2
-fi
-DECISIOND=$1
-DECISIONCTL=$2
-ROOT=$3
-
-step() { echo "== $*"; }
-ok() { echo "   ok: $*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/e2e_common.sh" "$@"
 command -v haproxy >/dev/null || fail "haproxy is not installed (deploy/install-deps.sh installs it)"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/e2e_haproxy.XXXXXX")

@@ -14,24 +14,11 @@
 # Usage: tests/e2e_prometheus_test.sh DECISIOND DECISIONCTL SOURCE_DIR   (ctest passes them)
 set -euo pipefail
 
-if (($# != 3)); then
-  echo "usage: $0 DECISIOND DECISIONCTL SOURCE_DIR" >&2
-  exit 2
-fi
-DECISIOND=$1
-DECISIONCTL=$2
-ROOT=$3
+source "$(dirname "$0")/e2e_common.sh" "$@"
 PROM_SRC=$ROOT/deploy/prometheus
 DASHBOARD=$ROOT/deploy/grafana/dashboards/decisiond.json
 PROBLEM=digits
 ROUNDS=600
-
-step() { echo "== $*"; }
-ok() { echo "   ok: $*"; }
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
 
 for tool in prometheus promtool curl jq; do
   command -v "$tool" >/dev/null || fail "$tool is not installed (deploy/install-deps.sh installs it)"
