@@ -2,6 +2,7 @@
 // (or a baseline) with experts trained from the log, and reports the progressive loss.
 //
 //   build/bench/regret --data=bench/data/letter.csv --order=bench/data/orders/letter.s1.perm.txt
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -32,6 +33,14 @@ ABSL_FLAG(double, batch_multiplier, 7.0, "batch length = multiplier * sqrt(t)");
 ABSL_FLAG(double, eligible_share, 0.0,
           "per-round eligibility: this share of the arms is eligible each round, the label "
           "always among them (0: every arm)");
+ABSL_FLAG(int, pool_experts, 0,
+          "a fixed pool of this many experts trained on a held-back prefix (0: experts "
+          "trained from the log, the paper's batched algorithm)");
+ABSL_FLAG(int, pool_good, 2, "with a pool: how many of its experts are good (the rest weak)");
+ABSL_FLAG(int64_t, pool_prefix, 2000,
+          "with a pool: rows of the order held back to train it (never played)");
+ABSL_FLAG(int64_t, late_expert_round, 0,
+          "with a pool: add a stronger expert at this round (0: never)");
 ABSL_FLAG(bool, show_estimates, false, "print every expert's final estimate (D-UCB)");
 ABSL_FLAG(int64_t, report_every, 1000, "print the progressive loss every N rounds (0: never)");
 
@@ -78,6 +87,10 @@ int main(int argc, char** argv) {
   options.seed = absl::GetFlag(FLAGS_seed);
   options.train_threads = absl::GetFlag(FLAGS_train_threads);
   options.eligible_share = absl::GetFlag(FLAGS_eligible_share);
+  options.pool_experts = absl::GetFlag(FLAGS_pool_experts);
+  options.pool_good = absl::GetFlag(FLAGS_pool_good);
+  options.pool_prefix = absl::GetFlag(FLAGS_pool_prefix);
+  options.late_expert_round = absl::GetFlag(FLAGS_late_expert_round);
   const int64_t every = absl::GetFlag(FLAGS_report_every);
   std::printf("data %s: %zu rows, %d features, K = %d; policy %s, estimator %s\n",
               absl::GetFlag(FLAGS_data).c_str(), data->size(), data->num_features,
@@ -105,6 +118,24 @@ int main(int argc, char** argv) {
               result->progressive_loss.back(), result->progressive_loss.size(),
               result->num_experts, result->seconds, result->seconds_training,
               result->seconds_divergences);
+  if (options.pool_experts > 0) {
+    // The best expert of the pool (not the late one) over the rows played, and the regret
+    // against it: rounds * its mean - the reward collected.
+    const size_t pool_size = std::min<size_t>(result->true_means.size(),
+                                              static_cast<size_t>(options.pool_experts) + 1);
+    double best = 0.0;
+    for (size_t e = 0; e < pool_size; ++e) best = std::max(best, result->true_means[e]);
+    const double rounds = static_cast<double>(result->progressive_loss.size());
+    std::printf("pool: best_true_mean %.4f regret %.1f\n", best,
+                rounds * best - rounds * (1.0 - result->progressive_loss.back()));
+  }
+  if (options.late_expert_round > 0) {
+    // One line for scripts: rounds until followed in 90% of a 100-decision window (-1:
+    // never), regret after the late expert's round against it, and its true mean there.
+    std::printf("late expert: rounds_to_90 %lld regret_after %.1f true_mean %.4f\n",
+                static_cast<long long>(result->late_expert_rounds_to_90),
+                result->late_expert_regret, result->late_expert_true_mean);
+  }
   if (result->experts_rejected > 0) {
     std::printf("%d trained experts diverged and were skipped\n", result->experts_rejected);
   }

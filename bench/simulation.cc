@@ -16,6 +16,9 @@ namespace decision::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The window over which "the late expert is followed in 90% of decisions" is measured.
+constexpr size_t kFollowWindow = 100;
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -44,23 +47,53 @@ class Simulation {
     DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Expert> uniform,
                               MakeUniformExpert(k_, data_.num_features));
     DECISION_RETURN_IF_ERROR(CacheExpert(*uniform, 0.0));
+    const bool pool = o_.pool_experts > 0;
+    SimulationResult result;
+    int64_t first = 0;  // the order's first played row
+    if (pool) {
+      if (o_.pool_prefix < 1 || o_.pool_prefix >= static_cast<int64_t>(order_.size()) ||
+          o_.pool_good < 0 || o_.pool_good > o_.pool_experts || o_.late_expert_round < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a pool needs 1 <= pool_prefix < ", order_.size(), " rows, 0 <= pool_good <= ",
+            "pool_experts and late_expert_round >= 0"));
+      }
+      first = o_.pool_prefix;
+      DECISION_RETURN_IF_ERROR(BuildPool(&result));
+    } else if (o_.late_expert_round > 0) {
+      return absl::InvalidArgumentError("late_expert_round needs a fixed pool (pool_experts)");
+    }
     DECISION_RETURN_IF_ERROR(MakePolicy());
+    if (pool) {
+      const auto div_start = Clock::now();
+      DECISION_RETURN_IF_ERROR(AddToPolicy(/*old_n=*/1, /*full=*/true));
+      result.seconds_divergences += Since(div_start);
+    }
     BatchSchedule schedule(k_, o_.batch);
-    const int64_t rounds =
-        o_.max_rounds > 0 ? std::min<int64_t>(o_.max_rounds, order_.size()) : order_.size();
+    const int64_t playable = static_cast<int64_t>(order_.size()) - first;
+    const int64_t rounds = o_.max_rounds > 0 ? std::min<int64_t>(o_.max_rounds, playable)
+                                             : playable;
     std::vector<double> propensities;
     double total_reward = 0.0;
-    SimulationResult result;
     result.progressive_loss.reserve(rounds);
     std::vector<int32_t> eligible;
     std::vector<double> probs(k_);
+    int late = -1;                   // the late expert's id, once added
+    std::vector<char> followed;      // after it: whether each decision followed it
+    int64_t followed_in_window = 0;  // among the last kFollowWindow of them
+    double late_sum = 0.0;
     for (int64_t t = 1; t <= rounds; ++t) {
-      const int row = order_[t - 1];
+      const int row = order_[first + t - 1];
       DrawEligible(data_.labels[row], &eligible);
       reservoir_.Offer(std::vector<double>{double(row)}, eligible, gen_);
-      const BatchSchedule::Round phase = schedule.Next();
+      // A pool has no warm-up and no batches: every round is an ordinary one.
+      const BatchSchedule::Round phase =
+          pool ? BatchSchedule::Round::kInBatch : schedule.Next();
       if (phase == BatchSchedule::Round::kBatchStart) {
         DECISION_RETURN_IF_ERROR(AddTrainedExperts(t, &result));
+      }
+      if (pool && t == o_.late_expert_round) {
+        late = num_experts();
+        DECISION_RETURN_IF_ERROR(AddLateExpert(t, &result));
       }
       auto distribution = [&](int e, absl::Span<double> out) {
         Distribution(e, row, eligible, out);
@@ -80,6 +113,20 @@ class Simulation {
         DECISION_ASSIGN_OR_RETURN(d, policy_->Decide(num_experts(), k_, distribution, gen_));
       }
       const double reward = d.arm == data_.labels[row] ? 1.0 : 0.0;
+      if (late >= 0) {
+        Distribution(late, row, eligible, absl::MakeSpan(probs));
+        late_sum += probs[data_.labels[row]];
+        result.late_expert_regret += probs[data_.labels[row]] - reward;
+        followed.push_back(d.expert == late);
+        followed_in_window += followed.back();
+        if (followed.size() > kFollowWindow) {
+          followed_in_window -= followed[followed.size() - 1 - kFollowWindow];
+        }
+        if (result.late_expert_rounds_to_90 < 0 && followed.size() >= kFollowWindow &&
+            followed_in_window >= 0.9 * kFollowWindow) {
+          result.late_expert_rounds_to_90 = static_cast<int64_t>(followed.size());
+        }
+      }
       propensities.resize(num_experts());
       for (int e = 0; e < num_experts(); ++e) {
         if (eligible.empty()) {
@@ -104,13 +151,15 @@ class Simulation {
       result.progressive_loss.push_back(1.0 - total_reward / t);
       if (progress) progress(t, result.progressive_loss.back());
     }
+    if (!followed.empty()) result.late_expert_true_mean = late_sum / followed.size();
     result.num_experts = num_experts();
     for (int e = 0; e < num_experts(); ++e) {
       double mean = 0.0;
-      for (size_t row = 0; row < data_.size(); ++row) {
+      for (int64_t t = 0; t < rounds; ++t) {
+        const size_t row = order_[first + t];
         mean += cache_[e][row * k_ + data_.labels[row]];
       }
-      result.true_means.push_back(mean / data_.size());
+      result.true_means.push_back(mean / rounds);
     }
     if (ducb_ != nullptr) {
       for (int e = 0; e < num_experts(); ++e) {
@@ -219,6 +268,97 @@ class Simulation {
       DECISION_RETURN_IF_ERROR(CacheExpert(*expert, o_.smoothing));
     }
     result->seconds_training += Since(train_start);
+    const bool full = t >= o_.full_refresh_growth * last_full_refresh_;
+    if (full) last_full_refresh_ = t;
+    const auto div_start = Clock::now();
+    DECISION_RETURN_IF_ERROR(AddToPolicy(old_n, full));
+    result->seconds_divergences += Since(div_start);
+    return absl::OkStatus();
+  }
+
+  // The fixed pool (SimulationOptions::pool_experts), trained on the held-back prefix with
+  // full information; the prefix's contexts fill the divergence reservoir.
+  absl::Status BuildPool(SimulationResult* result) {
+    const auto train_start = Clock::now();
+    TrainingSet prefix;
+    prefix.num_features = data_.num_features;
+    for (int64_t i = 0; i < o_.pool_prefix; ++i) {
+      const int row = order_[i];
+      prefix.Add(data_.row(row), data_.labels[row], 1.0, 1.0);
+      reservoir_.Offer(std::vector<double>{double(row)}, {}, gen_);
+    }
+    std::vector<bool> good(o_.pool_experts, false);
+    std::fill(good.begin(), good.begin() + o_.pool_good, true);
+    std::shuffle(good.begin(), good.end(), gen_);
+    for (bool g : good) {
+      XgboostTrainOptions train;
+      train.threads = o_.train_threads;
+      train.seed = gen_();
+      train.max_depth = g ? 4 : absl::Uniform<int>(absl::IntervalClosed, gen_, 1, 3);
+      train.rounds = g ? 15 : absl::Uniform<int>(absl::IntervalClosed, gen_, 2, 6);
+      const double share = g ? 0.5 : absl::Uniform<double>(gen_, 0.02, 0.10);
+      DECISION_RETURN_IF_ERROR(TrainAndCache(Subsample(prefix, share), train, result));
+    }
+    result->seconds_training += Since(train_start);
+    return absl::OkStatus();
+  }
+
+  // The late expert: stronger than the pool's good ones.
+  absl::Status AddLateExpert(int64_t t, SimulationResult* result) {
+    const auto train_start = Clock::now();
+    TrainingSet prefix;
+    prefix.num_features = data_.num_features;
+    for (int64_t i = 0; i < o_.pool_prefix; ++i) {
+      prefix.Add(data_.row(order_[i]), data_.labels[order_[i]], 1.0, 1.0);
+    }
+    XgboostTrainOptions train;
+    train.threads = o_.train_threads;
+    train.seed = gen_();
+    train.max_depth = 8;
+    train.rounds = 60;
+    const int old_n = num_experts();
+    DECISION_RETURN_IF_ERROR(TrainAndCache(prefix, train, result));
+    if (num_experts() == old_n) return absl::InternalError("the late expert diverged");
+    result->seconds_training += Since(train_start);
+    return AddToPolicy(old_n, /*full=*/false);
+  }
+
+  // A random `share` of `set`'s rows (at least one per arm's worth, K), without
+  // replacement.
+  TrainingSet Subsample(const TrainingSet& set, double share) {
+    std::vector<size_t> rows(set.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = i;
+    std::shuffle(rows.begin(), rows.end(), gen_);
+    const size_t m = std::min(
+        rows.size(), std::max<size_t>(k_, static_cast<size_t>(share * rows.size())));
+    TrainingSet out;
+    out.num_features = set.num_features;
+    for (size_t i = 0; i < m; ++i) {
+      const size_t r = rows[i];
+      out.rows.insert(out.rows.end(), set.rows.begin() + r * set.num_features,
+                      set.rows.begin() + (r + 1) * set.num_features);
+      out.labels.push_back(set.labels[r]);
+      out.weights.push_back(set.weights[r]);
+    }
+    return out;
+  }
+
+  absl::Status TrainAndCache(const TrainingSet& set, const XgboostTrainOptions& train,
+                             SimulationResult* result) {
+    absl::StatusOr<std::string> model = TrainXgboostModel(set, k_, train);
+    if (absl::IsFailedPrecondition(model.status())) {
+      ++result->experts_rejected;
+      return absl::OkStatus();
+    }
+    if (!model.ok()) return model.status();
+    DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Expert> expert,
+                              MakeXgboostExpert(k_, data_.num_features, *model, o_.smoothing));
+    return CacheExpert(*expert, o_.smoothing);
+  }
+
+  // Gives the policy experts [old_n, num_experts()), backfilled over the rounds played so
+  // far; D-UCB also gets their divergences (all pairs again if `full`).
+  absl::Status AddToPolicy(int old_n, bool full) {
     const int added = num_experts() - old_n;
     std::vector<std::vector<double>> backfill(added);
     std::vector<double> probs(k_);
@@ -235,12 +375,8 @@ class Simulation {
       }
     }
     if (ducb_ == nullptr) return policy_->AddExperts(backfill);
-    const auto div_start = Clock::now();
-    const bool full = t >= o_.full_refresh_growth * last_full_refresh_;
     DivergenceMatrix d;
     DECISION_RETURN_IF_ERROR(Divergences(full ? 0 : old_n, &d));
-    if (full) last_full_refresh_ = t;
-    result->seconds_divergences += Since(div_start);
     return ducb_->ducb().AddExperts(backfill, d);
   }
 

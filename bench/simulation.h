@@ -45,6 +45,20 @@ struct SimulationOptions {
   // (seeded by `seed`), so every policy sees the same sets. Every expert's distribution is
   // restricted to them as the service restricts it (RestrictToEligible).
   double eligible_share = 0.0;
+  // A fixed pool of experts instead of experts trained from the log (0: off), for the
+  // question "does sharing information between experts pay": D-UCB's regret should grow
+  // with the divergences, not with the number of experts. The first `pool_prefix` rows of
+  // the order are held back (never played): they train the pool with full information
+  // (every row's label), and give the divergence reservoir its contexts. `pool_good`
+  // experts are good (trees of depth 4, 15 rounds, on a random half of it); the others are
+  // weak (depth 1 to 3, 2 to 6 rounds, on a random 2-10% of it), in a random order. The uniform expert stays
+  // expert 0. There is no warm-up and no training during the run.
+  int pool_experts = 0;
+  int pool_good = 2;
+  int64_t pool_prefix = 2000;
+  // With a pool: a stronger expert (depth 8, 60 rounds, on the whole prefix) is added at
+  // this round of the run (0: never), as a team registers a new model.
+  int64_t late_expert_round = 0;
 };
 
 struct SimulationResult {
@@ -57,8 +71,16 @@ struct SimulationResult {
   // D-UCB only: final estimate and times selected per expert.
   std::vector<ExpertEstimate> estimates;
   std::vector<int64_t> times_selected;
-  // Every expert's true mean reward over the whole data set (full information).
+  // Every expert's true mean reward over the rows played (full information; with a pool,
+  // the held-back prefix it was trained on is not among them).
   std::vector<double> true_means;
+  // With late_expert_round: the rounds after it until, over a window of the last 100
+  // decisions, 90% followed the late expert (-1: never; policies that mix experts, such as
+  // EXP4, follow none); and the regret after it against the late expert, sum over the
+  // rounds from late_expert_round on of (its probability of the label) - reward.
+  int64_t late_expert_rounds_to_90 = -1;
+  double late_expert_regret = 0.0;
+  double late_expert_true_mean = 0.0;  // over the rows played from its round on
 };
 
 // Called after each round with (round, progressive loss so far).
