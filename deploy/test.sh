@@ -24,12 +24,13 @@ fi
 # xgboost_trainer_test and regret_test spend their time in uninstrumented XGBoost or in
 # long simulations), the in-process service tests, and the integration tests with the
 # decisiond they start. Every test of these executables runs; ctest lists the tests of
-# targets not built as *_NOT_BUILT, and e2e_prometheus needs decisionctl and Prometheus.
+# targets not built as *_NOT_BUILT, and e2e_prometheus and e2e_haproxy need decisionctl
+# (their decisiond code runs sanitized in the tests above: placement in server_units_test).
 targets=(numeric_test kernels_test expert_test divergence_test estimator_test policy_test
          event_id_filter_test server_units_test service_test concurrency_test fault_test
          integration_test security_test model_sandbox_test xgboost_model_check_test
          store_fault_test training_job_test scoring_cost_test)
-not_run='_NOT_BUILT$|^e2e_prometheus$'
+not_run='_NOT_BUILT$|^e2e_prometheus$|^e2e_haproxy$'
 supp="$PWD/deploy/sanitizers"
 
 # Configures $1 with DECISION_SANITIZE=$2, builds the targets above and any in $4..., and
