@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end test of scale-out through a real gRPC proxy (deploy/haproxy): two decisiond
+# End-to-end test of scale-out through a real gRPC proxy (deploy/haproxy): three decisiond
 # replicas behind Debian's HAProxy 2.6, with the shipped haproxy.cfg, placement map and
 # place.sh. Every call goes through decisionctl, whose client library sets the
 # x-decision-problem metadata the proxy routes on. It checks:
 #   - CreateProblem through the proxy lands on the owner the map names, and a problem not
 #     in the map on the one the consistent hash picks, where its later calls go too;
+#   - 30 problems, placed or hashed, spread over the three replicas, each on exactly one,
+#     with every reward sent through the proxy learned by its owner;
 #   - a replica refuses a call for a problem placed on the other one, naming the owner,
 #     and never creates it;
 #   - place.sh changes the placement at runtime (HAProxy's runtime API, the map file and
@@ -59,9 +61,9 @@ free_port() {
 MAP=$WORK/placement.map
 cp "$ROOT/deploy/haproxy/placement.map" "$MAP"
 printf 'home decisiond-0\nsearch decisiond-1\n' >>"$MAP"
+REPLICAS=(decisiond-0 decisiond-1 decisiond-2)
 declare -A PORT
-free_port; PORT[decisiond-0]=$FREE_PORT
-free_port; PORT[decisiond-1]=$FREE_PORT
+for name in "${REPLICAS[@]}"; do free_port; PORT[$name]=$FREE_PORT; done
 
 start_replica() {
   local name=$1
@@ -78,14 +80,14 @@ start_replica() {
   fail "$name did not start"
 }
 
-step "start two replicas and HAProxy with deploy/haproxy/haproxy.cfg"
-start_replica decisiond-0
-start_replica decisiond-1
+step "start three replicas and HAProxy with deploy/haproxy/haproxy.cfg"
+for name in "${REPLICAS[@]}"; do start_replica "$name"; done
 free_port; PROXY_PORT=$FREE_PORT
 free_port; RUNTIME_PORT=$FREE_PORT
 export HAPROXY_BIND=127.0.0.1:$PROXY_PORT HAPROXY_RUNTIME=127.0.0.1:$RUNTIME_PORT
 export HAPROXY_MAP=$MAP
 export DECISIOND_0=127.0.0.1:${PORT[decisiond-0]} DECISIOND_1=127.0.0.1:${PORT[decisiond-1]}
+export DECISIOND_2=127.0.0.1:${PORT[decisiond-2]}
 haproxy -c -q -f "$ROOT/deploy/haproxy/haproxy.cfg" || fail "haproxy -c rejects haproxy.cfg"
 haproxy -db -f "$ROOT/deploy/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
 PID[haproxy]=$!
@@ -93,7 +95,7 @@ for i in $(seq 1 50); do
   (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null && break
   sleep 0.1
 done
-ok "proxy on $HAPROXY_BIND, replicas on ${PORT[decisiond-0]} and ${PORT[decisiond-1]}"
+ok "proxy on $HAPROXY_BIND, replicas on ${PORT[decisiond-0]}, ${PORT[decisiond-1]} and ${PORT[decisiond-2]}"
 
 PROXY=(--server="127.0.0.1:$PROXY_PORT" --deadline_ms=3000)
 via_proxy() { "$DECISIONCTL" "${PROXY[@]}" "$@"; }
@@ -105,14 +107,25 @@ for p in home search; do
   via_proxy create-problem "$p" --arms=3 --features=2 --wait_ms=600000 >/dev/null ||
     fail "create-problem $p through the proxy"
 done
-holds decisiond-0 home && ! holds decisiond-1 home || fail "home is not on decisiond-0 alone"
-holds decisiond-1 search && ! holds decisiond-0 search || fail "search is not on decisiond-1 alone"
+# Where PROBLEM is: the one replica that holds it (fails if none or several do).
+owner_of() {
+  local name found=""
+  for name in "${REPLICAS[@]}"; do
+    if holds "$name" "$1"; then
+      [[ -z "$found" ]] || fail "$1 is on both $found and $name"
+      found=$name
+    fi
+  done
+  [[ -n "$found" ]] || fail "$1 is on no replica"
+  echo "$found"
+}
+[[ $(owner_of home) == decisiond-0 ]] || fail "home is not on decisiond-0"
+[[ $(owner_of search) == decisiond-1 ]] || fail "search is not on decisiond-1"
 ok "home on decisiond-0, search on decisiond-1"
 
 step "a problem not in the map goes to the consistent hash, and stays there"
 via_proxy create-problem misc --arms=3 --features=2 >/dev/null || fail "create-problem misc"
-if holds decisiond-0 misc; then misc_owner=decisiond-0; else misc_owner=decisiond-1; fi
-holds "$misc_owner" misc || fail "misc is on neither replica"
+misc_owner=$(owner_of misc)
 for i in $(seq 1 10); do
   via_proxy choose misc --x=0.1,0.2 >/dev/null || fail "choose misc (call $i) through the proxy"
 done
@@ -129,18 +142,49 @@ if out=$(on decisiond-1 choose home --x=0.1,0.2 2>&1); then fail "decisiond-1 se
 ! holds decisiond-1 home || fail "decisiond-1 holds a copy of home"
 ok "$out"
 
+step "30 problems through the proxy: 6 placed, 24 hashed; each on one replica, every reward learned there"
+for i in $(seq -w 0 29); do
+  p=p$i
+  if ((10#$i < 6)); then
+    "$ROOT/deploy/haproxy/place.sh" "$p" "decisiond-$((10#$i % 3))" >/dev/null || fail "place.sh $p"
+  fi
+  via_proxy create-problem "$p" --arms=3 --features=2 --wait_ms=600000 >/dev/null ||
+    fail "create-problem $p"
+  for r in 1 2 3; do
+    via_proxy choose "$p" --x=0.$r,0.$i --event_id="$p-$r" >/dev/null || fail "choose $p-$r"
+    via_proxy reward "$p" "$p-$r" 1 >/dev/null || fail "reward $p-$r"
+  done
+done
+declare -A SPREAD=([decisiond-0]=0 [decisiond-1]=0 [decisiond-2]=0)
+declare -A OWNER
+for i in $(seq -w 0 29); do
+  p=p$i
+  owner=$(owner_of "$p")
+  OWNER[$p]=$owner
+  if ((10#$i < 6)); then
+    [[ "$owner" == "decisiond-$((10#$i % 3))" ]] || fail "$p is on $owner, placed on decisiond-$((10#$i % 3))"
+  fi
+  samples=$(on "$owner" estimates "$p" | awk 'NR == 1 {print $3}')
+  ((samples == 3)) || fail "$p has $samples samples on its owner $owner; 3 rewards were sent"
+  SPREAD[$owner]=$((SPREAD[$owner] + 1))
+done
+for name in "${REPLICAS[@]}"; do
+  ((SPREAD[$name] > 0)) || fail "no problem landed on $name"
+done
+ok "problems per replica: decisiond-0 ${SPREAD[decisiond-0]}, decisiond-1 ${SPREAD[decisiond-1]}, decisiond-2 ${SPREAD[decisiond-2]}; 3 rewards learned for each"
+
 step "place.sh moves the placement of a new problem at runtime"
-"$ROOT/deploy/haproxy/place.sh" promo decisiond-1 "${PID[decisiond-0]}" "${PID[decisiond-1]}" >/dev/null ||
+"$ROOT/deploy/haproxy/place.sh" promo decisiond-1 "${PID[decisiond-0]}" "${PID[decisiond-1]}" "${PID[decisiond-2]}" >/dev/null ||
   fail "place.sh"
-for name in decisiond-0 decisiond-1; do
+for name in "${REPLICAS[@]}"; do
   for i in $(seq 1 50); do
-    grep -q 'SIGHUP: 3 problems placed' "$WORK/$name.err" && break
+    grep -q 'SIGHUP: 9 problems placed' "$WORK/$name.err" && break
     sleep 0.1
   done
-  grep -q 'SIGHUP: 3 problems placed' "$WORK/$name.err" || fail "$name did not reload the map"
+  grep -q 'SIGHUP: 9 problems placed' "$WORK/$name.err" || fail "$name did not reload the map"
 done
 via_proxy create-problem promo --arms=3 --features=2 >/dev/null || fail "create-problem promo"
-holds decisiond-1 promo && ! holds decisiond-0 promo || fail "promo is not on decisiond-1 alone"
+[[ $(owner_of promo) == decisiond-1 ]] || fail "promo is not on decisiond-1"
 grep -qx 'promo decisiond-1' "$MAP" || fail "the map file does not place promo"
 ok "promo created on decisiond-1 through the same proxy process (pid ${PID[haproxy]})"
 
@@ -155,7 +199,7 @@ for p in home search; do
 done
 ok "20 rewarded decisions each"
 
-step "kill -9 decisiond-0: only its problems are affected"
+step "kill -9 decisiond-0: only its problems are affected (decisiond-1's and decisiond-2's serve)"
 kill -9 "${PID[decisiond-0]}"
 wait "${PID[decisiond-0]}" 2>/dev/null || true
 unset 'PID[decisiond-0]'
@@ -166,7 +210,8 @@ for i in $(seq 1 20); do
   via_proxy reward search "search-after-$i" 0 >/dev/null || fail "reward search-after-$i"
   REWARDED[search]=$((REWARDED[search] + 1))
 done
-ok "search: 20 decisions and rewards, no error"
+via_proxy choose p02 --x=0.1,0.1 >/dev/null || fail "p02 (on decisiond-2) failed while decisiond-0 was down"
+ok "search and p02: decisions and rewards, no error"
 if out=$(via_proxy choose home --x=0.1,0.2 2>&1); then fail "home answered while its replica was down"; fi
 [[ "$out" == *UNAVAILABLE* ]] || fail "home while down: $out"
 ok "home: $out"
@@ -184,7 +229,12 @@ samples=$(via_proxy estimates home | awk 'NR == 1 {print $3}')
 ((samples == REWARDED[home])) || fail "home has $samples samples after the restart; ${REWARDED[home]} rewards were acknowledged"
 samples=$(via_proxy estimates search | awk 'NR == 1 {print $3}')
 ((samples == REWARDED[search])) || fail "search has $samples samples; ${REWARDED[search]} rewards were acknowledged"
-ok "home: ${REWARDED[home]} samples kept; search: ${REWARDED[search]}"
+for p in "${!OWNER[@]}"; do
+  [[ "${OWNER[$p]}" == decisiond-0 ]] || continue
+  samples=$(via_proxy estimates "$p" | awk 'NR == 1 {print $3}')
+  ((samples == 3)) || fail "$p has $samples samples after decisiond-0's restart; 3 were acknowledged"
+done
+ok "home: ${REWARDED[home]} samples kept; search: ${REWARDED[search]}; decisiond-0's ${SPREAD[decisiond-0]} of the 30: 3 each"
 printf '   recovery: decisiond-0 listening %.2f s after its restart, serving home through the proxy %.2f s later\n' \
   "$(awk "BEGIN {print $LISTENING_AT - $RESTARTED_AT}")" "$(awk "BEGIN {print $SERVING_AT - $LISTENING_AT}")"
 echo "PASS"
