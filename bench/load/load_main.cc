@@ -29,7 +29,9 @@
 // a server that adds W us of work per RPC gets from gRPC on this machine, the scale against
 // which decisiond's ratio is read.
 #include <grpcpp/grpcpp.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -100,6 +102,10 @@ ABSL_FLAG(std::string, decisiond_flags, "",
 ABSL_FLAG(std::string, token, "",
           "bearer token sent on every call (for a decisiond with --tokens_file; a decisiond "
           "without one ignores it)");
+ABSL_FLAG(std::string, via_haproxy, "",
+          "also drive decisiond through HAProxy running this configuration "
+          "(deploy/haproxy/haproxy.cfg), on the server CPUs, with the problem placed on "
+          "decisiond: the proxy's cost per pair and its latency");
 ABSL_FLAG(std::string, calibrate_work_us, "",
           "comma-separated W: also drive null_server --work_us=W and print its ratios");
 
@@ -152,6 +158,7 @@ struct Result {
   std::vector<double> choose_us, reward_us;
   int64_t errors = 0;
   double server_cpu_s = 0.0;  // CPU time of the server process while measured
+  double proxy_cpu_s = 0.0;   // CPU time of the proxy process, if any, while measured
   double client_cpu_s = 0.0;  // CPU time of this process while measured
   // Busy time of the servers' CPUs while measured (/proc/stat), for what ran there besides
   // the server: other processes, and interrupts not charged to a process. 0: unpinned.
@@ -168,6 +175,7 @@ struct Result {
   double server_us_per_rpc() const { return 1e6 * server_cpu_s / rpcs(); }
   double client_us_per_rpc() const { return 1e6 * client_cpu_s / rpcs(); }
   double server_us_per_pair() const { return 2 * server_us_per_rpc(); }
+  double proxy_us_per_pair() const { return 2e6 * proxy_cpu_s / rpcs(); }
   double client_us_per_pair() const { return 2 * client_us_per_rpc(); }
 };
 
@@ -391,6 +399,7 @@ class Slot {
     choose_.set_problem_id(problem);
     for (int f = 0; f < absl::GetFlag(FLAGS_features); ++f) choose_.add_features(0.0);
     reward_.set_problem_id(problem);
+    problem_ = problem;
   }
 
   void Next() {
@@ -399,6 +408,8 @@ class Slot {
     ctx_ = std::make_unique<grpc::ClientContext>();
     ctx_->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     AddToken(ctx_.get());
+    // What the client library sends, and a proxy routes on.
+    ctx_->AddMetadata("x-decision-problem", problem_);
     start_ = Clock::now();
     if (!due_.empty() && due_.front().first <= now) {
       reward_.set_event_id(due_.front().second);
@@ -438,6 +449,7 @@ class Slot {
   }
 
   v1::DecisionService::Stub* stub_;
+  std::string problem_;
   const int index_;
   const Clock::time_point measure_from_, end_;
   Result* result_;  // this slot's own
@@ -460,7 +472,7 @@ class Slot {
 // the learning lag from it once a second while it measures (at 0.5, 1.5, ... s: about a
 // millisecond of the server's CPU each, under 0.01 us per pair).
 Result Drive(const std::string& address, const std::string& problem, int concurrency,
-             pid_t server, const std::string& metrics_address = "") {
+             pid_t server, const std::string& metrics_address = "", pid_t proxy = 0) {
   std::vector<std::unique_ptr<v1::DecisionService::Stub>> stubs;
   for (int c = 0; c < std::max(1, absl::GetFlag(FLAGS_channels)); ++c) {
     grpc::ChannelArguments args;
@@ -488,6 +500,7 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   for (auto& slot : slots) slot->Next();
   std::this_thread::sleep_until(measure_from);
   const double server0 = ProcessCpuSeconds(server), client0 = ProcessCpuSeconds(getpid());
+  const double proxy0 = proxy > 0 ? ProcessCpuSeconds(proxy) : 0.0;
   const double busy0 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
   const double client_busy0 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
   if (!metrics_address.empty()) {
@@ -501,6 +514,7 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   }
   std::this_thread::sleep_until(end);
   const double server1 = ProcessCpuSeconds(server), client1 = ProcessCpuSeconds(getpid());
+  const double proxy1 = proxy > 0 ? ProcessCpuSeconds(proxy) : 0.0;
   const double busy1 = server_cpus != nullptr ? BusySeconds(*server_cpus) : 0.0;
   const double client_busy1 = client_cpus != nullptr ? BusySeconds(*client_cpus) : 0.0;
   {
@@ -509,6 +523,7 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   }
   total.seconds = std::chrono::duration<double>(duration).count();
   total.server_cpu_s = server1 - server0;
+  total.proxy_cpu_s = proxy1 - proxy0;
   total.client_cpu_s = client1 - client0;
   total.server_cpus_busy_s = busy1 - busy0;
   total.server_cpu_count = server_cpus != nullptr ? CPU_COUNT(server_cpus) : 0;
@@ -522,6 +537,78 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   return total;
 }
 
+void Print(const char* name, int concurrency, Result& r);
+
+// A loopback port free now (bound to port 0 and released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+// HAProxy with --via_haproxy's configuration in front of the decisiond at `address` (every
+// replica of the configuration is that decisiond; the problem "load" is placed on
+// decisiond-0), on the server CPUs; each level driven through it. Empty on failure.
+std::vector<Result> DriveViaHaproxy(const std::string& dir, const std::string& address,
+                                    pid_t decisiond, const std::vector<int>& levels) {
+  const std::string map = dir + "/placement.map";
+  std::ofstream(map) << "load decisiond-0\n";
+  const int port = FreePort(), runtime = FreePort();
+  setenv("HAPROXY_BIND", absl::StrCat("127.0.0.1:", port).c_str(), 1);
+  setenv("HAPROXY_RUNTIME", absl::StrCat("ipv4@127.0.0.1:", runtime).c_str(), 1);
+  setenv("HAPROXY_MAP", map.c_str(), 1);
+  for (const char* replica : {"DECISIOND_0", "DECISIOND_1", "DECISIOND_2"}) {
+    setenv(replica, address.c_str(), 1);
+  }
+  const std::string cfg = absl::GetFlag(FLAGS_via_haproxy);
+  std::string line;
+  // The shell checks the configuration, says so on stdout (what Start waits for), then
+  // becomes HAProxy (the same pid, whose CPU is measured).
+  auto proxy = StartServer({"/bin/sh", "-c",
+                            absl::StrCat("haproxy -c -q -f '", cfg, "' && echo ready && ",
+                                         "exec haproxy -db -f '", cfg, "' >", dir,
+                                         "/haproxy.log 2>&1")},
+                           &line);
+  if (!proxy.ok() || line.find("ready") == std::string::npos) {
+    std::fprintf(stderr, "load: HAProxy did not start (%s)\n",
+                 proxy.ok() ? line.c_str() : proxy.status().ToString().c_str());
+    return {};
+  }
+  const std::string proxy_address = absl::StrCat("127.0.0.1:", port);
+  auto stub = v1::DecisionService::NewStub(
+      grpc::CreateChannel(proxy_address, grpc::InsecureChannelCredentials()));
+  bool up = false;
+  for (int i = 0; i < 100 && !up; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    ctx.AddMetadata("x-decision-problem", "load");
+    v1::GetProblemRequest request;
+    request.set_problem_id("load");
+    v1::Problem response;
+    up = stub->GetProblem(&ctx, request, &response).ok();
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!up) {
+    std::fprintf(stderr, "load: no answer through HAProxy at %s\n", proxy_address.c_str());
+    return {};
+  }
+  std::vector<Result> results;
+  for (int c : levels) {
+    results.push_back(Drive(proxy_address, "load", c, decisiond, "", (*proxy)->pid()));
+    Print("via proxy", c, results.back());
+  }
+  return results;
+}
+
 // One line per measurement, as it ends (per RPC, as before the per-level tables).
 void Print(const char* name, int concurrency, Result& r) {
   std::printf("%-10s c=%-3d %9.0f rpc/s  Choose p50/p99/p999 %7.1f %7.1f %7.1f us  "
@@ -533,6 +620,26 @@ void Print(const char* name, int concurrency, Result& r) {
               Percentile(r.reward_us, 0.999), r.server_us_per_rpc(), r.client_us_per_rpc(),
               static_cast<long long>(r.errors));
   std::fflush(stdout);
+}
+
+// The table of one concurrency level: decisiond straight, and through the proxy.
+void PrintProxyLevel(int concurrency, Result& d, Result& p) {
+  std::printf("\nconcurrency %d, through HAProxy%22s %12s %12s %16s\n", concurrency, "",
+              "straight", "via proxy", "proxy/straight");
+  auto row = [](const char* what, double straight, double proxied) {
+    std::printf("  %-48s %12.1f %12.1f %16.2f\n", what, straight, proxied,
+                straight > 0 ? proxied / straight : 0.0);
+  };
+  row("Choose+Reward pairs/s", d.pairs_per_s(), p.pairs_per_s());
+  row("decisiond CPU per pair (us)", d.server_us_per_pair(), p.server_us_per_pair());
+  row("HAProxy CPU per pair (us)", 0.0, p.proxy_us_per_pair());
+  row("client CPU per pair (us)", d.client_us_per_pair(), p.client_us_per_pair());
+  row("Choose p50 (us)", Percentile(d.choose_us, 0.5), Percentile(p.choose_us, 0.5));
+  row("Choose p99 (us)", Percentile(d.choose_us, 0.99), Percentile(p.choose_us, 0.99));
+  row("Reward p50 (us)", Percentile(d.reward_us, 0.5), Percentile(p.reward_us, 0.5));
+  row("Reward p99 (us)", Percentile(d.reward_us, 0.99), Percentile(p.reward_us, 0.99));
+  std::printf("  errors: %lld straight, %lld via proxy\n", static_cast<long long>(d.errors),
+              static_cast<long long>(p.errors));
 }
 
 // The table of one concurrency level: null, decisiond, and decisiond/null.
@@ -823,6 +930,13 @@ int main(int argc, char** argv) {
     for (int c : levels) {
       real_results.push_back(Drive(address, "load", c, (*real)->pid(), metrics));
       Print("decisiond", c, real_results.back());
+    }
+    if (!absl::GetFlag(FLAGS_via_haproxy).empty()) {
+      std::vector<Result> proxied = DriveViaHaproxy(dir, address, (*real)->pid(), levels);
+      if (proxied.empty()) return 1;
+      for (size_t i = 0; i < levels.size(); ++i) {
+        PrintProxyLevel(levels[i], real_results[i], proxied[i]);
+      }
     }
   }
   for (size_t i = 0; i < levels.size(); ++i) {
