@@ -13,6 +13,7 @@
 #
 # Usage: bench/sharing_suite.sh [--orders=1,2,3,4,5] [--jobs=2] [--out=bench/results/sharing]
 #            [--bin=build/bench/regret] [--experiments="pool late"] [--sizes=20,50,100,200]
+#        bench/sharing_suite.sh --summarize-only [--out=DIR]   (the tables again, from the logs)
 # Writes into OUT: logs/*.log (each run's output), pool.csv, late.csv (one row per run),
 # summary.md (the tables: mean ± std over the orders) and pool.png (regret against the
 # number of experts, per policy). About 15 minutes on 2 cores.
@@ -26,6 +27,7 @@ jobs=2
 out="bench/results/sharing"
 bin="build/bench/regret"
 experiments="pool late"
+summarize_only=0
 policies="d-ucb ucb1 epsilon-greedy exp4"
 sizes="20 50 100 200"
 for arg in "$@"; do
@@ -36,6 +38,7 @@ for arg in "$@"; do
     --bin=*) bin="${arg#*=}" ;;
     --experiments=*) experiments="${arg#*=}" ;;
     --sizes=*) sizes="${arg#*=}"; sizes="${sizes//,/ }" ;;
+    --summarize-only) summarize_only=1 ;;
     *) echo "sharing_suite: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -68,9 +71,11 @@ for experiment in $experiments; do
     done
   done
 done
-start=$SECONDS
-printf '%s\n' "${jobs_list[@]}" | xargs -P "$jobs" -L 1 bash -c 'run "$@"' _
-echo "sharing_suite: ${#jobs_list[@]} runs in $((SECONDS - start)) s"
+if ((summarize_only == 0)); then
+  start=$SECONDS
+  printf '%s\n' "${jobs_list[@]}" | xargs -P "$jobs" -L 1 bash -c 'run "$@"' _
+  echo "sharing_suite: ${#jobs_list[@]} runs in $((SECONDS - start)) s"
+fi
 
 # The tables.
 echo "policy,experts,order,final_loss,best_true_mean,regret,seconds" >"$out/pool.csv"
@@ -94,6 +99,24 @@ for log in "$out"/logs/late.*.log; do
     END { printf "%s,%s,%s,%s,%s,%s\n", p, o, loss, r90, regret, mean }' "$log" >>"$out/late.csv"
 done
 
+# The table of pool.csv's column COLUMN (mean ± std over the orders, as FORMAT), one row per
+# policy and one column per pool size.
+pool_table() {
+  local column=$1 format=$2 policy n
+  printf '| policy |'; for n in $sizes; do printf ' %s experts |' "$n"; done; echo
+  printf '|---|'; for n in $sizes; do printf -- '---|'; done; echo
+  for policy in $policies; do
+    printf '| %s |' "$policy"
+    for n in $sizes; do
+      awk -F, -v p="$policy" -v n="$n" -v c="$column" -v f=" $format |" '
+        NR > 1 && $1 == p && $2 == n { s += $c; q += $c * $c; k++ }
+        END { if (k) { m = s / k; v = k > 1 ? (q - k * m * m) / (k - 1) : 0; if (v < 0) v = 0;
+              printf f, m, sqrt(v) } else printf " - |" }' "$out/pool.csv"
+    done
+    echo
+  done
+}
+
 {
   echo "# Where sharing information between experts pays (letter, fixed pools)"
   echo
@@ -103,31 +126,11 @@ done
   echo
   echo "## Regret against the pool's best expert (mean ± std over the orders)"
   echo
-  printf '| policy |'; for n in $sizes; do printf ' %s experts |' "$n"; done; echo
-  printf '|---|'; for n in $sizes; do printf -- '---|'; done; echo
-  for policy in $policies; do
-    printf '| %s |' "$policy"
-    for n in $sizes; do
-      awk -F, -v p="$policy" -v n="$n" 'NR > 1 && $1 == p && $2 == n { s += $6; q += $6 * $6; c++ }
-        END { if (c) { m = s / c; v = c > 1 ? (q - c * m * m) / (c - 1) : 0; if (v < 0) v = 0;
-              printf " %.0f ± %.0f |", m, sqrt(v) } else printf " - |" }' "$out/pool.csv"
-    done
-    echo
-  done
+  pool_table 6 '%.0f ± %.0f'
   echo
   echo "Final progressive loss, same runs:"
   echo
-  printf '| policy |'; for n in $sizes; do printf ' %s experts |' "$n"; done; echo
-  printf '|---|'; for n in $sizes; do printf -- '---|'; done; echo
-  for policy in $policies; do
-    printf '| %s |' "$policy"
-    for n in $sizes; do
-      awk -F, -v p="$policy" -v n="$n" 'NR > 1 && $1 == p && $2 == n { s += $4; q += $4 * $4; c++ }
-        END { if (c) { m = s / c; v = c > 1 ? (q - c * m * m) / (c - 1) : 0; if (v < 0) v = 0;
-              printf " %.3f ± %.3f |", m, sqrt(v) } else printf " - |" }' "$out/pool.csv"
-    done
-    echo
-  done
+  pool_table 4 '%.3f ± %.3f'
   echo
   echo "## A stronger expert added at round 3000 (pool of 50)"
   echo
