@@ -41,6 +41,8 @@ ABSL_FLAG(int64_t, pool_prefix, 2000,
           "with a pool: rows of the order held back to train it (never played)");
 ABSL_FLAG(int64_t, late_expert_round, 0,
           "with a pool: add a stronger expert at this round (0: never)");
+ABSL_FLAG(std::string, save_pool, "",
+          "with a pool: write its models to this directory (pool-NNN.ubj, NNN the expert id)");
 ABSL_FLAG(bool, show_estimates, false, "print every expert's final estimate (D-UCB)");
 ABSL_FLAG(int64_t, report_every, 1000, "print the progressive loss every N rounds (0: never)");
 
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
   options.pool_good = absl::GetFlag(FLAGS_pool_good);
   options.pool_prefix = absl::GetFlag(FLAGS_pool_prefix);
   options.late_expert_round = absl::GetFlag(FLAGS_late_expert_round);
+  options.save_pool = absl::GetFlag(FLAGS_save_pool);
   const int64_t every = absl::GetFlag(FLAGS_report_every);
   std::printf("data %s: %zu rows, %d features, K = %d; policy %s, estimator %s\n",
               absl::GetFlag(FLAGS_data).c_str(), data->size(), data->num_features,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 
 #include <random>
@@ -297,7 +299,8 @@ class Simulation {
       train.max_depth = g ? 4 : absl::Uniform<int>(absl::IntervalClosed, gen_, 1, 3);
       train.rounds = g ? 15 : absl::Uniform<int>(absl::IntervalClosed, gen_, 2, 6);
       const double share = g ? 0.5 : absl::Uniform<double>(gen_, 0.02, 0.10);
-      DECISION_RETURN_IF_ERROR(TrainAndCache(Subsample(prefix, share), train, result));
+      DECISION_RETURN_IF_ERROR(
+          TrainAndCache(Subsample(prefix, share), train, result, /*save=*/true));
     }
     result->seconds_training += Since(train_start);
     return absl::OkStatus();
@@ -344,13 +347,20 @@ class Simulation {
   }
 
   absl::Status TrainAndCache(const TrainingSet& set, const XgboostTrainOptions& train,
-                             SimulationResult* result) {
+                             SimulationResult* result, bool save = false) {
     absl::StatusOr<std::string> model = TrainXgboostModel(set, k_, train);
     if (absl::IsFailedPrecondition(model.status())) {
       ++result->experts_rejected;
       return absl::OkStatus();
     }
     if (!model.ok()) return model.status();
+    if (save && !o_.save_pool.empty()) {
+      char name[32];
+      std::snprintf(name, sizeof(name), "/pool-%03d.ubj", num_experts());
+      std::ofstream out(o_.save_pool + name, std::ios::binary);
+      out.write(model->data(), static_cast<std::streamsize>(model->size()));
+      if (!out) return absl::InternalError(absl::StrCat("cannot write ", o_.save_pool, name));
+    }
     DECISION_ASSIGN_OR_RETURN(std::unique_ptr<Expert> expert,
                               MakeXgboostExpert(k_, data_.num_features, *model, o_.smoothing));
     return CacheExpert(*expert, o_.smoothing);

@@ -59,6 +59,10 @@ struct SimulationOptions {
   // With a pool: a stronger expert (depth 8, 60 rounds, on the whole prefix) is added at
   // this round of the run (0: never), as a team registers a new model.
   int64_t late_expert_round = 0;
+  // With a pool: each pool expert's model (UBJSON) is also written to
+  // save_pool/pool-NNN.ubj, NNN its expert id (1..pool_experts, trained ones only), to
+  // register the same pool in decisiond (bench/sharing_service.sh).
+  std::string save_pool;
 };
 
 struct SimulationResult {
