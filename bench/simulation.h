@@ -51,8 +51,8 @@ struct SimulationOptions {
   // the order are held back (never played): they train the pool with full information
   // (every row's label), and give the divergence reservoir its contexts. `pool_good`
   // experts are good (trees of depth 4, 15 rounds, on a random half of it); the others are
-  // weak (depth 1 to 3, 2 to 6 rounds, on a random 2-10% of it), in a random order. The uniform expert stays
-  // expert 0. There is no warm-up and no training during the run.
+  // weak (depth 1 to 3, 2 to 6 rounds, on a random 2-10% of it), in a random order. The
+  // uniform expert stays expert 0. There is no warm-up and no training during the run.
   int pool_experts = 0;
   int pool_good = 2;
   int64_t pool_prefix = 2000;

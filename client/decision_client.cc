@@ -122,7 +122,8 @@ absl::StatusOr<v1::Problem> DecisionClient::CreateProblem(const std::string& pro
   *request.mutable_config() = config;
   int calls = 0;
   absl::StatusOr<v1::Problem> result =
-      Unary<v1::Problem>(options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+      Unary<v1::Problem>(options_.max_attempts, request,
+                         [&](grpc::ClientContext* ctx, v1::Problem* r) {
         ++calls;
         return stub_->CreateProblem(ctx, request, r);
       });
@@ -133,7 +134,8 @@ absl::StatusOr<v1::Problem> DecisionClient::CreateProblem(const std::string& pro
 absl::StatusOr<v1::Problem> DecisionClient::GetProblem(const std::string& problem_id) {
   v1::GetProblemRequest request;
   request.set_problem_id(problem_id);
-  return Unary<v1::Problem>(options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::Problem* r) {
+  return Unary<v1::Problem>(options_.max_attempts, request,
+                            [&](grpc::ClientContext* ctx, v1::Problem* r) {
     return stub_->GetProblem(ctx, request, r);
   });
 }

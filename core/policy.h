@@ -122,9 +122,9 @@ class DUcb {
   // learnt so far, to be fed by the caller (Estimator::NewExpertRows; they also sum the
   // new experts' off-policy estimates), then appended with divergences covering old and
   // new experts (Estimator::AddExperts; INVALID_ARGUMENT for rows this D-UCB did not
-  // start); the new experts are selectable. FAILED_PRECONDITION with a log (use AddExperts(backfill, d)). With
-  // first_sample > 0 the rows cover samples [first_sample, t) only (a window:
-  // Estimator::NewExpertRows).
+  // start); the new experts are selectable. FAILED_PRECONDITION with a log (use
+  // AddExperts(backfill, d)). With first_sample > 0 the rows cover samples
+  // [first_sample, t) only (a window: Estimator::NewExpertRows).
   absl::StatusOr<std::unique_ptr<ExpertRows>> NewExpertRows(int count,
                                                             int64_t first_sample = 0) const;
   absl::Status AddExperts(std::unique_ptr<ExpertRows> rows, const DivergenceMatrix& divergences);
