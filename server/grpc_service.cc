@@ -126,7 +126,9 @@ absl::Status GrpcDecisionService::CheckRouting(grpc::CallbackServerContext* ctx,
                                                const Call& call) const {
   if (call.problem_id.empty()) return absl::OkStatus();
   const auto& metadata = ctx->client_metadata();
-  if (const auto it = metadata.find(std::string(kProblemMetadata)); it != metadata.end()) {
+  // (A string_ref key: no allocation per call.)
+  const grpc::string_ref key(kProblemMetadata.data(), kProblemMetadata.size());
+  if (const auto it = metadata.find(key); it != metadata.end()) {
     const absl::string_view routed(it->second.data(), it->second.size());
     if (routed != call.problem_id) {
       return absl::InvalidArgumentError(absl::StrCat(

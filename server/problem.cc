@@ -100,8 +100,7 @@ absl::StatusOr<std::unique_ptr<Problem>> Problem::Create(uint32_t index,
 // ------------------------------------------------------------------------------- Choose
 
 absl::Status Problem::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response) {
-  return AwaitDone(
-      [&](Done done) { ChooseAs(request, response, std::move(done), Committer::kCaller); });
+  return ChooseSlot(request, /*slot=*/-1, response);
 }
 
 absl::Status Problem::ChooseSlot(const v1::ChooseRequest& request, int slot,

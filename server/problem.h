@@ -251,8 +251,9 @@ class Problem {
   // The same, waiting for `done` (tests, tools). The synchronous Reward also waits until
   // its sample is learned.
   absl::Status Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response);
-  // Choose for slot `slot` (>= 0) of a slate: the decision records its slot, and is never
-  // learned if the problem learns first slots only and slot > 0 (UnlearnedSlot).
+  // Choose for slot `slot` (>= 0) of a slate (-1: a plain Choose): the decision records
+  // its slot, and is never learned if the problem learns first slots only and slot > 0
+  // (UnlearnedSlot).
   absl::Status ChooseSlot(const v1::ChooseRequest& request, int slot,
                           v1::ChooseResponse* response);
   absl::Status Reward(const v1::RewardRequest& request, v1::RewardResponse* response);
