@@ -25,11 +25,15 @@ ABSL_FLAG(int, train_threads, 2, "threads for XGBoost training");
 ABSL_FLAG(std::string, curve_csv, "", "write the progressive-loss curve to this CSV file");
 ABSL_FLAG(std::string, grouping, "round_robin",
           "median-of-means grouping: contiguous (the paper) or round_robin");
-ABSL_FLAG(double, c2, 4.0, "median-of-means group constant c2 (l = c2 * 2 log t)");
-ABSL_FLAG(double, c3, 2.0, "median-of-means width constant c3");
-ABSL_FLAG(double, big_c, 1.0, "clipped-estimator constant C");
+ABSL_FLAG(double, c2, decision::EstimatorConstants{}.c2,
+          "median-of-means group constant c2 (l = c2 * 2 log t)");
+ABSL_FLAG(double, c3, decision::EstimatorConstants{}.c3,
+          "median-of-means width constant c3 (the paper's: 2)");
+ABSL_FLAG(double, big_c, decision::EstimatorConstants{}.C, "clipped-estimator constant C");
 ABSL_FLAG(double, smoothing, 0.05, "expert smoothing eta");
 ABSL_FLAG(double, batch_multiplier, 7.0, "batch length = multiplier * sqrt(t)");
+ABSL_FLAG(bool, bootstrap, false,
+          "train each new expert on a bootstrap of the log (the paper) instead of all of it");
 ABSL_FLAG(double, eligible_share, 0.0,
           "per-round eligibility: this share of the arms is eligible each round, the label "
           "always among them (0: every arm)");
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
   options.estimator.constants.C = absl::GetFlag(FLAGS_big_c);
   options.smoothing = absl::GetFlag(FLAGS_smoothing);
   options.batch.batch_multiplier = absl::GetFlag(FLAGS_batch_multiplier);
+  options.bootstrap = absl::GetFlag(FLAGS_bootstrap);
   options.max_rounds = absl::GetFlag(FLAGS_rounds);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.train_threads = absl::GetFlag(FLAGS_train_threads);

@@ -257,8 +257,9 @@ class Simulation {
     for (int i = 0; i < count; ++i) {
       const XgboostTrainOptions train =
           SampleExpertOptions(i >= o_.tree_experts_per_batch, o_.train_threads, gen_);
-      const TrainingSet sample = Bootstrap(training_, gen_);
-      absl::StatusOr<std::string> model = TrainXgboostModel(sample, k_, train);
+      absl::StatusOr<std::string> model =
+          o_.bootstrap ? TrainXgboostModel(Bootstrap(training_, gen_), k_, train)
+                       : TrainXgboostModel(training_, k_, train);
       if (absl::IsFailedPrecondition(model.status())) {
         ++result->experts_rejected;  // diverged: skip this expert, keep the run going
         continue;

@@ -35,6 +35,9 @@ struct SimulationOptions {
   double full_refresh_growth = 2.0;
   int tree_experts_per_batch = 3;
   int linear_experts_per_batch = 1;
+  // Each new expert trains on a bootstrap of the log (the paper's recipe) instead of the
+  // whole log (the service's default, AutoTrainConfig.training_sample).
+  bool bootstrap = false;
   double smoothing = kDefaultSmoothing;
   double epsilon = 0.05;  // epsilon-greedy
   int64_t max_rounds = 0;  // 0: every row of the order

@@ -7,7 +7,8 @@
 //                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
 //                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
 //                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
-//                  [--slate_learning=every_slot|first_slot]
+//                  [--slate_learning=every_slot|first_slot] [--c2=X] [--c3=X] [--big_c=X]
+//                  [--auto_train [--training_sample=whole_log|bootstrap]]
 //   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //       what the store keeps of the problem's history (0: no limit; both 0: keep all)
 //   delete-events PROBLEM EVENT_ID...
@@ -101,6 +102,15 @@ ABSL_FLAG(bool, drop_unrewarded, false, "create-problem: drop instead of default
 ABSL_FLAG(bool, auto_promote, false,
           "create-problem: promote a shadow expert once its lower bound passes the best "
           "selectable estimate");
+ABSL_FLAG(std::string, training_sample, "whole_log",
+          "create-problem: what each trained expert learns from: whole_log or bootstrap (a "
+          "resample per expert, the paper's recipe)");
+ABSL_FLAG(double, c2, 0.0,
+          "create-problem: median-of-means group constant c2 (0: the server's default, 4)");
+ABSL_FLAG(double, c3, 0.0,
+          "create-problem: median-of-means width constant c3 (0: the server's default)");
+ABSL_FLAG(double, big_c, 0.0,
+          "create-problem: clipped estimator's constant C (0: the server's default, 1)");
 ABSL_FLAG(std::string, slate_learning, "every_slot",
           "create-problem: which slots of a slate are learned: every_slot or first_slot");
 ABSL_FLAG(int, slots, 0, "choose-slate: number of slots");
@@ -257,6 +267,17 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   } else {
     return Usage("--estimator must be median_of_means or clipped");
   }
+  // Unset (0) leaves the constant to the server; anything else, negatives included, is sent
+  // for the server to check.
+  if (const double c2 = absl::GetFlag(FLAGS_c2); c2 != 0.0) {
+    config.mutable_estimator()->set_c2(c2);
+  }
+  if (const double c3 = absl::GetFlag(FLAGS_c3); c3 != 0.0) {
+    config.mutable_estimator()->set_c3(c3);
+  }
+  if (const double big_c = absl::GetFlag(FLAGS_big_c); big_c != 0.0) {
+    config.mutable_estimator()->set_big_c(big_c);
+  }
   config.set_reward_wait_ms(absl::GetFlag(FLAGS_wait_ms));
   config.set_default_reward(absl::GetFlag(FLAGS_default_reward));
   config.set_drop_unrewarded(absl::GetFlag(FLAGS_drop_unrewarded));
@@ -272,6 +293,14 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
   config.mutable_auto_train()->set_enabled(absl::GetFlag(FLAGS_auto_train));
   config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_tree_experts));
   config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_linear_experts));
+  const std::string training_sample = absl::GetFlag(FLAGS_training_sample);
+  if (training_sample == "whole_log") {
+    config.mutable_auto_train()->set_training_sample(v1::TRAINING_SAMPLE_WHOLE_LOG);
+  } else if (training_sample == "bootstrap") {
+    config.mutable_auto_train()->set_training_sample(v1::TRAINING_SAMPLE_BOOTSTRAP);
+  } else {
+    return Usage("--training_sample must be whole_log or bootstrap");
+  }
   config.set_scoring_budget_us(absl::GetFlag(FLAGS_scoring_budget_us));
   if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {
     config.set_divergence_refresh_turnover(turnover);

@@ -151,6 +151,8 @@ v1::ProblemConfig ConfigFromRecord(const rec::ProblemRecord& r) {
   at->set_enabled(r.auto_train());
   at->set_tree_experts(r.auto_train_trees());
   at->set_linear_experts(r.auto_train_linear());
+  at->set_training_sample(r.train_on_whole_log() ? v1::TRAINING_SAMPLE_WHOLE_LOG
+                                                 : v1::TRAINING_SAMPLE_BOOTSTRAP);
   at->set_max_active_experts(r.max_active_experts());
   c.set_scoring_budget_us(r.scoring_budget_us());
   c.set_auto_promote(r.auto_promote());

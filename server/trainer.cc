@@ -171,7 +171,10 @@ absl::Status Trainer::Run(const Job& job) {
     }
     const bool linear = i >= r.tree_experts();
     const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
-    absl::StatusOr<std::string> model = TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);
+    absl::StatusOr<std::string> model =
+        p.record().train_on_whole_log()
+            ? TrainXgboostModel(*set, num_arms, options)
+            : TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);
     if (absl::IsFailedPrecondition(model.status())) {  // diverged: skip this one
       skip(i, "training diverged");
       continue;

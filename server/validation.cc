@@ -179,6 +179,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
         "; it must be SLATE_LEARNING_EVERY_SLOT (1) or SLATE_LEARNING_FIRST_SLOT (2), or "
         "unset (every slot)"));
   }
+  if (!v1::TrainingSample_IsValid(at.training_sample())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.auto_train.training_sample is ", at.training_sample(),
+        "; it must be TRAINING_SAMPLE_WHOLE_LOG (1) or TRAINING_SAMPLE_BOOTSTRAP (2), or "
+        "unset (the whole log)"));
+  }
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
   r.set_retention_max_samples(c.retention().max_samples());
@@ -188,6 +194,7 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_auto_train_trees(default_counts ? 3 : at.tree_experts());
   r.set_auto_train_linear(default_counts ? 1 : at.linear_experts());
   r.set_max_active_experts(at.max_active_experts() == 0 ? 32 : at.max_active_experts());
+  r.set_train_on_whole_log(at.training_sample() != v1::TRAINING_SAMPLE_BOOTSTRAP);
   r.set_num_arms(c.num_arms());
   r.set_num_features(c.num_features());
   *r.mutable_estimator() = EstimatorRecordOf(o);

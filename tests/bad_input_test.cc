@@ -597,6 +597,11 @@ std::vector<BadCase> BadCases(const Suite& suite) {
          c->set_slate_learning(static_cast<v1::SlateLearning>(7));
        })),
        kInvalid, {"config.slate_learning is 7", "SLATE_LEARNING_FIRST_SLOT (2)"}},
+      {"CreateProblem/training_sample_9",
+       create(BadConfig([](auto* c) {
+         c->mutable_auto_train()->set_training_sample(static_cast<v1::TrainingSample>(9));
+       })),
+       kInvalid, {"config.auto_train.training_sample is 9", "TRAINING_SAMPLE_BOOTSTRAP (2)"}},
       {"CreateProblem/estimator_grouping_contiguous",
        create(BadConfig([](auto* c) {
          c->mutable_estimator()->set_grouping(v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);

@@ -1325,6 +1325,52 @@ TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
   EXPECT_EQ(service_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
 }
 
+// AutoTrainConfig.training_sample: new problems train on the whole log unless they ask for
+// the paper's bootstrap; a problem stored before the setting existed keeps the bootstrap it
+// was trained with, through restarts.
+TEST_F(ServiceTest, TrainingSampleIsTheWholeLogUnlessTheBootstrapIsAskedForOrStored) {
+  auto create = [&](const std::string& id, v1::TrainingSample sample) {
+    v1::CreateProblemRequest req;
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(kFeatures);
+    req.mutable_config()->mutable_auto_train()->set_training_sample(sample);
+    v1::Problem created;
+    EXPECT_TRUE(service_->CreateProblem(req, &created).ok());
+    return created.config().auto_train().training_sample();
+  };
+  EXPECT_EQ(create("unset", v1::TRAINING_SAMPLE_UNSPECIFIED), v1::TRAINING_SAMPLE_WHOLE_LOG);
+  EXPECT_EQ(create("whole", v1::TRAINING_SAMPLE_WHOLE_LOG), v1::TRAINING_SAMPLE_WHOLE_LOG);
+  EXPECT_EQ(create("boot", v1::TRAINING_SAMPLE_BOOTSTRAP), v1::TRAINING_SAMPLE_BOOTSTRAP);
+  Reopen();
+  EXPECT_EQ(GetProblem("whole").config().auto_train().training_sample(),
+            v1::TRAINING_SAMPLE_WHOLE_LOG);
+  EXPECT_EQ(GetProblem("boot").config().auto_train().training_sample(),
+            v1::TRAINING_SAMPLE_BOOTSTRAP);
+  // "unset" as an older version stored it: without the field.
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    int rewritten = 0;
+    ASSERT_TRUE((*store)
+                    ->ForEachProblem([&](uint32_t index, const storage::v1::ProblemRecord& r) {
+                      if (r.problem_id() != "unset") return absl::OkStatus();
+                      storage::v1::ProblemRecord old = r;
+                      old.clear_train_on_whole_log();
+                      ++rewritten;
+                      return (*store)->PutProblem(index, old);
+                    })
+                    .ok());
+    ASSERT_EQ(rewritten, 1);
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  Open();
+  EXPECT_EQ(GetProblem("unset").config().auto_train().training_sample(),
+            v1::TRAINING_SAMPLE_BOOTSTRAP);
+}
+
 // SLATE_LEARNING_FIRST_SLOT: every slot is decided and stored, but only slot 0 is learned.
 // The other slots' rewards are refused (before and after a restart, and after their expiry:
 // the same error, never "late"), and their expiry drops them, counted.
