@@ -32,6 +32,8 @@ ABSL_FLAG(double, c3, decision::EstimatorConstants{}.c3,
 ABSL_FLAG(double, big_c, decision::EstimatorConstants{}.C, "clipped-estimator constant C");
 ABSL_FLAG(double, smoothing, 0.05, "expert smoothing eta");
 ABSL_FLAG(double, batch_multiplier, 7.0, "batch length = multiplier * sqrt(t)");
+ABSL_FLAG(int, tree_experts, 3, "tree experts trained per batch");
+ABSL_FLAG(int, linear_experts, 1, "gblinear experts trained per batch");
 ABSL_FLAG(bool, bootstrap, false,
           "train each new expert on a bootstrap of the log (the paper) instead of all of it");
 ABSL_FLAG(double, eligible_share, 0.0,
@@ -90,6 +92,14 @@ int main(int argc, char** argv) {
   options.smoothing = absl::GetFlag(FLAGS_smoothing);
   options.batch.batch_multiplier = absl::GetFlag(FLAGS_batch_multiplier);
   options.bootstrap = absl::GetFlag(FLAGS_bootstrap);
+  options.tree_experts_per_batch = absl::GetFlag(FLAGS_tree_experts);
+  options.linear_experts_per_batch = absl::GetFlag(FLAGS_linear_experts);
+  if (options.tree_experts_per_batch < 0 || options.linear_experts_per_batch < 0 ||
+      options.tree_experts_per_batch + options.linear_experts_per_batch < 1) {
+    std::fprintf(stderr, "regret: --tree_experts and --linear_experts must be >= 0, with at "
+                         "least one expert per batch\n");
+    return 2;
+  }
   options.max_rounds = absl::GetFlag(FLAGS_rounds);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.train_threads = absl::GetFlag(FLAGS_train_threads);
