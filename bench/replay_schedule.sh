@@ -7,13 +7,14 @@
 # REPLAY_FLAGS adds decisionctl replay flags, e.g. REPLAY_FLAGS=--keep_schedule (wait at each
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
-# (re-estimate the divergences at every boundary). The script prints decisiond's CPU time.
+# (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
+# binary (A/B runs). The script prints decisiond's CPU time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
 arms=${3:-26} features=${4:-16}
 dir=$(mktemp -d)
-taskset -c 0 build/server/decisiond --data_dir="$dir" --listen=127.0.0.1:50071 \
+taskset -c 0 "${DECISIOND:-build/server/decisiond}" --data_dir="$dir" --listen=127.0.0.1:50071 \
   --metrics_listen=127.0.0.1:9471 2>"$dir.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT

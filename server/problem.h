@@ -699,9 +699,16 @@ class Problem {
     return {r.retired_mean(), r.retired_width()};
   }
   // The selectable experts as (UCB, id), lowest UCB first; *best_lower (if not null) gets
-  // the best lower confidence bound (estimate - width) among them.
-  std::vector<std::pair<double, int>> SelectableByUcbLocked(double* best_lower = nullptr) const
+  // the best lower confidence bound (estimate - width) among them. The bounds use the
+  // widths times width_scale.
+  std::vector<std::pair<double, int>> SelectableByUcbLocked(double* best_lower = nullptr,
+                                                            double width_scale = 1.0) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What RetireDominated scales the widths by: a median-of-means problem whose c3 is below
+  // the paper's 2 selects with its narrower width, but retires (for good) only on the
+  // paper's, sqrt(2 / c3) times wider: an expert is retired when a confidence interval of
+  // the analysis' kind, not the tuned exploration bonus, puts it below the best.
+  double RetirementWidthScale() const;
   // The scoring cost of `model` (named `name`) over `contexts`, or what the hook makes it.
   // Evaluates the model: never call it under mu_.
   double ScoringCostUs(const std::string& name, const Expert& model,

@@ -3,6 +3,7 @@
 // divergences are computed without mu_ and applied in place under it (no pass over the
 // samples); expert records are written under expert_writes_mu_ only.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <utility>
@@ -28,14 +29,16 @@ int Problem::SelectableLocked() const {
   return selectable;
 }
 
-std::vector<std::pair<double, int>> Problem::SelectableByUcbLocked(double* best_lower) const {
+std::vector<std::pair<double, int>> Problem::SelectableByUcbLocked(double* best_lower,
+                                                                   double width_scale) const {
   std::vector<std::pair<double, int>> selectable;  // (ucb, expert)
   if (best_lower != nullptr) *best_lower = -std::numeric_limits<double>::infinity();
   for (int k = 0; k < ducb_.num_experts(); ++k) {
     if (!ducb_.selectable(k)) continue;
     const ExpertEstimate e = ducb_.Estimate(k);
-    selectable.push_back({e.mean + e.width, k});
-    if (best_lower != nullptr) *best_lower = std::max(*best_lower, e.mean - e.width);
+    const double width = e.width * width_scale;
+    selectable.push_back({e.mean + width, k});
+    if (best_lower != nullptr) *best_lower = std::max(*best_lower, e.mean - width);
   }
   std::sort(selectable.begin(), selectable.end());
   return selectable;
@@ -356,6 +359,15 @@ absl::Status Problem::PromoteProvenShadows() {
   return absl::OkStatus();
 }
 
+double Problem::RetirementWidthScale() const {
+  const storage::v1::EstimatorRecord& e = record_.estimator();
+  const double paper = EstimatorConstants::Practical().c3;
+  if (e.kind() != storage::v1::ESTIMATOR_KIND_RECORD_MEDIAN_OF_MEANS || !(e.c3() < paper)) {
+    return 1.0;
+  }
+  return std::sqrt(paper / e.c3());
+}
+
 absl::Status Problem::RetireDominated(int max_active) {
   absl::MutexLock writes(&expert_writes_mu_);
   std::vector<std::pair<int, ExpertRecord>> retire;
@@ -363,7 +375,8 @@ absl::Status Problem::RetireDominated(int max_active) {
     absl::MutexLock lock(&mu_);
     if (ducb_.num_samples() == 0) return absl::OkStatus();
     double best_lower;
-    const std::vector<std::pair<double, int>> active = SelectableByUcbLocked(&best_lower);
+    const std::vector<std::pair<double, int>> active =
+        SelectableByUcbLocked(&best_lower, RetirementWidthScale());
     size_t keep_from = 0;
     while (keep_from + 1 < active.size() &&
            (active[keep_from].first < best_lower ||

@@ -1325,6 +1325,78 @@ TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
   EXPECT_EQ(service_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
 }
 
+// A problem that selects with a narrower median-of-means width than the paper's (c3 = 0.25,
+// the default) retires an expert only once the paper's width (c3 = 2, sqrt(8) times wider)
+// puts it below the best lower bound: retirement is for good, and the narrower width is an
+// exploration bonus, not a confidence interval. The weaker table is first dominated under
+// the narrow width only (kept), then under the paper's (retired).
+TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNarrower) {
+  // Auto-training on (retirement comes with it), but no expert is ever trained: the two
+  // tables and the uniform expert are the pool, whatever the trainer thread's timing.
+  trainer_hooks_.before_expert = [](int64_t, int) {
+    return absl::CancelledError("this test trains no expert");
+  };
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1'000'000);
+  create.mutable_config()->mutable_auto_train()->set_enabled(true);
+  create.mutable_config()->mutable_auto_train()->set_max_active_experts(256);
+  create.mutable_config()->mutable_estimator()->set_c3(0.25);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  v1::Expert strong;
+  v1::RegisterExpertRequest a = TableRequest("p", {0.85, 0.05, 0.05, 0.05});
+  a.set_name("strong");
+  ASSERT_TRUE(service_->RegisterExpert(a, &strong).ok());
+  v1::Expert weak;
+  v1::RegisterExpertRequest b = TableRequest("p", {0.55, 0.15, 0.15, 0.15});
+  b.set_name("weak");
+  ASSERT_TRUE(service_->RegisterExpert(b, &weak).ok());
+  RunMaintenanceUntilActive("p");
+  const double paper = std::sqrt(2.0 / 0.25);
+  auto status_of_weak = [&] {
+    for (const v1::Expert& e : Experts()) {
+      if (e.expert_id() == weak.expert_id()) return e.status();
+    }
+    return v1::EXPERT_STATUS_UNSPECIFIED;
+  };
+  bool kept_while_narrowly_dominated = false;
+  bool retired = false;
+  for (int round = 1; round <= 20000 && !retired; ++round) {
+    const std::string id = absl::StrCat("e", round);
+    const v1::ChooseResponse c = Choose("p", id);
+    ASSERT_TRUE(Reward("p", id, c.arm() == 0 ? 1.0 : 0.0).ok());
+    if (round % 25 != 0) continue;
+    const v1::Estimates est = Estimates("p");
+    double best_lower_narrow = -1e300;
+    double best_lower_paper = -1e300;
+    const v1::ExpertEstimate* w = nullptr;
+    for (const v1::ExpertEstimate& e : est.experts()) {
+      if (e.expert_id() == weak.expert_id()) w = &e;
+      if (e.status() != v1::EXPERT_STATUS_ACTIVE) continue;
+      best_lower_narrow = std::max(best_lower_narrow, e.estimate() - e.width());
+      best_lower_paper = std::max(best_lower_paper, e.estimate() - paper * e.width());
+    }
+    ASSERT_NE(w, nullptr);
+    ASSERT_EQ(w->status(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
+    const bool narrow = w->estimate() + w->width() < best_lower_narrow;
+    const bool wide = w->estimate() + paper * w->width() < best_lower_paper;
+    if (!narrow && !wide) continue;
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+    if (wide) {
+      EXPECT_EQ(status_of_weak(), v1::EXPERT_STATUS_RETIRED) << "round " << round;
+      retired = true;
+    } else {
+      EXPECT_EQ(status_of_weak(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
+      kept_while_narrowly_dominated = true;
+    }
+  }
+  EXPECT_TRUE(kept_while_narrowly_dominated);
+  EXPECT_TRUE(retired);
+}
+
 // AutoTrainConfig.training_sample: new problems train on the whole log unless they ask for
 // the paper's bootstrap; a problem stored before the setting existed keeps the bootstrap it
 // was trained with, through restarts.
