@@ -7,13 +7,15 @@
 #   bench/regret_suite.sh [--datasets=letter,satimage] [--orders=1,2,3] \
 #       [--policies="d-ucb:median_of_means d-ucb:clipped ucb1 epsilon-greedy exp4 uniform"] \
 #       [--out=bench/results] [--rounds=N] [--train_threads=1] [--seed=1] \
-#       [--bin=build/bench/regret] [--eligible_share=0.5]
+#       [--bin=build/bench/regret] [--eligible_share=0.5] [--regret_flags="--bootstrap --c3=2"]
 #   bench/regret_suite.sh --summarize-only [--out=DIR] [--prune-curves]
 #
 # Policies are `NAME` or `NAME:ESTIMATOR` (the estimator only matters for d-ucb).
 # --eligible_share passes per-round eligibility to every run (regret --eligible_share: that
 # share of the arms eligible each round, the label always among them); VW's column in the
 # summary is then not comparable (it chose among every arm).
+# --regret_flags adds flags to every run (split at spaces), e.g. the paper's expert recipe
+# (bench/results/paper_recipe).
 # Writes into OUT:
 #   curves/DATASET.POLICY.sS.csv  round,progressive_loss for every round (POLICY with ':'
 #                                 replaced by '_')
@@ -48,6 +50,7 @@ train_threads=1
 seed=""
 bin="build/bench/regret"
 eligible_share=""
+regret_flags=""
 summarize_only=0
 prune_curves=0
 
@@ -65,6 +68,7 @@ for arg in "$@"; do
     --seed=*) seed="${arg#*=}" ;;
     --bin=*) bin="${arg#*=}" ;;
     --eligible_share=*) eligible_share="${arg#*=}" ;;
+    --regret_flags=*) regret_flags="${arg#*=}" ;;
     --summarize-only) summarize_only=1 ;;
     --prune-curves) prune_curves=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -119,6 +123,8 @@ run_all() {
         [[ -n "$rounds" ]] && args+=(--rounds="$rounds")
         [[ -n "$seed" ]] && args+=(--seed="$seed")
         [[ -n "$eligible_share" ]] && args+=(--eligible_share="$eligible_share")
+        # shellcheck disable=SC2206  # split at spaces on purpose
+        [[ -n "$regret_flags" ]] && args+=($regret_flags)
         printf '[%d/%d] %s %s s%s ... ' "$n" "$total" "$d" "$p" "$o"
         rm -f "$curve" "$curve.gz"
         local t0=$SECONDS status=0
