@@ -222,7 +222,8 @@ summarize() {
       hdr = "| data set |"; sep = "|---|"
       for (j = 1; j <= np; j++) if (P[j] in seen_p) { hdr = hdr " " P[j] " |"; sep = sep "---:|" }
       thdr = hdr; tsep = sep
-      hdr = hdr " VW best bandit | VW --oaa (full information) | best D-UCB vs VW | best policy vs VW |"
+      hdr = hdr " VW best bandit | VW --oaa (full information) |"
+      hdr = hdr " best D-UCB vs VW | best policy vs VW |"
       sep = sep "---:|---:|---|---|"
       print hdr > sum_md; print sep > sum_md
       for (i = 1; i <= nd; i++) {
