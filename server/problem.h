@@ -704,11 +704,11 @@ class Problem {
   std::vector<std::pair<double, int>> SelectableByUcbLocked(double* best_lower = nullptr,
                                                             double width_scale = 1.0) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What RetireDominated scales the widths by: a median-of-means problem whose c3 is below
-  // the paper's 2 selects with its narrower width, but retires (for good) only on the
-  // paper's, sqrt(2 / c3) times wider: an expert is retired when a confidence interval of
-  // the analysis' kind, not the tuned exploration bonus, puts it below the best.
-  double RetirementWidthScale() const;
+  // What the automatic gates (RetireDominated, PromoteProvenShadows) scale the widths by: a
+  // median-of-means problem whose c3 is below the paper's 2 selects with its narrower
+  // width, but retires (for good) or promotes only on the paper's, sqrt(2 / c3) times
+  // wider: a confidence interval of the analysis' kind, not the tuned exploration bonus.
+  double GateWidthScale() const;
   // The scoring cost of `model` (named `name`) over `contexts`, or what the hook makes it.
   // Evaluates the model: never call it under mu_.
   double ScoringCostUs(const std::string& name, const Expert& model,

@@ -352,14 +352,14 @@ absl::Status Problem::PromoteProvenShadows() {
         continue;
       }
       const ExpertEstimate e = ducb_.Estimate(k);
-      if (e.mean - e.width > best) promote.push_back(k);
+      if (e.mean - e.width * GateWidthScale() > best) promote.push_back(k);
     }
   }
   for (int k : promote) DECISION_RETURN_IF_ERROR(SetShadow(k, false).status());
   return absl::OkStatus();
 }
 
-double Problem::RetirementWidthScale() const {
+double Problem::GateWidthScale() const {
   const storage::v1::EstimatorRecord& e = record_.estimator();
   const double paper = EstimatorConstants::Practical().c3;
   if (e.kind() != storage::v1::ESTIMATOR_KIND_RECORD_MEDIAN_OF_MEANS || !(e.c3() < paper)) {
@@ -376,7 +376,7 @@ absl::Status Problem::RetireDominated(int max_active) {
     if (ducb_.num_samples() == 0) return absl::OkStatus();
     double best_lower;
     const std::vector<std::pair<double, int>> active =
-        SelectableByUcbLocked(&best_lower, RetirementWidthScale());
+        SelectableByUcbLocked(&best_lower, GateWidthScale());
     size_t keep_from = 0;
     while (keep_from + 1 < active.size() &&
            (active[keep_from].first < best_lower ||

@@ -1397,6 +1397,58 @@ TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNar
   EXPECT_TRUE(retired);
 }
 
+// The promotion gate (auto_promote) of a problem that selects with c3 = 0.25 (the default)
+// waits, like retirement, for the paper's width: a shadow table whose lower bound passes the
+// best selectable estimate under the narrow width only stays in shadow, and is promoted
+// once the paper's width (sqrt(8) times wider) passes it too.
+TEST_F(ServiceTest, ThePromotionGateWaitsForThePapersWidth) {
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1'000'000);
+  create.mutable_config()->set_auto_promote(true);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  ASSERT_EQ(created.config().estimator().c3(), 0.25);
+  v1::RegisterExpertRequest better = TableRequest("p", {0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3});
+  better.set_name("better");
+  better.set_shadow(true);
+  v1::Expert shadow;
+  ASSERT_TRUE(service_->RegisterExpert(better, &shadow).ok());
+  RunMaintenanceUntilActive("p");
+  const double paper = std::sqrt(2.0 / 0.25);
+  auto status = [&] { return Experts("p")[shadow.expert_id()].status(); };
+  bool kept_in_shadow = false;
+  bool promoted = false;
+  for (int round = 1; round <= 20000 && !promoted; ++round) {
+    const std::string id = absl::StrCat("e", round);
+    const v1::ChooseResponse c = Choose("p", id);
+    ASSERT_TRUE(Reward("p", id, c.arm() == 0 ? 1.0 : 0.0).ok());
+    if (round % 25 != 0) continue;
+    const v1::Estimates est = Estimates("p");
+    double best = -1e300;
+    for (const v1::ExpertEstimate& e : est.experts()) {
+      if (e.status() == v1::EXPERT_STATUS_ACTIVE) best = std::max(best, e.estimate());
+    }
+    const v1::ExpertEstimate& e = est.experts(shadow.expert_id());
+    ASSERT_EQ(e.status(), v1::EXPERT_STATUS_SHADOW) << "round " << round;
+    const bool narrow = e.estimate() - e.width() > best;
+    const bool wide = e.estimate() - paper * e.width() > best;
+    if (!narrow && !wide) continue;
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+    if (wide) {
+      EXPECT_EQ(status(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
+      promoted = true;
+    } else {
+      EXPECT_EQ(status(), v1::EXPERT_STATUS_SHADOW) << "round " << round;
+      kept_in_shadow = true;
+    }
+  }
+  EXPECT_TRUE(kept_in_shadow);
+  EXPECT_TRUE(promoted);
+}
+
 // AutoTrainConfig.training_sample: new problems train on the whole log unless they ask for
 // the paper's bootstrap; a problem stored before the setting existed keeps the bootstrap it
 // was trained with, through restarts.
@@ -1546,9 +1598,12 @@ TEST_F(ServiceTest, ThePromotionGatePromotesOnlyAProvenShadowExpert) {
   EXPECT_EQ(Experts("p")[s.expert_id()].status(), v1::EXPERT_STATUS_ACTIVE)
       << "not promoted after " << rounds << " rounds";
   EXPECT_EQ(Experts("p")[w.expert_id()].status(), v1::EXPERT_STATUS_SHADOW);
-  // What the gate saw: the strong expert's lower bound above the uniform expert's estimate.
+  // What the gate saw: the strong expert's lower bound above the uniform expert's estimate,
+  // with the paper's width (c3 = 2; the problem selects with the default's 0.25, sqrt(8)
+  // times narrower): the gate waits for a confidence interval of the analysis' kind.
   const v1::Estimates e = Estimates("p");
-  EXPECT_GT(e.experts(s.expert_id()).estimate() - e.experts(s.expert_id()).width(),
+  EXPECT_GT(e.experts(s.expert_id()).estimate() -
+                std::sqrt(8.0) * e.experts(s.expert_id()).width(),
             e.experts(0).estimate());
 }
 
