@@ -345,6 +345,7 @@ absl::Status Problem::PromoteProvenShadows() {
     for (int k = 0; k < ducb_.num_experts(); ++k) {
       if (ducb_.selectable(k)) best = std::max(best, ducb_.Estimate(k).mean);
     }
+    const double width_scale = GateWidthScale();
     for (int k = 0; k < ducb_.num_experts(); ++k) {
       const ExpertSlot& slot = experts_.at(k);
       if (!slot.record.shadow() || slot.record.status() != storage::v1::EXPERT_STATE_ACTIVE ||
@@ -352,7 +353,7 @@ absl::Status Problem::PromoteProvenShadows() {
         continue;
       }
       const ExpertEstimate e = ducb_.Estimate(k);
-      if (e.mean - e.width * GateWidthScale() > best) promote.push_back(k);
+      if (e.mean - e.width * width_scale > best) promote.push_back(k);
     }
   }
   for (int k : promote) DECISION_RETURN_IF_ERROR(SetShadow(k, false).status());

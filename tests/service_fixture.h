@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -213,6 +215,31 @@ class ServiceTest : public ::testing::Test {
     v1::Estimates e;
     EXPECT_TRUE(service_->GetEstimates(req, &e).ok());
     return e;
+  }
+  // An automatic gate (retirement, promotion) of problem "p" checked as its bounds tighten.
+  // Plays rounds rewarding arm 0; every 25 rounds `passes(estimates)` says whether the gate
+  // passes for `expert` under the selection width (.first) and under the paper's (.second).
+  // When either does, a maintenance round runs, after which the expert must still be
+  // `unchanged` (narrow width only) or be `passed` (the paper's width). Stops once the
+  // paper's width passed, or after 20000 rounds; *narrow_only and *wide say what was seen.
+  void PlayUntilGatePasses(
+      int expert, const std::function<std::pair<bool, bool>(const v1::Estimates&)>& passes,
+      v1::ExpertStatus unchanged, v1::ExpertStatus passed, bool* narrow_only, bool* wide) {
+    *narrow_only = *wide = false;
+    for (int round = 1; round <= 20000 && !*wide; ++round) {
+      const std::string id = absl::StrCat("e", round);
+      const v1::ChooseResponse c = Choose("p", id);
+      ASSERT_TRUE(Reward("p", id, c.arm() == 0 ? 1.0 : 0.0).ok());
+      if (round % 25 != 0) continue;
+      const v1::Estimates est = Estimates("p");
+      ASSERT_EQ(est.experts(expert).status(), unchanged) << "round " << round;
+      const auto [narrow_passes, wide_passes] = passes(est);
+      if (!narrow_passes && !wide_passes) continue;
+      ASSERT_TRUE(service_->RunMaintenance().ok());
+      EXPECT_EQ(Experts("p")[expert].status(), wide_passes ? passed : unchanged)
+          << "round " << round;
+      (wide_passes ? *wide : *narrow_only) = true;
+    }
   }
   std::vector<v1::LoggedSample> Export(const std::string& id) {
     v1::ExportLogRequest req;

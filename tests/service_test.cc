@@ -1356,43 +1356,25 @@ TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNar
   ASSERT_TRUE(service_->RegisterExpert(b, &weak).ok());
   RunMaintenanceUntilActive("p");
   const double paper = std::sqrt(2.0 / 0.25);
-  auto status_of_weak = [&] {
-    for (const v1::Expert& e : Experts()) {
-      if (e.expert_id() == weak.expert_id()) return e.status();
+  // Dominated: its upper bound below the best lower bound, with the width times `scale`.
+  auto dominated = [&](const v1::Estimates& est, double scale) {
+    double best_lower = -1e300;
+    for (const v1::ExpertEstimate& e : est.experts()) {
+      if (e.status() != v1::EXPERT_STATUS_ACTIVE) continue;
+      best_lower = std::max(best_lower, e.estimate() - scale * e.width());
     }
-    return v1::EXPERT_STATUS_UNSPECIFIED;
+    const v1::ExpertEstimate& w = est.experts(weak.expert_id());
+    return w.estimate() + scale * w.width() < best_lower;
   };
   bool kept_while_narrowly_dominated = false;
   bool retired = false;
-  for (int round = 1; round <= 20000 && !retired; ++round) {
-    const std::string id = absl::StrCat("e", round);
-    const v1::ChooseResponse c = Choose("p", id);
-    ASSERT_TRUE(Reward("p", id, c.arm() == 0 ? 1.0 : 0.0).ok());
-    if (round % 25 != 0) continue;
-    const v1::Estimates est = Estimates("p");
-    double best_lower_narrow = -1e300;
-    double best_lower_paper = -1e300;
-    const v1::ExpertEstimate* w = nullptr;
-    for (const v1::ExpertEstimate& e : est.experts()) {
-      if (e.expert_id() == weak.expert_id()) w = &e;
-      if (e.status() != v1::EXPERT_STATUS_ACTIVE) continue;
-      best_lower_narrow = std::max(best_lower_narrow, e.estimate() - e.width());
-      best_lower_paper = std::max(best_lower_paper, e.estimate() - paper * e.width());
-    }
-    ASSERT_NE(w, nullptr);
-    ASSERT_EQ(w->status(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
-    const bool narrow = w->estimate() + w->width() < best_lower_narrow;
-    const bool wide = w->estimate() + paper * w->width() < best_lower_paper;
-    if (!narrow && !wide) continue;
-    ASSERT_TRUE(service_->RunMaintenance().ok());
-    if (wide) {
-      EXPECT_EQ(status_of_weak(), v1::EXPERT_STATUS_RETIRED) << "round " << round;
-      retired = true;
-    } else {
-      EXPECT_EQ(status_of_weak(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
-      kept_while_narrowly_dominated = true;
-    }
-  }
+  PlayUntilGatePasses(
+      weak.expert_id(),
+      [&](const v1::Estimates& est) {
+        return std::make_pair(dominated(est, 1.0), dominated(est, paper));
+      },
+      v1::EXPERT_STATUS_ACTIVE, v1::EXPERT_STATUS_RETIRED, &kept_while_narrowly_dominated,
+      &retired);
   EXPECT_TRUE(kept_while_narrowly_dominated);
   EXPECT_TRUE(retired);
 }
@@ -1418,33 +1400,23 @@ TEST_F(ServiceTest, ThePromotionGateWaitsForThePapersWidth) {
   ASSERT_TRUE(service_->RegisterExpert(better, &shadow).ok());
   RunMaintenanceUntilActive("p");
   const double paper = std::sqrt(2.0 / 0.25);
-  auto status = [&] { return Experts("p")[shadow.expert_id()].status(); };
-  bool kept_in_shadow = false;
-  bool promoted = false;
-  for (int round = 1; round <= 20000 && !promoted; ++round) {
-    const std::string id = absl::StrCat("e", round);
-    const v1::ChooseResponse c = Choose("p", id);
-    ASSERT_TRUE(Reward("p", id, c.arm() == 0 ? 1.0 : 0.0).ok());
-    if (round % 25 != 0) continue;
-    const v1::Estimates est = Estimates("p");
+  // Proven: its lower bound, with the width times `scale`, above the best selectable estimate.
+  auto proven = [&](const v1::Estimates& est, double scale) {
     double best = -1e300;
     for (const v1::ExpertEstimate& e : est.experts()) {
       if (e.status() == v1::EXPERT_STATUS_ACTIVE) best = std::max(best, e.estimate());
     }
     const v1::ExpertEstimate& e = est.experts(shadow.expert_id());
-    ASSERT_EQ(e.status(), v1::EXPERT_STATUS_SHADOW) << "round " << round;
-    const bool narrow = e.estimate() - e.width() > best;
-    const bool wide = e.estimate() - paper * e.width() > best;
-    if (!narrow && !wide) continue;
-    ASSERT_TRUE(service_->RunMaintenance().ok());
-    if (wide) {
-      EXPECT_EQ(status(), v1::EXPERT_STATUS_ACTIVE) << "round " << round;
-      promoted = true;
-    } else {
-      EXPECT_EQ(status(), v1::EXPERT_STATUS_SHADOW) << "round " << round;
-      kept_in_shadow = true;
-    }
-  }
+    return e.estimate() - scale * e.width() > best;
+  };
+  bool kept_in_shadow = false;
+  bool promoted = false;
+  PlayUntilGatePasses(
+      shadow.expert_id(),
+      [&](const v1::Estimates& est) {
+        return std::make_pair(proven(est, 1.0), proven(est, paper));
+      },
+      v1::EXPERT_STATUS_SHADOW, v1::EXPERT_STATUS_ACTIVE, &kept_in_shadow, &promoted);
   EXPECT_TRUE(kept_in_shadow);
   EXPECT_TRUE(promoted);
 }
