@@ -5,7 +5,8 @@
 #
 # Usage: bench/soak.sh DECISIOND OUT_DIR [decision_soak flags...]
 #   e.g. bench/soak.sh build/server/decisiond bench/results/soak              # 10 minutes
-#        bench/soak.sh build/server/decisiond /tmp/soak-smoke --duration_s=60  # smoke run
+#        bench/soak.sh build/server/decisiond /tmp/soak-smoke --duration_s=60 \
+#            --warm_up_s=20                                                    # smoke run
 # Environment: SOAK_BIN (default build/bench/decision_soak); PIN=0 to run unpinned (by
 # default decisiond runs on CPU 0 and the soak client on CPU 1, as the other load
 # benchmarks do on this 2-core machine).
@@ -13,7 +14,7 @@
 # decision_soak's status (non-zero if a check failed), after plotting either way.
 set -uo pipefail
 if (($# < 2)); then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,8 +43,12 @@ if [[ ! -s $out/timeline.csv ]]; then
   echo "soak.sh: no timeline.csv to plot" >&2
   exit $status
 fi
-# Vertical lines at the restarts (events.csv: "t,SIGTERM restart" / "t,SIGKILL restart").
-marks=$(awk -F, '$2 ~ /^SIG(TERM|KILL) restart$/ { split($2, w, " ");
+# Vertical lines at the restarts (events.csv: "t,SIGTERM restart", "t,SIGKILL restart",
+# "t,SIGTERM (warm-up) restart") and where the measured run starts after the warm-up.
+marks=$(awk -F, '$2 == "measured run starts" {
+  printf "set arrow from %s, graph 0 to %s, graph 1 nohead lw 2 lc rgb \"gray\"\n", $1, $1;
+  printf "set label \"measured\" at %s, graph 0.84 left offset 0.5,0 tc rgb \"gray\"\n", $1 }
+  $2 ~ /^SIG(TERM|KILL)( \(warm-up\))? restart$/ { split($2, w, " ");
   printf "set arrow from %s, graph 0 to %s, graph 1 nohead lw 2 dt 2 lc rgb \"%s\"\n", $1, $1,
          (w[1] == "SIGKILL" ? "red" : "orange");
   printf "set label \"%s\" at %s, graph 0.92 left offset 0.5,0 tc rgb \"%s\"\n", w[1], $1,

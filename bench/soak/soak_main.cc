@@ -1,10 +1,13 @@
 // decision_soak: a soak run of the real decisiond, bounded in time (not part of CI).
 //
 //   build/bench/decision_soak --decisiond=build/server/decisiond --out_dir=OUT
-//       [--duration_s=600] [--rate=500]
+//       [--duration_s=600] [--warm_up_s=180] [--rate=500]
 //
 // (bench/soak.sh runs it pinned and renders OUT/soak.png.) It starts decisiond on loopback
-// (port 0, metrics on port 0) with a fresh data directory and, for --duration_s seconds:
+// (port 0, metrics on port 0) with a fresh data directory and runs the load below for a
+// warm-up of --warm_up_s seconds (with a SIGTERM restart half-way: the store's tables form
+// and the bounded caches fill, as in a server that has run for a while), then for the
+// measured --duration_s seconds, whose second and last tenths the flatness checks compare:
 //   - paces Choose at --rate decisions/s from --threads client threads over two problems
 //     fed with rows of bench/data: letter (26 arms, click-like reward 1 when the arm is the
 //     row's label, auto-training on) and satimage (6 arms, reward uniform in [0, 1]); most
@@ -20,8 +23,8 @@
 //     (no registration, retirement or TrainExperts, letter's auto-training off);
 //   - sets a retention (--retention_samples) on both problems at a tenth of the duration,
 //     and at every tenth deletes a few acknowledged events of each (DeleteEvents);
-//   - restarts decisiond on the same data directory with SIGTERM at 40% of the duration and
-//     with SIGKILL at 70%; the client reconnects to the new address. RPCs that overlap the
+//   - restarts decisiond on the same data directory with SIGTERM at 40% of the measured run
+//     and with SIGKILL at 70%; the client reconnects to the new address. RPCs that overlap the
 //     time from the signal until one second after the new server is reachable are counted as
 //     "injected", apart from the others; so are retries of rewards that failed in it, and
 //     NOT_FOUND for a decision answered less than 1 s before the kill (decisiond documents
@@ -86,6 +89,10 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory, deleted at the end unless --keep_data)");
 ABSL_FLAG(bool, keep_data, false, "keep the temporary data directory");
 ABSL_FLAG(double, duration_s, 600, "seconds of load; every interval of the run scales with it");
+ABSL_FLAG(double, warm_up_s, 180,
+          "seconds of the same load on the fresh store before the measured run, with a SIGTERM "
+          "restart half-way, so that RocksDB's tables and the bounded caches have formed when "
+          "the flatness windows are taken (0: measure from the first second on an empty store)");
 ABSL_FLAG(double, rate, 500, "decisions (Choose calls) per second, paced");
 ABSL_FLAG(int, threads, 8, "load client threads (synchronous calls)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the client's randomness and of decisiond's --seed");
@@ -390,15 +397,18 @@ class Ledger {
     late_[event_id] = {problem, WallMs()};
   }
   // Up to `count` events of `problem` acknowledged at least `min_age_ms` ago, among the
-  // recent ones (so that retention has not cut them yet), for DeleteEvents.
+  // recent ones (so that retention has not cut them yet), for DeleteEvents. From now on
+  // DeletionRequested(id) is true (a check that read the log meanwhile may have seen
+  // either), for good if the call fails, since its outcome is then unknown.
   std::vector<std::string> ForDeletion(int problem, int count, int64_t min_age_ms) {
     absl::MutexLock lock(&mu_);
     std::vector<std::string> ids;
     const int64_t before = WallMs() - min_age_ms;
     for (const auto& [at, id] : recent_acked_[problem]) {
       if (static_cast<int>(ids.size()) == count || at > before) break;
-      if (acked_.contains(id)) ids.push_back(id);
+      if (acked_.contains(id) && !deleting_.contains(id)) ids.push_back(id);
     }
+    deleting_.insert(ids.begin(), ids.end());
     return ids;
   }
   // Events deleted on request: no longer expected in the log, and never by their id.
@@ -406,6 +416,7 @@ class Ledger {
     absl::MutexLock lock(&mu_);
     for (const std::string& id : ids) {
       acked_.erase(id);
+      deleting_.erase(id);
       deleted_[id] = problem;
     }
     auto& recent = recent_acked_[problem];
@@ -416,6 +427,12 @@ class Ledger {
   absl::flat_hash_map<std::string, int> DeletedSnapshot() const {
     absl::MutexLock lock(&mu_);
     return deleted_;
+  }
+  // Whether DeleteEvents was asked for the event: done, in flight, or failed (its outcome
+  // unknown).
+  bool DeletionRequested(const std::string& event_id) const {
+    absl::MutexLock lock(&mu_);
+    return deleting_.contains(event_id) || deleted_.contains(event_id);
   }
   // Something the API does not allow, or an error outside an injected window.
   void Unexpected(const std::string& what) {
@@ -453,6 +470,7 @@ class Ledger {
   absl::flat_hash_map<std::string, AckedReward> acked_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, LateProbe> late_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> deleted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> deleting_ ABSL_GUARDED_BY(mu_);
   // Per problem, the last acknowledged events (time, id), oldest first.
   std::map<int, std::deque<std::pair<int64_t, std::string>>> recent_acked_ ABSL_GUARDED_BY(mu_);
   int64_t unexpected_ ABSL_GUARDED_BY(mu_) = 0;
@@ -1245,7 +1263,9 @@ struct VerifyResult {
   // Retention and deletion: events before a problem's first kept sample (not expected),
   // events too close to it to tell (not checked), deleted events checked and found by id
   // (an error), redacted samples in the log, and the first sequence kept per problem.
-  int64_t cut = 0, near_cut = 0, deleted_checked = 0, deleted_present = 0, redacted = 0;
+  // Acknowledged events deleted on request while the log was read are not checked.
+  int64_t cut = 0, near_cut = 0, deleted_checked = 0, deleted_present = 0, redacted = 0,
+          deleted_meanwhile = 0;
   std::vector<int64_t> first_kept;
   std::string export_error;
   std::vector<std::string> examples;
@@ -1359,6 +1379,10 @@ VerifyResult Verify(const std::string& when, Shared* s) {
       continue;
     }
     if (!expected(a.problem, a.at_ms)) continue;
+    if (s->ledger->DeletionRequested(event_id)) {
+      ++v.deleted_meanwhile;  // DeleteEvents ran while the log was read: either is right
+      continue;
+    }
     ++v.acked_checked;
     ++v.acked_missing;
     example(absl::StrFormat("%s: acknowledged reward of %s (%.17g) missing from the log",
@@ -1386,10 +1410,12 @@ std::string Describe(const VerifyResult& v) {
       "reward; %d late-refused events checked, %d missing, %d learned; log: %d samples "
       "(first kept: %s; %d redacted), %d duplicate events, %d sequence gaps; retention: %d "
       "events cut, %d near the cut not checked; %d events deleted on request, %d of them "
-      "logged by their id; export %.1f s%s",
+      "logged by their id, %d more deleted while the log was read (not checked); export "
+      "%.1f s%s",
       v.when, v.acked_checked, v.acked_missing, v.acked_wrong, v.late_checked, v.late_missing,
       v.late_not_default, v.logged, absl::StrJoin(v.first_kept, ", "), v.redacted,
       v.duplicates, v.gaps, v.cut, v.near_cut, v.deleted_checked, v.deleted_present,
+      v.deleted_meanwhile,
       v.seconds, v.export_error.empty() ? "" : absl::StrCat("; export failed: ", v.export_error));
   for (const std::string& e : v.examples) absl::StrAppend(&out, "\n      ", e);
   return out;
@@ -1414,7 +1440,7 @@ class Soak {
  private:
   absl::Status Setup();
   absl::Status StartServer();
-  Restart DoRestart(bool kill);
+  Restart DoRestart(bool kill, const char* kind);
   void Event(const std::string& what) {
     const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
     events_ << absl::StrFormat("%.2f,%s\n", t, what);
@@ -1427,6 +1453,7 @@ class Soak {
   std::string out_dir_, data_dir_, log_path_;
   bool temp_data_ = false;
   double duration_s_ = 0;
+  double warm_up_s_ = 0;
   std::vector<ProblemSpec> problems_;
   std::unique_ptr<Decisiond> server_;
   Connection connection_;
@@ -1459,12 +1486,16 @@ absl::Status Soak::StartServer() {
 absl::Status Soak::Setup() {
   out_dir_ = absl::GetFlag(FLAGS_out_dir);
   duration_s_ = absl::GetFlag(FLAGS_duration_s);
+  warm_up_s_ = absl::GetFlag(FLAGS_warm_up_s);
   if (absl::GetFlag(FLAGS_decisiond).empty() || out_dir_.empty()) {
     return absl::InvalidArgumentError("--decisiond and --out_dir are required");
   }
   if (!(duration_s_ >= 20) || !(absl::GetFlag(FLAGS_rate) > 0) ||
       absl::GetFlag(FLAGS_threads) < 1) {
     return absl::InvalidArgumentError("need --duration_s >= 20, --rate > 0, --threads >= 1");
+  }
+  if (!(warm_up_s_ == 0 || warm_up_s_ >= 10)) {
+    return absl::InvalidArgumentError("need --warm_up_s = 0 or >= 10");
   }
   std::filesystem::create_directories(out_dir_);
   log_path_ = out_dir_ + "/decisiond.log";
@@ -1530,9 +1561,9 @@ absl::Status Soak::Setup() {
   return absl::OkStatus();
 }
 
-Restart Soak::DoRestart(bool kill) {
+Restart Soak::DoRestart(bool kill, const char* kind) {
   Restart r;
-  r.kind = kill ? "SIGKILL" : "SIGTERM";
+  r.kind = kind;
   const auto signal_at = Clock::now();
   r.at_s = std::chrono::duration<double>(signal_at - t0_).count();
   windows_.Open(signal_at);
@@ -1566,7 +1597,8 @@ int Soak::Run() {
     std::fprintf(stderr, "decision_soak: %s\n", s.ToString().c_str());
     return 2;
   }
-  const double d = duration_s_;
+  // The load runs for the warm-up and then the measured run; t counts from its start.
+  const double d = duration_s_, warm = warm_up_s_, total = warm + d;
   t0_ = Clock::now() + std::chrono::seconds(1);
   stats_ = std::make_unique<Stats>(t0_);
   shared_ = std::make_unique<Shared>();
@@ -1576,11 +1608,11 @@ int Soak::Run() {
   shared_->stats = stats_.get();
   shared_->ledger = &ledger_;
   shared_->kills = &kills_;
-  const auto at = [&](double fraction) {
-    return t0_ +
-           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(fraction * d));
+  const auto at_s = [&](double s) {
+    return t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   };
-  const auto end = at(1.0);
+  const auto at = [&](double fraction) { return at_s(warm + fraction * d); };  // measured run
+  const auto end = at_s(total);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
 
   // One expert of each kind in each problem before the load starts (without churn, the
@@ -1601,7 +1633,7 @@ int Soak::Run() {
   }
 
   sampler_ = std::make_unique<Sampler>(shared_.get(), t0_, data_dir_, out_dir_ + "/timeline.csv");
-  const int last_second = static_cast<int>(std::ceil(d));
+  const int last_second = static_cast<int>(std::ceil(total));
   std::thread sampler([&] { sampler_->Run(last_second); });
 
   std::vector<std::unique_ptr<LoadWorker>> workers;
@@ -1613,44 +1645,65 @@ int Soak::Run() {
   }
   for (auto& w : workers) worker_threads.emplace_back([&w] { w->Run(); });
 
-  // The churn schedule, in fractions of the duration: registrations every 1/30 (cycling
-  // through the problems and the three kinds), TrainExperts every 1/8 (alternating
+  // The churn schedule, periodic in fractions of the duration: registrations every 1/30
+  // (cycling through the problems and the three kinds), TrainExperts every 1/8 (alternating
   // problems), the retention hook every 1/10. Without churn: the hook only. Experts come and
   // go at a steady pool size, so that memory that grows with the experts ever registered
   // shows (the live ones cost memory by design): half-way between two registrations,
   // satimage's pool is retired down to kSatimagePool active experts (the uniform one and
-  // the three of the start); letter's auto-training retires its own.
-  std::vector<std::pair<double, std::function<void()>>> schedule;
-  for (int i = 1; i < 30 && expert_churn; ++i) {
-    schedule.emplace_back(i / 30.0, [&churn, i] { churn.Register(i % 2, (i / 2) % 3); });
-  }
+  // the three of the start); letter's auto-training retires its own. The schedule is
+  // anchored at the start of the measured run (the k-th action at k periods after it, k >=
+  // 1), so that the measured run's is the same with or without a warm-up (its checks after
+  // the kill -9 restart fall between two retention hooks); the warm-up gets the same actions
+  // at the same pace (k < 0).
+  std::vector<std::pair<double, std::function<void()>>> schedule;  // seconds, action
+  const auto every = [&](double period, double offset, const std::function<void(int)>& action) {
+    const int first = -static_cast<int>(std::floor((warm + offset) / period));
+    // Shifted by a multiple of 6, so that k's parity and (k / 2) % 3 stay those of k >= 0.
+    const int shift = 6 * ((5 - first) / 6);
+    for (int k = first; warm + k * period + offset < total - 1e-9; ++k) {
+      const double second = warm + k * period + offset;
+      if (k == 0 || second <= 0) continue;
+      schedule.emplace_back(second, [action, k, shift] { action(k + shift); });
+    }
+  };
   constexpr int kSatimagePool = 4;
-  for (int i = 1; i < 30 && expert_churn; ++i) {
-    schedule.emplace_back((i + 0.5) / 30.0, [&churn] { churn.RetireDownTo(1, kSatimagePool); });
+  if (expert_churn) {
+    every(d / 30, 0, [&churn](int i) { churn.Register(i % 2, (i / 2) % 3); });
+    every(d / 30, d / 60, [&churn](int) { churn.RetireDownTo(1, kSatimagePool); });
+    every(d / 8, 0.02 * d, [&churn](int i) { churn.Train(i % 2); });
   }
-  for (int i = 1; i < 8 && expert_churn; ++i)
-    schedule.emplace_back(i / 8.0 + 0.02, [&churn, i] { churn.Train(i % 2); });
-  for (int i = 1; i < 10; ++i)
-    schedule.emplace_back(i / 10.0 + 0.03, [&churn] { churn.Retention(); });
-  std::sort(schedule.begin(), schedule.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  every(d / 10, 0.03 * d, [&churn](int) { churn.Retention(); });
+  std::stable_sort(schedule.begin(), schedule.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   std::thread churner([&] {
-    for (auto& [fraction, action] : schedule) {
-      std::this_thread::sleep_until(at(fraction));
+    for (auto& [second, action] : schedule) {
+      std::this_thread::sleep_until(at_s(second));
       action();
     }
   });
 
-  Event(absl::StrFormat("load started: %.0f decisions/s from %d threads for %.0f s",
-                        absl::GetFlag(FLAGS_rate), threads, d));
+  Event(absl::StrFormat("load started: %.0f decisions/s from %d threads for %.0f s%s",
+                        absl::GetFlag(FLAGS_rate), threads, total,
+                        warm > 0 ? absl::StrFormat(" (a %.0f s warm-up, then %.0f s measured)",
+                                                   warm, d)
+                                 : ""));
+  if (warm > 0) {
+    // The warm-up: the store's tables form at its flushes (the restart flushes every
+    // family), and the memtables and block cache fill, before the first window.
+    std::this_thread::sleep_until(at_s(warm / 2));
+    restarts_.push_back(DoRestart(/*kill=*/false, "SIGTERM (warm-up)"));
+    std::this_thread::sleep_until(at_s(warm));
+    Event("measured run starts");
+  }
   for (int tenth = 1; tenth <= 10; ++tenth) {
     const double fraction = tenth / 10.0;
     if (tenth == 4) {
       std::this_thread::sleep_until(at(0.4));
-      restarts_.push_back(DoRestart(/*kill=*/false));
+      restarts_.push_back(DoRestart(/*kill=*/false, "SIGTERM"));
     } else if (tenth == 7) {
       std::this_thread::sleep_until(at(0.7));
-      restarts_.push_back(DoRestart(/*kill=*/true));
+      restarts_.push_back(DoRestart(/*kill=*/true, "SIGKILL"));
       if (restarts_.back().error.empty()) {
         Event("checking acknowledged rewards after the kill -9 restart");
         verifications_.push_back(Verify("after the kill -9 restart", shared_.get()));
@@ -1731,22 +1784,25 @@ int Soak::Run() {
 int Soak::WriteSummary() {
   const double d = duration_s_;
   // The flatness windows: the brief's "second minute" and "last minute" of a 10-minute run,
-  // i.e. tenths of the duration: (w, 2w] against (d - w, d].
+  // i.e. tenths of the measured run (after the warm-up, which ends at second m):
+  // (m + w, m + 2w] against (m + d - w, m + d].
   const int w = std::max(1, static_cast<int>(std::lround(d / 10)));
-  const int last = static_cast<int>(std::ceil(d));
+  const int m = static_cast<int>(std::lround(warm_up_s_));
+  const int e0 = m + w, e1 = m + 2 * w;
+  const int last = static_cast<int>(std::ceil(warm_up_s_ + d));
   const double tolerance = absl::GetFlag(FLAGS_flat_tolerance);
   std::string out;
   std::vector<std::pair<std::string, bool>> checks;
 
   auto flat = [&](const char* name, double ResourceSample::*field, const char* unit, double scale) {
-    const double early = sampler_->Mean(w, 2 * w, field);
+    const double early = sampler_->Mean(e0, e1, field);
     const double late = sampler_->Mean(last - w, last, field);
     const bool ok =
         !std::isnan(early) && !std::isnan(late) && std::abs(late - early) <= tolerance * early;
     checks.emplace_back(
         absl::StrFormat("%s flat: mean over (%d, %d] s %.1f %s, over (%d, %d] s "
                         "%.1f %s (%+.1f%%, tolerance %.0f%%)",
-                        name, last - w, last, late / scale, unit, w, 2 * w, early / scale, unit,
+                        name, last - w, last, late / scale, unit, e0, e1, early / scale, unit,
                         100 * (late / early - 1), 100 * tolerance),
         ok);
   };
@@ -1813,9 +1869,13 @@ int Soak::WriteSummary() {
             "registered before the load, active before it started; no registration, "
             "retirement, TrainExperts or auto-training after that\n");
   absl::StrAppendFormat(&out,
-                        "  %.0f s of load at %.0f decisions/s from %d threads (rpc deadline %d ms, "
-                        "no client retries), decisiond %s%s%s\n",
-                        d, absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_threads),
+                        "  %.0f s of load%s at %.0f decisions/s from %d threads (rpc deadline "
+                        "%d ms, no client retries), decisiond %s%s%s\n",
+                        d,
+                        m > 0 ? absl::StrFormat(" after a %d s warm-up on the fresh store (the "
+                                                "same load, a SIGTERM restart half-way)", m)
+                              : " from a fresh store",
+                        absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_threads),
                         absl::GetFlag(FLAGS_rpc_deadline_ms), absl::GetFlag(FLAGS_decisiond),
                         absl::GetFlag(FLAGS_decisiond_cpu) >= 0
                             ? absl::StrCat(" pinned to CPU ", absl::GetFlag(FLAGS_decisiond_cpu))
@@ -1846,7 +1906,7 @@ int Soak::WriteSummary() {
   for (const Restart& r : restarts_) {
     absl::StrAppendFormat(&out, "  %s at %.1f s: stopped in %.2f s, listening again %.2f s later",
                           r.kind, r.at_s, r.stop_s, r.start_s);
-    if (r.at_s < d) {
+    if (r.at_s < warm_up_s_ + d) {
       // RSS shortly before the signal against RSS after the restart (which rebuilds the
       // state from the store): a drop beyond the caches hints at memory the process leaked.
       const int signal = static_cast<int>(r.at_s);
@@ -1874,13 +1934,16 @@ int Soak::WriteSummary() {
   for (const std::string& e : ledger_.examples()) absl::StrAppend(&out, "    ", e, "\n");
 
   auto mib = [](double kb) { return kb / 1024.0; };
-  absl::StrAppendFormat(&out, "\nresources (windows: tenths of the duration, %d s each):\n", w);
   absl::StrAppendFormat(&out,
-                        "  RSS mean (%d, %d] s: %.1f MiB; (%d, %d] s: %.1f MiB; max %.1f MiB\n", w,
-                        2 * w, mib(sampler_->Mean(w, 2 * w, &ResourceSample::rss_kb)), last - w,
+                        "\nresources (windows: tenths of the measured run, %d s each; t counts "
+                        "from the start of the load%s):\n",
+                        w, m > 0 ? absl::StrFormat(", the warm-up's %d s included", m) : "");
+  absl::StrAppendFormat(&out,
+                        "  RSS mean (%d, %d] s: %.1f MiB; (%d, %d] s: %.1f MiB; max %.1f MiB\n", e0,
+                        e1, mib(sampler_->Mean(e0, e1, &ResourceSample::rss_kb)), last - w,
                         last, mib(sampler_->Mean(last - w, last, &ResourceSample::rss_kb)),
                         mib(sampler_->Max(&ResourceSample::rss_kb)));
-  auto early = [&](double ResourceSample::*field) { return sampler_->Mean(w, 2 * w, field); };
+  auto early = [&](double ResourceSample::*field) { return sampler_->Mean(e0, e1, field); };
   auto late = [&](double ResourceSample::*field) { return sampler_->Mean(last - w, last, field); };
   const double rss_growth_mib =
       (late(&ResourceSample::rss_kb) - early(&ResourceSample::rss_kb)) / 1024;
@@ -1920,21 +1983,30 @@ int Soak::WriteSummary() {
                         "  fds mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f; of them live SST "
                         "files (decision_store_sst_files) %.1f then %.1f, the others %.1f then "
                         "%.1f\n",
-                        w, 2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::fds), last - w, last,
+                        e0, e1, sampler_->Mean(e0, e1, &ResourceSample::fds), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::fds),
                         sampler_->Max(&ResourceSample::fds),
-                        sampler_->Mean(w, 2 * w, &ResourceSample::sst_files),
+                        sampler_->Mean(e0, e1, &ResourceSample::sst_files),
                         sampler_->Mean(last - w, last, &ResourceSample::sst_files),
-                        sampler_->Mean(w, 2 * w, &ResourceSample::other_fds),
+                        sampler_->Mean(e0, e1, &ResourceSample::other_fds),
                         sampler_->Mean(last - w, last, &ResourceSample::other_fds));
-  absl::StrAppendFormat(&out, "  threads mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f\n", w,
-                        2 * w, sampler_->Mean(w, 2 * w, &ResourceSample::threads), last - w, last,
+  if (m >= 2 * w) {
+    absl::StrAppendFormat(
+        &out,
+        "  (not a check) the fresh store's (%d, %d] s, in the warm-up: RSS %.1f MiB, fds %.1f "
+        "(live SST files %.1f)\n",
+        w, 2 * w, mib(sampler_->Mean(w, 2 * w, &ResourceSample::rss_kb)),
+        sampler_->Mean(w, 2 * w, &ResourceSample::fds),
+        sampler_->Mean(w, 2 * w, &ResourceSample::sst_files));
+  }
+  absl::StrAppendFormat(&out, "  threads mean (%d, %d] s: %.1f; (%d, %d] s: %.1f; max %.0f\n", e0,
+                        e1, sampler_->Mean(e0, e1, &ResourceSample::threads), last - w, last,
                         sampler_->Mean(last - w, last, &ResourceSample::threads),
                         sampler_->Max(&ResourceSample::threads));
   absl::StrAppendFormat(
       &out, "  SST bytes (%s) at %d s: %.1f MiB, at %d s: %.1f MiB, max %.1f MiB\n",
       sampler_->sst_from_metric() ? kLiveSstMetric : "sum of *.sst files; no live-SST metric",
-      2 * w, sampler_->At(2 * w, &ResourceSample::sst_bytes) / (1 << 20), last,
+      e1, sampler_->At(e1, &ResourceSample::sst_bytes) / (1 << 20), last,
       sampler_->At(last, &ResourceSample::sst_bytes) / (1 << 20),
       sampler_->Max(&ResourceSample::sst_bytes) / (1 << 20));
   absl::StrAppendFormat(&out, "  data dir at %d s: %.1f MiB (SST, WAL, manifests, logs)\n", last,
