@@ -68,6 +68,7 @@ $marks
 f = '$out/timeline.csv'
 set ylabel 'MiB'
 plot f using 1:(column('rss_kb')/1024) with lines lw 2 title 'decisiond RSS', \
+     f using 1:(column('heap_in_use_bytes')/1048576) with lines lw 1 title 'heap in use (decision_allocator_bytes)', \
      f using 1:(column('problem_bytes')/1048576) with lines lw 1 title 'problem memory (decision_problem_memory_bytes)', \
      f using 1:(column('memtable_bytes')/1048576) with lines lw 1 title 'RocksDB memtables', \
      f using 1:(column('block_cache_bytes')/1048576) with lines lw 1 title 'RocksDB block cache'

@@ -328,6 +328,7 @@ class DecisionService {
   absl::Mutex pool_mu_;                                         // one pool round at a time
   std::chrono::steady_clock::time_point last_metrics_export_ ABSL_GUARDED_BY(maintenance_mu_);
   std::chrono::steady_clock::time_point last_malloc_trim_ ABSL_GUARDED_BY(pool_mu_);
+  std::chrono::steady_clock::time_point last_allocator_export_ ABSL_GUARDED_BY(pool_mu_);
   // Set by a pool round whose backfill ran out of its time budget with work left: the
   // expert-pool thread then starts the next round at once instead of waiting an interval.
   bool backfill_behind_ ABSL_GUARDED_BY(pool_mu_) = false;

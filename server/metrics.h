@@ -49,6 +49,10 @@ class Metrics {
   prometheus::Gauge& store_memory(const std::string& part) {
     return store_memory_->Add({{"part", part}});
   }
+  // decision_allocator_bytes{kind}: in_use, free, mapped (glibc's mallinfo2).
+  prometheus::Gauge& allocator_bytes(const std::string& kind) {
+    return allocator_bytes_->Add({{"kind", kind}});
+  }
   prometheus::Counter& audit_write_errors() { return *audit_write_errors_; }
   // 1 while the store can write, 0 while RocksDB refuses writes (a full or failing disk).
   prometheus::Gauge& store_healthy() { return *store_healthy_; }
@@ -152,6 +156,7 @@ class Metrics {
   prometheus::Histogram* storage_write_latency_;
   prometheus::Gauge* storage_size_;
   prometheus::Family<prometheus::Gauge>* store_memory_;
+  prometheus::Family<prometheus::Gauge>* allocator_bytes_;
   prometheus::Family<prometheus::Gauge>* store_family_size_;
   prometheus::Family<prometheus::Gauge>* store_live_sst_bytes_;
   prometheus::Family<prometheus::Gauge>* store_sst_files_;

@@ -18,7 +18,7 @@
 // maintenance round then only asks the store to resume, at most every
 // store_recovery_interval_ms, and runs its tasks again (writing the deferred decisions
 // first) once it does; the expert-pool rounds wait for that.
-#include <malloc.h>  // malloc_trim (glibc)
+#include <malloc.h>  // malloc_trim, mallinfo2 (glibc)
 
 #include <algorithm>
 #include <cstdio>
@@ -95,6 +95,14 @@ absl::Status DecisionService::RunPoolRound() {
   }
 #ifdef __GLIBC__
   const auto now = std::chrono::steady_clock::now();
+  // mallinfo2 walks every arena's free lists under its lock: every 5 s, not every round.
+  if (now - last_allocator_export_ >= std::chrono::seconds(5)) {
+    last_allocator_export_ = now;
+    const struct mallinfo2 heap = mallinfo2();
+    metrics_->allocator_bytes("in_use").Set(static_cast<double>(heap.uordblks + heap.hblkhd));
+    metrics_->allocator_bytes("free").Set(static_cast<double>(heap.fordblks));
+    metrics_->allocator_bytes("mapped").Set(static_cast<double>(heap.hblkhd));
+  }
   if (options_.malloc_trim_interval_ms > 0 &&
       now - last_malloc_trim_ >= std::chrono::milliseconds(options_.malloc_trim_interval_ms)) {
     last_malloc_trim_ = now;

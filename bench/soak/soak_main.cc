@@ -952,6 +952,11 @@ struct ResourceSample {
   // decision_store_memory_bytes{part="memtables"} and {part="block_cache"}: RocksDB's
   // memtables (64 MiB budget, freed by flushes) and block cache (32 MiB, point lookups).
   double memtable_bytes = NAN, block_cache_bytes = NAN;
+  double table_reader_bytes = NAN;  // {part="table_readers"}: index and filter blocks
+  // decision_allocator_bytes{kind="in_use"} and {kind="free"} (glibc's mallinfo2, every 5 s
+  // in decisiond): the heap's live allocations (the parts above included) and the free
+  // chunks the allocator holds. NaN for a decisiond without the metric.
+  double heap_in_use = NAN, heap_free = NAN;
   double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
   double other_fds = NAN;  // fds - sst_files: what a leak of descriptors would grow
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
@@ -1099,6 +1104,10 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
         MetricWithLabel(*page, "decision_store_memory_bytes", "part", "memtables");
     s.block_cache_bytes =
         MetricWithLabel(*page, "decision_store_memory_bytes", "part", "block_cache");
+    s.table_reader_bytes =
+        MetricWithLabel(*page, "decision_store_memory_bytes", "part", "table_readers");
+    s.heap_in_use = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "in_use");
+    s.heap_free = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "free");
     s.sst_files = MetricSum(*page, "decision_store_sst_files");
     s.other_fds = s.fds - s.sst_files;  // NaN if either is
     ReadProblemMemory(*page, &s);
@@ -1196,11 +1205,14 @@ class Sampler {
             "unloaded: retired experts whose model decisiond unloaded "
             "(decision_experts_unloaded); memtable_bytes, block_cache_bytes: RocksDB's "
             "memtables and block cache (decision_store_memory_bytes); sst_files: the live SST "
-            "files, which RocksDB keeps open (decision_store_sst_files).\n";
+            "files, which RocksDB keeps open (decision_store_sst_files); table_reader_bytes: "
+            "RocksDB's index and filter blocks outside the block cache; heap_in_use_bytes, "
+            "heap_free_bytes: the allocator's live allocations (everything above included) "
+            "and the free chunks it holds (decision_allocator_bytes, every 5 s).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
             "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded,memtable_bytes,"
-            "block_cache_bytes,sst_files";
+            "block_cache_bytes,sst_files,table_reader_bytes,heap_in_use_bytes,heap_free_bytes";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1232,7 +1244,8 @@ class Sampler {
          << "," << c.late_precondition << "," << c.late_other << "," << Num(r.cpu_pct) << ","
          << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes)
          << "," << Num(r.unloaded) << "," << Num(r.memtable_bytes) << ","
-         << Num(r.block_cache_bytes) << "," << Num(r.sst_files);
+         << Num(r.block_cache_bytes) << "," << Num(r.sst_files) << ","
+         << Num(r.table_reader_bytes) << "," << Num(r.heap_in_use) << "," << Num(r.heap_free);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -1971,6 +1984,29 @@ int Soak::WriteSummary() {
       log_growth_mib, memtable_growth_mib, block_cache_growth_mib, rest_mib,
       experts_added >= 1 ? absl::StrFormat(" (%.2f MiB per expert added)", rest_mib / experts_added)
                          : "");
+  // The rest, split by the allocator's own figures: live allocations outside the parts
+  // above (models, predictions, scratch, table readers, ...), and RSS outside the live
+  // heap (free memory the allocator holds, code, stacks).
+  const auto growth_mib = [&](double ResourceSample::*field) {
+    return (late(field) - early(field)) / (1 << 20);
+  };
+  const double in_use_growth = growth_mib(&ResourceSample::heap_in_use);
+  if (!std::isnan(in_use_growth)) {
+    const double other_in_use = in_use_growth - log_growth_mib - memtable_growth_mib -
+                                block_cache_growth_mib -
+                                growth_mib(&ResourceSample::table_reader_bytes);
+    absl::StrAppendFormat(
+        &out,
+        "  the allocator's heap (decision_allocator_bytes): in use %.1f -> %.1f MiB (%+.1f), "
+        "of which the table readers %+.1f MiB and the live allocations outside every part "
+        "above %+.1f MiB; free chunks it holds %.1f -> %.1f MiB; RSS outside the heap in "
+        "use %+.1f MiB\n",
+        early(&ResourceSample::heap_in_use) / (1 << 20),
+        late(&ResourceSample::heap_in_use) / (1 << 20), in_use_growth,
+        growth_mib(&ResourceSample::table_reader_bytes), other_in_use,
+        early(&ResourceSample::heap_free) / (1 << 20),
+        late(&ResourceSample::heap_free) / (1 << 20), rss_growth_mib - in_use_growth);
+  }
   absl::StrAppendFormat(
       &out,
       "  decisiond CPU (100%% = one core) mean %.0f%% then %.0f%%; load RPC "
