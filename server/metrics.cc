@@ -102,6 +102,12 @@ Metrics::Metrics()
                                   "kept sample is one they chose (retention cut them all, "
                                   "or they never chose one)")
                             .Register(*registry_)),
+      experts_(prometheus::BuildGauge()
+                   .Name("decision_experts")
+                   .Help("Experts by status (ListExperts'): active, shadow, backfilling, "
+                         "retired, failed. The loaded models are all of them but "
+                         "decision_experts_unloaded")
+                   .Register(*registry_)),
       regret_(prometheus::BuildGauge()
                   .Name("decision_estimated_regret")
                   .Help("Estimated cumulative regret against the best expert in hindsight: "
@@ -267,6 +273,9 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.samples = &samples_.Add(labels);
   m.retained_from = &retained_from_.Add(labels);
   m.experts_unloaded = &experts_unloaded_.Add(labels);
+  for (size_t i = 0; i < m.experts_by_state.size(); ++i) {
+    m.experts_by_state[i] = &experts_.Add(with("state", ProblemMetrics::kExpertStates[i]));
+  }
   m.estimated_regret = &regret_.Add(labels);
   m.scoring_cost = &scoring_cost_.Add(labels);
   m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));

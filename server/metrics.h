@@ -7,6 +7,7 @@
 #ifndef DECISION_SERVER_METRICS_H_
 #define DECISION_SERVER_METRICS_H_
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,6 +84,10 @@ class Metrics {
     // The first joined sample the store keeps (retention): samples - this is the log kept.
     prometheus::Gauge* retained_from;
     prometheus::Gauge* experts_unloaded;
+    // Experts by ListExperts' status, in kExpertStates' order.
+    static constexpr const char* kExpertStates[] = {"active", "shadow", "backfilling",
+                                                    "retired", "failed"};
+    std::array<prometheus::Gauge*, 5> experts_by_state;
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;
@@ -140,6 +145,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& samples_;
   prometheus::Family<prometheus::Gauge>& retained_from_;
   prometheus::Family<prometheus::Gauge>& experts_unloaded_;
+  prometheus::Family<prometheus::Gauge>& experts_;
   prometheus::Family<prometheus::Gauge>& regret_;
   prometheus::Family<prometheus::Gauge>& scoring_cost_;
   prometheus::Family<prometheus::Gauge>& expert_estimate_;

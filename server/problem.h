@@ -59,6 +59,7 @@
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -790,9 +791,12 @@ class Problem {
     int experts;
     uint64_t generation;
     int64_t batch_lag;
+    std::array<int, 5> experts_by_state;  // Metrics::ProblemMetrics::kExpertStates' order
     bool operator==(const ExportedState& o) const {
-      return std::tie(samples, estimated_experts, experts, generation, batch_lag) ==
-             std::tie(o.samples, o.estimated_experts, o.experts, o.generation, o.batch_lag);
+      return std::tie(samples, estimated_experts, experts, generation, batch_lag,
+                      experts_by_state) == std::tie(o.samples, o.estimated_experts, o.experts,
+                                                    o.generation, o.batch_lag,
+                                                    o.experts_by_state);
     }
   };
   uint64_t estimates_generation_ ABSL_GUARDED_BY(mu_) = 0;

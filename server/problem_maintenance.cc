@@ -1,6 +1,7 @@
 // Problem: the maintenance work other than the expert pool's (problem_experts.cc): expiry
 // of decisions whose reward did not come, checkpoints, log chunks, training sets, metrics.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -477,6 +478,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   int64_t batch_lag;
   int64_t log_bytes, estimator_bytes, event_id_bytes;
+  std::array<int, 5> by_state{};  // Metrics::ProblemMetrics::kExpertStates' order
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
@@ -484,8 +486,18 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     batch_lag = std::max<int64_t>({0, t - next_refresh_at_,
                                    oldest_unfinished_training > 0 ? t - oldest_unfinished_training
                                                                   : 0});
+    for (int k = 0; k < experts_.size(); ++k) {
+      switch (experts_.WireStatus(k)) {
+        case v1::EXPERT_STATUS_ACTIVE: ++by_state[0]; break;
+        case v1::EXPERT_STATUS_SHADOW: ++by_state[1]; break;
+        case v1::EXPERT_STATUS_BACKFILLING: ++by_state[2]; break;
+        case v1::EXPERT_STATUS_RETIRED: ++by_state[3]; break;
+        case v1::EXPERT_STATUS_FAILED: ++by_state[4]; break;
+        default: break;
+      }
+    }
     const ExportedState state{t, ducb_.num_experts(), experts_.size(), estimates_generation_,
-                              batch_lag};
+                              batch_lag, by_state};
     if (exported_.has_value() && *exported_ == state) return;
     exported_ = state;
     // What is kept per sample: the log chunk being filled, the complete ones not written
@@ -502,6 +514,9 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     event_id_bytes = event_ids_.memory_bytes();
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
+  for (size_t i = 0; i < by_state.size(); ++i) {
+    metrics_.experts_by_state[i]->Set(static_cast<double>(by_state[i]));
+  }
   metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));
   metrics_.memory_estimator->Set(static_cast<double>(estimator_bytes));
   metrics_.memory_event_ids->Set(static_cast<double>(event_id_bytes));

@@ -714,6 +714,12 @@ TEST_F(IntegrationTest, MetricsEndpointExportsTheServiceState) {
   EXPECT_EQ(m->Get("decision_reward_sum_total", by_problem), reward_sum);
   EXPECT_EQ(m->Get("decision_pending", by_problem), 3.0);
   EXPECT_EQ(m->Get("decision_samples", by_problem), kRounds);
+  // The uniform expert and the linear one, both active.
+  for (const char* state : {"active", "shadow", "backfilling", "retired", "failed"}) {
+    EXPECT_EQ(m->Get("decision_experts", {{"problem", problem}, {"state", state}}),
+              std::string(state) == "active" ? 2.0 : 0.0)
+        << state;
+  }
 
   const std::optional<double> regret = m->Get("decision_estimated_regret", by_problem);
   ASSERT_TRUE(regret.has_value());

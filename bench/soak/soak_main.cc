@@ -957,6 +957,9 @@ struct ResourceSample {
   // in decisiond): the heap's live allocations (the parts above included) and the free
   // chunks the allocator holds. NaN for a decisiond without the metric.
   double heap_in_use = NAN, heap_free = NAN;
+  // decision_experts{state="active"} over the problems, and the experts whose model is in
+  // memory (decision_experts less decision_experts_unloaded).
+  double experts_active = NAN, experts_loaded = NAN;
   double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
   double other_fds = NAN;  // fds - sst_files: what a leak of descriptors would grow
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
@@ -1006,17 +1009,19 @@ std::string Label(absl::string_view line, absl::string_view label) {
   return std::string(line.substr(from, line.find('"', from) - from));
 }
 
-// The value of the sample of metric `name` whose label `label` is `value`; NaN if absent.
+// The sum of the samples of metric `name` whose label `label` is `value`; NaN if none.
 double MetricWithLabel(const std::string& page, const std::string& name,
                        absl::string_view label, absl::string_view value) {
+  double total = NAN;
   std::istringstream in(page);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(absl::StrCat(name, "{"), 0) != 0 || Label(line, label) != value) continue;
     double v;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+    if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) continue;
+    total = std::isnan(total) ? v : total + v;
   }
-  return NAN;
+  return total;
 }
 
 // What decisiond reports of the memory its problems keep (decision_problem_memory_bytes:
@@ -1108,6 +1113,9 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
         MetricWithLabel(*page, "decision_store_memory_bytes", "part", "table_readers");
     s.heap_in_use = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "in_use");
     s.heap_free = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "free");
+    s.experts_active = MetricWithLabel(*page, "decision_experts", "state", "active");
+    s.experts_loaded =
+        MetricSum(*page, "decision_experts") - MetricSum(*page, "decision_experts_unloaded");
     s.sst_files = MetricSum(*page, "decision_store_sst_files");
     s.other_fds = s.fds - s.sst_files;  // NaN if either is
     ReadProblemMemory(*page, &s);
@@ -1208,11 +1216,14 @@ class Sampler {
             "files, which RocksDB keeps open (decision_store_sst_files); table_reader_bytes: "
             "RocksDB's index and filter blocks outside the block cache; heap_in_use_bytes, "
             "heap_free_bytes: the allocator's live allocations (everything above included) "
-            "and the free chunks it holds (decision_allocator_bytes, every 5 s).\n";
+            "and the free chunks it holds (decision_allocator_bytes, every 5 s); "
+            "experts_active, experts_loaded: the active experts (decision_experts) and those "
+            "whose model is in memory (less decision_experts_unloaded).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
             "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded,memtable_bytes,"
-            "block_cache_bytes,sst_files,table_reader_bytes,heap_in_use_bytes,heap_free_bytes";
+            "block_cache_bytes,sst_files,table_reader_bytes,heap_in_use_bytes,heap_free_bytes,"
+            "experts_active,experts_loaded";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1245,7 +1256,8 @@ class Sampler {
          << Ms(p50) << "," << Ms(p99) << "," << Num(r.experts) << "," << Num(r.problem_bytes)
          << "," << Num(r.unloaded) << "," << Num(r.memtable_bytes) << ","
          << Num(r.block_cache_bytes) << "," << Num(r.sst_files) << ","
-         << Num(r.table_reader_bytes) << "," << Num(r.heap_in_use) << "," << Num(r.heap_free);
+         << Num(r.table_reader_bytes) << "," << Num(r.heap_in_use) << "," << Num(r.heap_free)
+         << "," << Num(r.experts_active) << "," << Num(r.experts_loaded);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -2006,6 +2018,15 @@ int Soak::WriteSummary() {
         growth_mib(&ResourceSample::table_reader_bytes), other_in_use,
         early(&ResourceSample::heap_free) / (1 << 20),
         late(&ResourceSample::heap_free) / (1 << 20), rss_growth_mib - in_use_growth);
+  }
+  if (!std::isnan(early(&ResourceSample::experts_loaded))) {
+    absl::StrAppendFormat(&out,
+                          "  experts (means over the windows): active %.1f -> %.1f, models in "
+                          "memory %.1f -> %.1f\n",
+                          early(&ResourceSample::experts_active),
+                          late(&ResourceSample::experts_active),
+                          early(&ResourceSample::experts_loaded),
+                          late(&ResourceSample::experts_loaded));
   }
   absl::StrAppendFormat(
       &out,
