@@ -105,8 +105,8 @@ Metrics::Metrics()
       experts_(prometheus::BuildGauge()
                    .Name("decision_experts")
                    .Help("Experts by status (ListExperts'): active, shadow, backfilling, "
-                         "retired, failed. The loaded models are all of them but "
-                         "decision_experts_unloaded")
+                         "retired, failed. The models in memory are all of them but the "
+                         "failed ones and decision_experts_unloaded")
                    .Register(*registry_)),
       regret_(prometheus::BuildGauge()
                   .Name("decision_estimated_regret")

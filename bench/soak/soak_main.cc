@@ -958,7 +958,7 @@ struct ResourceSample {
   // chunks the allocator holds. NaN for a decisiond without the metric.
   double heap_in_use = NAN, heap_free = NAN;
   // decision_experts{state="active"} over the problems, and the experts whose model is in
-  // memory (decision_experts less decision_experts_unloaded).
+  // memory (decision_experts less the failed ones and decision_experts_unloaded).
   double experts_active = NAN, experts_loaded = NAN;
   double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
   double other_fds = NAN;  // fds - sst_files: what a leak of descriptors would grow
@@ -1114,8 +1114,9 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     s.heap_in_use = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "in_use");
     s.heap_free = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "free");
     s.experts_active = MetricWithLabel(*page, "decision_experts", "state", "active");
-    s.experts_loaded =
-        MetricSum(*page, "decision_experts") - MetricSum(*page, "decision_experts_unloaded");
+    s.experts_loaded = MetricSum(*page, "decision_experts") -
+                       MetricWithLabel(*page, "decision_experts", "state", "failed") -
+                       MetricSum(*page, "decision_experts_unloaded");
     s.sst_files = MetricSum(*page, "decision_store_sst_files");
     s.other_fds = s.fds - s.sst_files;  // NaN if either is
     ReadProblemMemory(*page, &s);
@@ -1218,7 +1219,7 @@ class Sampler {
             "heap_free_bytes: the allocator's live allocations (everything above included) "
             "and the free chunks it holds (decision_allocator_bytes, every 5 s); "
             "experts_active, experts_loaded: the active experts (decision_experts) and those "
-            "whose model is in memory (less decision_experts_unloaded).\n";
+            "whose model is in memory (less the failed ones and decision_experts_unloaded).\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
             "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded,memtable_bytes,"
