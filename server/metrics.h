@@ -84,10 +84,11 @@ class Metrics {
     // The first joined sample the store keeps (retention): samples - this is the log kept.
     prometheus::Gauge* retained_from;
     prometheus::Gauge* experts_unloaded;
-    // Experts by ListExperts' status, in kExpertStates' order.
+    // Experts by ListExperts' status, in kExpertStates' order (counts: ExpertStateCounts).
     static constexpr const char* kExpertStates[] = {"active", "shadow", "backfilling",
                                                     "retired", "failed"};
-    std::array<prometheus::Gauge*, 5> experts_by_state;
+    using ExpertStateCounts = std::array<int, std::size(kExpertStates)>;
+    std::array<prometheus::Gauge*, std::size(kExpertStates)> experts_by_state;
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;

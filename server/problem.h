@@ -59,7 +59,6 @@
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -791,7 +790,7 @@ class Problem {
     int experts;
     uint64_t generation;
     int64_t batch_lag;
-    std::array<int, 5> experts_by_state;  // Metrics::ProblemMetrics::kExpertStates' order
+    Metrics::ProblemMetrics::ExpertStateCounts experts_by_state;
     bool operator==(const ExportedState& o) const {
       return std::tie(samples, estimated_experts, experts, generation, batch_lag,
                       experts_by_state) == std::tie(o.samples, o.estimated_experts, o.experts,

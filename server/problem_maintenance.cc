@@ -1,7 +1,6 @@
 // Problem: the maintenance work other than the expert pool's (problem_experts.cc): expiry
 // of decisions whose reward did not come, checkpoints, log chunks, training sets, metrics.
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -478,7 +477,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   int64_t batch_lag;
   int64_t log_bytes, estimator_bytes, event_id_bytes;
-  std::array<int, 5> by_state{};  // Metrics::ProblemMetrics::kExpertStates' order
+  Metrics::ProblemMetrics::ExpertStateCounts by_state{};  // in kExpertStates' order
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
