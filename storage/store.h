@@ -257,7 +257,7 @@ class Store {
   // shutdown, and their keys often come in order (audit sequences, job ids): RocksDB then
   // moves each small file down whole instead of merging it, and they pile up, an open file
   // descriptor and a probe per lookup each, for as long as the store lives. This asks the
-  // compaction thread to merge each such family that has more than two files while it
+  // compaction thread to merge each such family that has two files or more while it
   // holds under 64 MiB (one table file's worth) into one. Cheap to call often: it reads
   // the families' metadata only. The log's families (events, samples, backfill, log
   // chunks) are left alone: retention drops their files whole.
