@@ -129,6 +129,12 @@ int main(int argc, char** argv) {
           return absl::OkStatus();
         }
         if (!absl::StrContains(r.name(), filter)) return absl::OkStatus();
+        if (r.has_unloaded_at_sample()) {
+          // Retired and unloaded: the store no longer keeps its model (docs/ENGINE.md).
+          std::printf("expert %u (%s): unloaded, its model is no longer stored\n", id,
+                      r.name().c_str());
+          return absl::OkStatus();
+        }
         const std::string& bytes = r.model().xgboost();
         char prefix[16];
         std::snprintf(prefix, sizeof(prefix), "%03u-", id);

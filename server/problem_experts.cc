@@ -132,11 +132,16 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
     }
   }
   // The model's payload is not kept in memory: the stored record has it (a model never
-  // changes once registered).
-  absl::StatusOr<ExpertRecord> stored =
-      env_.store->GetExpert(index_, static_cast<uint32_t>(expert_id));
-  if (!stored.ok()) return stored.status();
-  *updated.mutable_model() = std::move(*stored->mutable_model());
+  // changes once registered). An unloaded expert's is dropped from the store as well:
+  // nothing loads it again (a restart skips it, a retired expert stays retired), and every
+  // sample it chose is gone under the retention (or it chose none), so the store keeps the
+  // models of the experts that matter, not of every expert ever registered.
+  if (!updated.has_unloaded_at_sample()) {
+    absl::StatusOr<ExpertRecord> stored =
+        env_.store->GetExpert(index_, static_cast<uint32_t>(expert_id));
+    if (!stored.ok()) return stored.status();
+    *updated.mutable_model() = std::move(*stored->mutable_model());
+  }
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));
