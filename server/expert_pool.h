@@ -83,7 +83,8 @@ struct ExpertSlot {
   // whether a sample it chose may still come.
   int selections_in_flight = 0;
   // Whether a sample it chose may be stored: false from its registration in this process
-  // until one is written; true for an expert loaded at a restart (its history is unknown).
+  // until one is written; at a restart, whether D-UCB's counts hold a sample it chose
+  // (Recovery::Finish).
   bool may_have_chosen = true;
   // Frozen, with no selection in flight and no decision pending: every sample it chose is
   // below this sequence (-1: not yet seen so).

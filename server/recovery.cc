@@ -493,6 +493,14 @@ class Recovery {
     // Experts frozen after the state was written (or by a build that kept their rows) are
     // retired in the estimator now.
     p_.FoldRetiredLocked();
+    // Whether each expert chose a stored sample: D-UCB's counts now cover every sample
+    // learnt, the log's included. One that never chose is unloaded once frozen and quiet,
+    // as in the process that registered it, instead of waiting for a cut past the samples
+    // written after this restart (ExpertSlot::may_have_chosen). The experts D-UCB does not
+    // estimate yet were never selectable.
+    for (int k = 0; k < num_experts(); ++k) {
+      p_.experts_.at(k).may_have_chosen = k < p_.ducb_.num_experts() && p_.ducb_.count(k) > 0;
+    }
     return absl::OkStatus();
   }
 

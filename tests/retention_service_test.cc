@@ -248,6 +248,50 @@ TEST_F(RetentionTest, ARetiredExpertsModelIsUnloadedOnceNoKeptSampleIsOneItChose
   Open();
 }
 
+// After a restart D-UCB's counts say which experts chose a sample: one that never did is
+// unloaded as soon as it retires, as in the process that registered it, not after a cut
+// past the samples written since the restart; one that did still waits for the cut
+// (without retention: for good).
+TEST_F(RetentionTest, AfterARestartAnExpertThatNeverChoseIsUnloadedAtOnce) {
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int chooser = RegisterLinear("p", 4.0);
+  RunMaintenanceUntilActive("p");
+  PlayRounds("p", 300);
+  const int idle = RegisterLinear("p", 0.5);  // no round after it: never chooses
+  RunMaintenanceUntilActive("p");
+  {
+    const v1::Estimates e = Estimates("p");
+    ASSERT_GT(e.experts(chooser).times_selected(), 0);
+    ASSERT_EQ(e.experts(idle).times_selected(), 0);
+  }
+  Reopen();
+  for (const int k : {idle, chooser}) {
+    v1::RetireExpertRequest req;
+    req.set_problem_id("p");
+    req.set_expert_id(k);
+    v1::Expert retired;
+    ASSERT_TRUE(service_->RetireExpert(req, &retired).ok()) << k;
+  }
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 1);
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(MetricValue("decision_experts_unloaded", "problem", "p"), 1);  // not `chooser`
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, storage::StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const int k : {idle, chooser}) {
+      absl::StatusOr<storage::v1::ExpertRecord> r =
+          (*store)->GetExpert(0, static_cast<uint32_t>(k));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->has_unloaded_at_sample(), k == idle) << k;
+    }
+  }
+  Open();
+}
+
 // ExportLog over gRPC streams the samples in pages: after a cut, a page that starts before
 // the first sample kept gets the samples from it on, and the next page must follow those
 // (not the requested start plus the page's length, which repeated the first pages).
