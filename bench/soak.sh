@@ -75,7 +75,10 @@ plot f using 1:(column('rss_kb')/1024) with lines lw 2 title 'decisiond RSS', \
 set ylabel 'count'
 plot f using 1:(column('fds')) with lines lw 2 title 'open fds', \
      f using 1:(column('threads')) with lines lw 2 title 'threads', \
-     f using 1:(column('experts')) with lines lw 1 title 'experts in the logs'
+     f using 1:(column('experts')) with lines lw 1 title 'experts in the logs', \
+     f using 1:(column('sst_files')) with lines lw 1 title 'live SST files', \
+     f using 1:(column('experts_loaded')) with lines lw 1 title 'models in memory', \
+     f using 1:(column('letter_active')) with lines lw 1 title 'soak-letter active experts'
 set ylabel 'MiB'
 plot f using 1:(column('sst_bytes')/1048576) with lines lw 2 title 'SST bytes', \
      f using 1:(column('dir_bytes')/1048576) with lines lw 1 title 'data dir (SST, WAL, ...)'

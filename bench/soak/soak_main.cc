@@ -1,7 +1,7 @@
 // decision_soak: a soak run of the real decisiond, bounded in time (not part of CI).
 //
 //   build/bench/decision_soak --decisiond=build/server/decisiond --out_dir=OUT
-//       [--duration_s=600] [--warm_up_s=180] [--rate=500]
+//       [--duration_s=600] [--warm_up_s=300] [--rate=500]
 //
 // (bench/soak.sh runs it pinned and renders OUT/soak.png.) It starts decisiond on loopback
 // (port 0, metrics on port 0) with a fresh data directory and runs the load below for a
@@ -17,10 +17,10 @@
 //     rewards are sent again with another value (the API answers OK, first = false);
 //   - registers experts at intervals (table, linear softmax, small XGBoost models built from
 //     the data), retires satimage's down to a steady pool between registrations (letter's
-//     auto-training retires its own), and calls TrainExperts; with
-//     --expert_churn=false (a control: growth by design without the experts piling up) it
-//     registers the first six only, waits until they are active, and then changes no expert
-//     (no registration, retirement or TrainExperts, letter's auto-training off);
+//     auto-training retires its own, down to --letter_max_active), and calls TrainExperts;
+//     with --expert_churn=false (a control: growth by design without the experts piling
+//     up) it registers the first six only, waits until they are active, and then changes no
+//     expert (no registration, retirement or TrainExperts, letter's auto-training off);
 //   - sets a retention (--retention_samples) on both problems at a tenth of the duration,
 //     and at every tenth deletes a few acknowledged events of each (DeleteEvents);
 //   - restarts decisiond on the same data directory with SIGTERM at 40% of the measured run
@@ -52,6 +52,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -89,10 +90,11 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory, deleted at the end unless --keep_data)");
 ABSL_FLAG(bool, keep_data, false, "keep the temporary data directory");
 ABSL_FLAG(double, duration_s, 600, "seconds of load; every interval of the run scales with it");
-ABSL_FLAG(double, warm_up_s, 180,
+ABSL_FLAG(double, warm_up_s, 300,
           "seconds of the same load on the fresh store before the measured run, with a SIGTERM "
           "restart half-way, so that RocksDB's tables and the bounded caches have formed when "
-          "the flatness windows are taken (0: measure from the first second on an empty store)");
+          "the flatness windows are taken (0: measure from the first second on an empty store; "
+          "the live SST files settle about 300 s into the load)");
 ABSL_FLAG(double, rate, 500, "decisions (Choose calls) per second, paced");
 ABSL_FLAG(int, threads, 8, "load client threads (synchronous calls)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the client's randomness and of decisiond's --seed");
@@ -115,6 +117,12 @@ ABSL_FLAG(double, letter_batch_multiplier, 50,
           "the letter problem's batch_multiplier b (batch boundaries, hence auto-training, "
           "every b sqrt(t) samples; decisiond's default 7 trains an expert every 10 s at this "
           "rate, and every join scores every expert ever trained)");
+ABSL_FLAG(int, letter_max_active, 3,
+          "the letter problem's auto_train.max_active_experts (0: decisiond's default, 32): "
+          "the selectable experts its auto-training keeps, hence the models in memory (about "
+          "1.7 MiB per tree expert); the default 3 is reached within the warm-up, so the "
+          "measured run's live pool is steady, as satimage's is (6 was reached only half-way "
+          "through the measured run)");
 ABSL_FLAG(int64_t, retention_samples, 16384,
           "ProblemConfig.retention.max_samples set on both problems at a tenth of the duration "
           "(0: none); the store then keeps about that many samples of each");
@@ -143,6 +151,8 @@ constexpr const char* kCodeNames[kCodes] = {
     "DATA_LOSS", "UNAUTHENTICATED"};
 // A decision answered less than this before a kill may be forgotten by it (decisiond writes
 // deferred decisions within --maintenance_interval_ms, 20 ms by default).
+// The problem with auto-training (the other, soak-satimage, has its pool held by the churn).
+constexpr const char* kLetterId = "soak-letter";
 constexpr auto kForgetHorizon = std::chrono::seconds(1);
 // An injected window stays open this long after the new server is reachable.
 constexpr auto kWindowGrace = std::chrono::seconds(1);
@@ -960,6 +970,7 @@ struct ResourceSample {
   // decision_experts{state="active"} over the problems, and the experts whose model is in
   // memory (decision_experts less the failed ones and decision_experts_unloaded).
   double experts_active = NAN, experts_loaded = NAN;
+  double letter_active = NAN;  // of them, the auto-training problem's (soak-letter)
   double sst_files = NAN;  // decision_store_sst_files, every family: one fd each
   double other_fds = NAN;  // fds - sst_files: what a leak of descriptors would grow
   double cpu_s = NAN;          // user + system CPU seconds of the process so far
@@ -1009,19 +1020,29 @@ std::string Label(absl::string_view line, absl::string_view label) {
   return std::string(line.substr(from, line.find('"', from) - from));
 }
 
-// The sum of the samples of metric `name` whose label `label` is `value`; NaN if none.
-double MetricWithLabel(const std::string& page, const std::string& name,
-                       absl::string_view label, absl::string_view value) {
+// The sum of the samples of metric `name` with every label of `labels` at its value; NaN
+// if none.
+double MetricWithLabels(
+    const std::string& page, const std::string& name,
+    std::initializer_list<std::pair<absl::string_view, absl::string_view>> labels) {
   double total = NAN;
   std::istringstream in(page);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind(absl::StrCat(name, "{"), 0) != 0 || Label(line, label) != value) continue;
+    if (line.rfind(absl::StrCat(name, "{"), 0) != 0) continue;
+    bool match = true;
+    for (const auto& [label, value] : labels) match = match && Label(line, label) == value;
+    if (!match) continue;
     double v;
     if (!absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) continue;
     total = std::isnan(total) ? v : total + v;
   }
   return total;
+}
+
+double MetricWithLabel(const std::string& page, const std::string& name,
+                       absl::string_view label, absl::string_view value) {
+  return MetricWithLabels(page, name, {{label, value}});
 }
 
 // What decisiond reports of the memory its problems keep (decision_problem_memory_bytes:
@@ -1114,6 +1135,8 @@ ResourceSample SampleResources(pid_t pid, const std::string& metrics_address,
     s.heap_in_use = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "in_use");
     s.heap_free = MetricWithLabel(*page, "decision_allocator_bytes", "kind", "free");
     s.experts_active = MetricWithLabel(*page, "decision_experts", "state", "active");
+    s.letter_active = MetricWithLabels(*page, "decision_experts",
+                                       {{"problem", kLetterId}, {"state", "active"}});
     s.experts_loaded = MetricSum(*page, "decision_experts") -
                        MetricWithLabel(*page, "decision_experts", "state", "failed") -
                        MetricSum(*page, "decision_experts_unloaded");
@@ -1219,12 +1242,13 @@ class Sampler {
             "heap_free_bytes: the allocator's live allocations (everything above included) "
             "and the free chunks it holds (decision_allocator_bytes, every 5 s); "
             "experts_active, experts_loaded: the active experts (decision_experts) and those "
-            "whose model is in memory (less the failed ones and decision_experts_unloaded).\n";
+            "whose model is in memory (less the failed ones and decision_experts_unloaded); "
+            "letter_active: the active experts of soak-letter, the auto-training problem.\n";
     out_ << "t,incarnation,injected,rss_kb,threads,fds,sst_bytes,storage_size_bytes,dir_bytes,"
             "samples,rpcs,run_errors,inj_errors,late_precondition,late_other,cpu_pct,"
             "latency_p50_ms,latency_p99_ms,experts,problem_bytes,unloaded,memtable_bytes,"
             "block_cache_bytes,sst_files,table_reader_bytes,heap_in_use_bytes,heap_free_bytes,"
-            "experts_active,experts_loaded";
+            "experts_active,experts_loaded,letter_active";
     for (const char* prefix : {"run_", "inj_"}) {
       for (const char* name : kCodeNames) out_ << "," << prefix << name;
     }
@@ -1258,7 +1282,8 @@ class Sampler {
          << "," << Num(r.unloaded) << "," << Num(r.memtable_bytes) << ","
          << Num(r.block_cache_bytes) << "," << Num(r.sst_files) << ","
          << Num(r.table_reader_bytes) << "," << Num(r.heap_in_use) << "," << Num(r.heap_free)
-         << "," << Num(r.experts_active) << "," << Num(r.experts_loaded);
+         << "," << Num(r.experts_active) << "," << Num(r.experts_loaded) << ","
+         << Num(r.letter_active);
     for (int64_t v : c.run) out_ << "," << v;
     for (int64_t v : c.inj) out_ << "," << v;
     out_ << "\n";
@@ -1540,7 +1565,7 @@ absl::Status Soak::Setup() {
     bool click, late, auto_train;
   };
   for (const Source& src :
-       {Source{"soak-letter", absl::GetFlag(FLAGS_letter_csv), 30'000, true, false, true},
+       {Source{kLetterId, absl::GetFlag(FLAGS_letter_csv), 30'000, true, false, true},
         Source{"soak-satimage", absl::GetFlag(FLAGS_satimage_csv), 10'000, false, true, false}}) {
     absl::StatusOr<Dataset> ds = decision::bench::LoadCsv(src.path);
     if (!ds.ok()) return ds.status();
@@ -1569,15 +1594,20 @@ absl::Status Soak::Setup() {
       config.mutable_auto_train()->set_enabled(true);
       config.mutable_auto_train()->set_tree_experts(absl::GetFlag(FLAGS_auto_train_trees));
       config.mutable_auto_train()->set_linear_experts(absl::GetFlag(FLAGS_auto_train_linear));
+      config.mutable_auto_train()->set_max_active_experts(absl::GetFlag(FLAGS_letter_max_active));
     }
     if (auto r = client->CreateProblem(p.id, config); !r.ok()) return r.status();
     setup_notes_.push_back(absl::StrFormat(
         "%s: %d arms, %d features, %d rows of data, wait %d ms, reward %s%s%s%s", p.id, p.arms(),
         p.features(), p.data.size(), p.reward_wait_ms,
         p.click_reward ? "1 if the arm is the row's label, else 0" : "uniform in [0, 1]",
-        p.auto_train ? absl::StrFormat(", auto-training %d tree + %d linear experts per batch",
+        p.auto_train ? absl::StrFormat(", auto-training %d tree + %d linear experts per batch"
+                                       " (at most %d selectable)",
                                        absl::GetFlag(FLAGS_auto_train_trees),
-                                       absl::GetFlag(FLAGS_auto_train_linear))
+                                       absl::GetFlag(FLAGS_auto_train_linear),
+                                       absl::GetFlag(FLAGS_letter_max_active) > 0
+                                           ? absl::GetFlag(FLAGS_letter_max_active)
+                                           : 32)
                      : "",
         p.batch_multiplier > 0
             ? absl::StrFormat(", batch boundaries every %g sqrt(t) samples", p.batch_multiplier)
@@ -2022,10 +2052,12 @@ int Soak::WriteSummary() {
   }
   if (!std::isnan(early(&ResourceSample::experts_loaded))) {
     absl::StrAppendFormat(&out,
-                          "  experts (means over the windows): active %.1f -> %.1f, models in "
-                          "memory %.1f -> %.1f\n",
+                          "  experts (means over the windows): active %.1f -> %.1f (%s's %.1f -> "
+                          "%.1f), models in memory %.1f -> %.1f\n",
                           early(&ResourceSample::experts_active),
-                          late(&ResourceSample::experts_active),
+                          late(&ResourceSample::experts_active), kLetterId,
+                          early(&ResourceSample::letter_active),
+                          late(&ResourceSample::letter_active),
                           early(&ResourceSample::experts_loaded),
                           late(&ResourceSample::experts_loaded));
   }
