@@ -247,7 +247,7 @@ absl::Status Store::OpenDbLocked() {
   db_options.db_write_buffer_size = 32 << 20;
   // The WAL is kept until every family with data in it is flushed, and the small families
   // (checkpoints, experts) rarely fill a memtable: without a cap the WAL grows to 4x the
-  // write buffers of all ten families (640 MiB) before RocksDB flushes them, and a restart
+  // write buffers of all ten families (320 MiB) before RocksDB flushes them, and a restart
   // replays all of it.
   db_options.max_total_wal_size = 128 << 20;
   db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
