@@ -1,5 +1,10 @@
 #include "server/metrics.h"
 
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
+
 namespace decision::server {
 namespace {
 
@@ -273,8 +278,11 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.samples = &samples_.Add(labels);
   m.retained_from = &retained_from_.Add(labels);
   m.experts_unloaded = &experts_unloaded_.Add(labels);
-  for (size_t i = 0; i < m.experts_by_state.size(); ++i) {
-    m.experts_by_state[i] = &experts_.Add(with("state", ProblemMetrics::kExpertStates[i]));
+  for (int s = 0; s < v1::ExpertStatus_ARRAYSIZE; ++s) {
+    if (s == v1::EXPERT_STATUS_UNSPECIFIED || !v1::ExpertStatus_IsValid(s)) continue;
+    const std::string state = absl::AsciiStrToLower(absl::StripPrefix(
+        v1::ExpertStatus_Name(static_cast<v1::ExpertStatus>(s)), "EXPERT_STATUS_"));
+    m.experts_by_state[s] = &experts_.Add(with("state", state.c_str()));
   }
   m.estimated_regret = &regret_.Add(labels);
   m.scoring_cost = &scoring_cost_.Add(labels);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "decision/v1/decision.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -84,11 +85,10 @@ class Metrics {
     // The first joined sample the store keeps (retention): samples - this is the log kept.
     prometheus::Gauge* retained_from;
     prometheus::Gauge* experts_unloaded;
-    // Experts by ListExperts' status, in kExpertStates' order (counts: ExpertStateCounts).
-    static constexpr const char* kExpertStates[] = {"active", "shadow", "backfilling",
-                                                    "retired", "failed"};
-    using ExpertStateCounts = std::array<int, std::size(kExpertStates)>;
-    std::array<prometheus::Gauge*, std::size(kExpertStates)> experts_by_state;
+    // Experts by ListExperts' status, indexed by v1::ExpertStatus (label: its name in
+    // lower case, "active" for EXPERT_STATUS_ACTIVE); null for UNSPECIFIED.
+    using ExpertStateCounts = std::array<int, v1::ExpertStatus_ARRAYSIZE>;
+    std::array<prometheus::Gauge*, v1::ExpertStatus_ARRAYSIZE> experts_by_state{};
     prometheus::Gauge* estimated_regret;
     // Seconds of CPU per join to score the experts that count against the scoring budget.
     prometheus::Gauge* scoring_cost;

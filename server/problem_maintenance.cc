@@ -477,7 +477,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
 void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
   int64_t batch_lag;
   int64_t log_bytes, estimator_bytes, event_id_bytes;
-  Metrics::ProblemMetrics::ExpertStateCounts by_state{};  // in kExpertStates' order
+  Metrics::ProblemMetrics::ExpertStateCounts by_state{};  // indexed by v1::ExpertStatus
   {
     // What the exported values depend on; an idle problem exports nothing again.
     absl::MutexLock lock(&mu_);
@@ -485,16 +485,7 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     batch_lag = std::max<int64_t>({0, t - next_refresh_at_,
                                    oldest_unfinished_training > 0 ? t - oldest_unfinished_training
                                                                   : 0});
-    for (int k = 0; k < experts_.size(); ++k) {
-      switch (experts_.WireStatus(k)) {
-        case v1::EXPERT_STATUS_ACTIVE: ++by_state[0]; break;
-        case v1::EXPERT_STATUS_SHADOW: ++by_state[1]; break;
-        case v1::EXPERT_STATUS_BACKFILLING: ++by_state[2]; break;
-        case v1::EXPERT_STATUS_RETIRED: ++by_state[3]; break;
-        case v1::EXPERT_STATUS_FAILED: ++by_state[4]; break;
-        default: break;
-      }
-    }
+    for (int k = 0; k < experts_.size(); ++k) ++by_state[experts_.WireStatus(k)];
     const ExportedState state{t, ducb_.num_experts(), experts_.size(), estimates_generation_,
                               batch_lag, by_state};
     if (exported_.has_value() && *exported_ == state) return;
@@ -513,8 +504,10 @@ void Problem::ExportMetrics(int64_t oldest_unfinished_training) {
     event_id_bytes = event_ids_.memory_bytes();
   }
   metrics_.batch_lag->Set(static_cast<double>(batch_lag));
-  for (size_t i = 0; i < by_state.size(); ++i) {
-    metrics_.experts_by_state[i]->Set(static_cast<double>(by_state[i]));
+  for (size_t s = 0; s < by_state.size(); ++s) {
+    if (metrics_.experts_by_state[s] != nullptr) {
+      metrics_.experts_by_state[s]->Set(static_cast<double>(by_state[s]));
+    }
   }
   metrics_.memory_sample_log->Set(static_cast<double>(log_bytes));
   metrics_.memory_estimator->Set(static_cast<double>(estimator_bytes));

@@ -121,8 +121,8 @@ ABSL_FLAG(int, letter_max_active, 3,
           "the letter problem's auto_train.max_active_experts (0: decisiond's default, 32): "
           "the selectable experts its auto-training keeps, hence the models in memory (about "
           "1.7 MiB per tree expert); the default 3 is reached within the warm-up, so the "
-          "measured run's live pool is steady, as satimage's is (6 was reached only half-way "
-          "through the measured run)");
+          "measured run's live pool is steady, as satimage's is (6 was reached only late in "
+          "the measured run)");
 ABSL_FLAG(int64_t, retention_samples, 16384,
           "ProblemConfig.retention.max_samples set on both problems at a tenth of the duration "
           "(0: none); the store then keeps about that many samples of each");
@@ -1602,12 +1602,10 @@ absl::Status Soak::Setup() {
         p.features(), p.data.size(), p.reward_wait_ms,
         p.click_reward ? "1 if the arm is the row's label, else 0" : "uniform in [0, 1]",
         p.auto_train ? absl::StrFormat(", auto-training %d tree + %d linear experts per batch"
-                                       " (at most %d selectable)",
+                                       " (max_active_experts %d)",
                                        absl::GetFlag(FLAGS_auto_train_trees),
                                        absl::GetFlag(FLAGS_auto_train_linear),
-                                       absl::GetFlag(FLAGS_letter_max_active) > 0
-                                           ? absl::GetFlag(FLAGS_letter_max_active)
-                                           : 32)
+                                       absl::GetFlag(FLAGS_letter_max_active))
                      : "",
         p.batch_multiplier > 0
             ? absl::StrFormat(", batch boundaries every %g sqrt(t) samples", p.batch_multiplier)
