@@ -344,6 +344,44 @@ absl::StatusOr<v1::TrainingJob> DecisionClient::GetTrainingJob(const std::string
                                 });
 }
 
+absl::StatusOr<v1::BeginMoveResponse> DecisionClient::BeginMove(const std::string& problem_id,
+                                                                const std::string& to_replica) {
+  v1::BeginMoveRequest request;
+  request.set_problem_id(problem_id);
+  request.set_to_replica(to_replica);
+  return Unary<v1::BeginMoveResponse>(1, request,
+                                      [&](grpc::ClientContext* ctx, v1::BeginMoveResponse* r) {
+                                        return stub_->BeginMove(ctx, request, r);
+                                      });
+}
+
+absl::StatusOr<v1::ExportProblemResponse> DecisionClient::ExportProblem(
+    const v1::ExportProblemRequest& request) {
+  return Unary<v1::ExportProblemResponse>(
+      options_.max_attempts, request, [&](grpc::ClientContext* ctx, v1::ExportProblemResponse* r) {
+        return stub_->ExportProblem(ctx, request, r);
+      });
+}
+
+absl::StatusOr<v1::ImportProblemResponse> DecisionClient::ImportProblem(
+    const v1::ImportProblemRequest& request) {
+  return Unary<v1::ImportProblemResponse>(
+      1, request, [&](grpc::ClientContext* ctx, v1::ImportProblemResponse* r) {
+        return stub_->ImportProblem(ctx, request, r);
+      });
+}
+
+absl::Status DecisionClient::EndMove(const std::string& problem_id, bool abort) {
+  v1::EndMoveRequest request;
+  request.set_problem_id(problem_id);
+  request.set_abort(abort);
+  return Unary<v1::EndMoveResponse>(options_.max_attempts, request,
+                                    [&](grpc::ClientContext* ctx, v1::EndMoveResponse* r) {
+                                      return stub_->EndMove(ctx, request, r);
+                                    })
+      .status();
+}
+
 absl::Status DecisionClient::ExportLog(
     const std::string& problem_id, int64_t start, int64_t limit,
     const std::function<absl::Status(const v1::LoggedSample&)>& fn, v1::ExportFormat format) {

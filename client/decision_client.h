@@ -126,6 +126,16 @@ class DecisionClient {
   // Audit log entries [start, start + limit) (limit 0: the server's page of 100).
   absl::StatusOr<v1::ListAuditLogResponse> ListAuditLog(int64_t start, int limit);
 
+  // Moving a problem (decision.proto; decisionctl move-problem). Sent to the replica this
+  // client is connected to, not through a proxy. BeginMove and ImportProblem are not
+  // retried (a repeated BeginMove finds the problem moving, a repeated commit finds it
+  // imported); ExportProblem (a read) and EndMove (which answers OK again once done) are.
+  absl::StatusOr<v1::BeginMoveResponse> BeginMove(const std::string& problem_id,
+                                                  const std::string& to_replica);
+  absl::StatusOr<v1::ExportProblemResponse> ExportProblem(const v1::ExportProblemRequest& request);
+  absl::StatusOr<v1::ImportProblemResponse> ImportProblem(const v1::ImportProblemRequest& request);
+  absl::Status EndMove(const std::string& problem_id, bool abort);
+
  private:
   template <typename Response, typename Call>
   absl::StatusOr<Response> Unary(int attempts, const google::protobuf::Message& request,

@@ -49,6 +49,17 @@
 //   hash-token
 //       reads a token on stdin and prints the line fragment "sha256:HEX" for decisiond's
 //       --tokens_file (the token itself is never stored)
+//   move-problem PROBLEM --to=HOST:PORT --to_replica=NAME [--place_cmd=CMD] [--page_bytes=N]
+//       moves a problem with everything it learned from --server (its owner) to another
+//       replica (docs/SCALING.md, "Moving a problem"): fences it on the source (its calls
+//       answer UNAVAILABLE, which clients retry), copies its records, loads them on the
+//       target, runs CMD to switch the placement (with DECISION_PROBLEM and
+//       DECISION_REPLICA set; for example deploy/haproxy/place.sh), then records the move
+//       on the source and deletes its copy. A failure before the switch aborts the move
+//       (the source serves again); a failed CMD leaves the source fenced, for end-move.
+//       Without --place_cmd it stops before the switch: switch, then run end-move.
+//   end-move PROBLEM [--abort]
+//       on --server (the source): the move's last step, or --abort to serve it there again
 //   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
@@ -64,6 +75,7 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -153,6 +165,13 @@ ABSL_FLAG(bool, keep_schedule, false,
           "are done and the new experts are backfilled before the next round (the paper's "
           "batched schedule, as if training kept up with the traffic)");
 // The flag is named --features for create-problem; choose takes --x.
+ABSL_FLAG(std::string, to, "", "move-problem: the target replica's address (HOST:PORT)");
+ABSL_FLAG(std::string, to_replica, "", "move-problem: the target's name in the placement map");
+ABSL_FLAG(std::string, place_cmd, "",
+          "move-problem: shell command that places the problem on the target (env "
+          "DECISION_PROBLEM, DECISION_REPLICA); empty: stop before the switch");
+ABSL_FLAG(int64_t, page_bytes, 1 << 20, "move-problem: bytes of records per page");
+ABSL_FLAG(bool, abort, false, "end-move: serve the problem on the source again");
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
 ABSL_FLAG(bool, shadow, false,
           "register-expert: in shadow mode (estimated, never selected until `promote`)");
@@ -1017,13 +1036,119 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
 
 }  // namespace
 
+// Milliseconds since `start`.
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& options,
+                const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("move-problem PROBLEM --to=HOST:PORT --to_replica=NAME");
+  const std::string problem = args[0];
+  const std::string to_replica = absl::GetFlag(FLAGS_to_replica);
+  if (absl::GetFlag(FLAGS_to).empty() || to_replica.empty()) {
+    return Usage("move-problem needs --to (the target's address) and --to_replica (its name)");
+  }
+  decision::client::ClientOptions target_options = options;
+  target_options.address = absl::GetFlag(FLAGS_to);
+  DecisionClient target(target_options);
+  if (!target.status().ok()) return Fail(target.status());
+  const auto start = std::chrono::steady_clock::now();
+  // 1. The fence: from here the problem is unavailable until the placement switches.
+  absl::StatusOr<v1::BeginMoveResponse> begun = source.BeginMove(problem, to_replica);
+  if (!begun.ok()) return Fail(begun.status());
+  std::printf("fenced %s on %s (%lld samples) in %.0f ms\n", problem.c_str(),
+              options.address.c_str(), static_cast<long long>(begun->samples()),
+              MsSince(start));
+  const auto abort = [&](const absl::Status& why) {
+    std::fprintf(stderr, "decisionctl: move-problem: %s\n", why.ToString().c_str());
+    if (absl::Status s = source.EndMove(problem, /*abort=*/true); !s.ok()) {
+      std::fprintf(stderr, "decisionctl: the move could not be aborted (%s): run "
+                   "`decisionctl end-move %s --abort` on the source\n",
+                   s.ToString().c_str(), problem.c_str());
+    } else {
+      std::fprintf(stderr, "decisionctl: move aborted: %s serves %s again\n",
+                   options.address.c_str(), problem.c_str());
+    }
+    return 1;
+  };
+  // 2, 3. Copy the records, page by page, and load them on the target.
+  v1::ExportProblemRequest page;
+  page.set_problem_id(problem);
+  page.set_max_bytes(absl::GetFlag(FLAGS_page_bytes));
+  v1::ImportProblemRequest import;
+  import.set_problem_id(problem);
+  import.set_first(true);
+  int64_t records = 0, bytes = 0;
+  for (bool done = false; !done;) {
+    absl::StatusOr<v1::ExportProblemResponse> exported = source.ExportProblem(page);
+    if (!exported.ok()) return abort(exported.status());
+    done = exported->done();
+    *page.mutable_cursor() = exported->next();
+    import.mutable_entries()->Swap(exported->mutable_entries());
+    if (done) {
+      import.set_commit(true);
+      import.set_generator_state(begun->generator_state());
+    }
+    absl::StatusOr<v1::ImportProblemResponse> imported = target.ImportProblem(import);
+    if (!imported.ok()) return abort(imported.status());
+    records = imported->entries();
+    bytes = imported->bytes();
+    import.clear_entries();
+    import.set_first(false);
+  }
+  std::printf("copied %lld records (%.1f MB) to %s at %.0f ms; it serves %s\n",
+              static_cast<long long>(records), bytes / 1e6, target_options.address.c_str(),
+              MsSince(start), problem.c_str());
+  // 4. The placement switch.
+  const std::string place = absl::GetFlag(FLAGS_place_cmd);
+  if (place.empty()) {
+    std::printf("switch the placement of %s to %s, then run `decisionctl end-move %s` on "
+                "the source (%s stays fenced until then)\n",
+                problem.c_str(), to_replica.c_str(), problem.c_str(), options.address.c_str());
+    return 0;
+  }
+  setenv("DECISION_PROBLEM", problem.c_str(), 1);
+  setenv("DECISION_REPLICA", to_replica.c_str(), 1);
+  if (int rc = std::system(place.c_str()); rc != 0) {
+    std::fprintf(stderr, "decisionctl: --place_cmd failed (status %d): %s is served by %s but "
+                 "the placement still names its source, which keeps it fenced. Fix the "
+                 "placement and run `decisionctl end-move %s`, or run `decisionctl end-move "
+                 "%s --abort` on the source to serve it there again.\n",
+                 rc, problem.c_str(), target_options.address.c_str(), problem.c_str(),
+                 problem.c_str());
+    return 1;
+  }
+  const double unavailable_ms = MsSince(start);
+  // 5, 6. The source records the move and deletes its copy.
+  if (absl::Status s = source.EndMove(problem, /*abort=*/false); !s.ok()) {
+    std::fprintf(stderr, "decisionctl: the placement switched, but the source did not record "
+                 "the move (%s): run `decisionctl end-move %s` on it\n", s.ToString().c_str(),
+                 problem.c_str());
+    return 1;
+  }
+  std::printf("moved %s to %s: unavailable for %.0f ms (fence to placement switch), %.0f ms "
+              "in all\n", problem.c_str(), to_replica.c_str(), unavailable_ms, MsSince(start));
+  return 0;
+}
+
+int EndMove(DecisionClient& c, const std::vector<char*>& args) {
+  if (args.size() != 1) return Usage("end-move PROBLEM [--abort]");
+  if (absl::Status s = c.EndMove(args[0], absl::GetFlag(FLAGS_abort)); !s.ok()) return Fail(s);
+  std::printf(absl::GetFlag(FLAGS_abort) ? "move of %s aborted: this replica serves it\n"
+                                         : "%s moved: this replica's copy is deleted\n",
+              args[0]);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "decisionctl [--server=HOST:PORT] COMMAND ...\n"
       "commands: create-problem, list-problems, register-expert, list-experts, "
       "retire-expert, promote, demote, evaluate, set-retention, delete-events, estimates, "
       "choose, choose-slate, explain, activate, reward, export, train, job, jobs, replay, "
-      "audit, health, "
+      "audit, health, move-problem, end-move, "
       "hash-token "
       "(see client/decisionctl.cc)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
@@ -1047,6 +1172,10 @@ int main(int argc, char** argv) {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (command == "health") return Health(options);
+  if (command == "move-problem") {
+    // BeginMove waits for the calls in flight (at most 30 s) and writes what they left.
+    options.deadline_ms = std::max<int64_t>(options.deadline_ms, 60'000);
+  }
   DecisionClient client(options);
   if (!client.status().ok()) return Fail(client.status());
   if (command == "create-problem") return CreateProblem(client, args);
@@ -1071,5 +1200,7 @@ int main(int argc, char** argv) {
   if (command == "jobs") return Jobs(client, args);
   if (command == "replay") return Replay(client, args);
   if (command == "audit") return Audit(client);
+  if (command == "move-problem") return MoveProblem(client, options, args);
+  if (command == "end-move") return EndMove(client, args);
   return Usage("unknown command " + command);
 }

@@ -3,11 +3,12 @@
 // health service is not ours and stays open for probes.
 //
 // Roles, and what each RPC needs (kMethodRoles in grpc_service.cc):
-//   decide   Choose, Reward
+//   decide   Choose, ChooseSlate, ChooseBatch, Activate, Reward
 //   observe  GetProblem, ListProblems, ListExperts, GetEstimates, GetTrainingJob
-//   export   ExportLog (it carries every context ever seen)
-//   admin    CreateProblem, RegisterExpert, RetireExpert, SetRetention, TrainExperts,
-//            ListAuditLog
+//   export   ExportLog, Explain (they carry the contexts seen)
+//   admin    CreateProblem, RegisterExpert, RetireExpert, Promote, Demote, EvaluateModel,
+//            SetRetention, DeleteEvents, TrainExperts, ListAuditLog, and a move's
+//            BeginMove, ExportProblem, ImportProblem, EndMove
 // A token has any set of roles; `admin` does not imply the others.
 //
 // The tokens file: one token per line, blank lines and '#' comments ignored:

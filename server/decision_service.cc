@@ -76,6 +76,17 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
     DECISION_RETURN_IF_ERROR(service->store_->ForEachProblem(
         [&](uint32_t index, const storage::v1::ProblemRecord& record) -> absl::Status {
           service->next_index_ = std::max(service->next_index_, index + 1);
+          if (record.importing()) {
+            // An import that did not commit (the target crashed or restarted meanwhile):
+            // nothing serves it, and the mover starts it again.
+            std::fprintf(stderr, "decisiond: deleting the unfinished import of problem %s\n",
+                         record.problem_id().c_str());
+            return service->store_->DeleteProblem(index);
+          }
+          if (!record.moved_to().empty()) {
+            service->moved_away_[record.problem_id()] = {record.moved_to(), index};
+            return absl::OkStatus();
+          }
           absl::StatusOr<std::unique_ptr<Problem>> p = Problem::Load(index, record, env);
           if (!p.ok()) return fail(record.problem_id(), p.status());
           service->problems_[record.problem_id()] = *std::move(p);
@@ -172,9 +183,23 @@ absl::StatusOr<Problem*> DecisionService::Find(const std::string& problem_id) {
     return FailedLoadError(problem_id, failed->second);
   }
   if (it == problems_.end()) {
+    if (auto moved = moved_away_.find(problem_id); moved != moved_away_.end()) {
+      return MovedError(problem_id, moved->second.to);
+    }
     return absl::NotFoundError(absl::StrCat("problem '", problem_id, "' does not exist"));
   }
   return it->second.get();
+}
+
+absl::Status DecisionService::MovedError(const std::string& problem_id, const std::string& to) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "problem '", problem_id, "' moved to replica ", to, ", which serves it now"));
+}
+
+absl::StatusOr<EnteredProblem> DecisionService::Enter(const std::string& problem_id) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(problem_id));
+  DECISION_RETURN_IF_ERROR(p->EnterCall());
+  return EnteredProblem(p);
 }
 
 void DecisionService::OffReactor(std::function<absl::Status()> work, Done done) {
@@ -247,9 +272,13 @@ absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& r
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the service is shutting down");
     if (problems_.contains(request.problem_id()) ||
-        failed_problems_.contains(request.problem_id())) {
+        failed_problems_.contains(request.problem_id()) ||
+        imports_.contains(request.problem_id())) {
       return absl::AlreadyExistsError(
           absl::StrCat("problem '", request.problem_id(), "' already exists"));
+    }
+    if (auto moved = moved_away_.find(request.problem_id()); moved != moved_away_.end()) {
+      return MovedError(request.problem_id(), moved->second.to);
     }
     // Problems that failed to load count: they keep their stored data.
     if (const size_t n = problems_.size() + failed_problems_.size();
@@ -350,7 +379,7 @@ absl::Status DecisionService::ProbeInSandbox(Problem& p,
 
 absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& request,
                                              v1::Expert* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_ASSIGN_OR_RETURN(const double smoothing,
                             ValidateRegisterExpertRequest(request, p->record().smoothing()));
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
@@ -399,7 +428,7 @@ void DecisionService::EvaluateModel(const v1::EvaluateModelRequest& request,
 
 absl::Status DecisionService::SetShadow(const v1::PromoteRequest& request, bool shadow,
                                         v1::Expert* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable(shadow ? "demotions" : "promotions"));
   DECISION_ASSIGN_OR_RETURN(*response, p->SetShadow(request.expert_id(), shadow));
   return absl::OkStatus();
@@ -441,7 +470,7 @@ absl::Status DecisionService::ListExperts(const v1::ListExpertsRequest& request,
 
 absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& request,
                                            v1::Expert* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateRetireExpertRequest(request));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("changes to experts"));
   DECISION_ASSIGN_OR_RETURN(*response, p->RetireExpert(request.expert_id()));
@@ -450,7 +479,7 @@ absl::Status DecisionService::RetireExpert(const v1::RetireExpertRequest& reques
 
 absl::Status DecisionService::SetRetention(const v1::SetRetentionRequest& request,
                                            v1::Problem* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateRetention(
       request.retention(), EstimatorOptionsOf(p->record()).kind, "retention"));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("changes to problems"));
@@ -461,7 +490,7 @@ absl::Status DecisionService::SetRetention(const v1::SetRetentionRequest& reques
 
 absl::Status DecisionService::DeleteEvents(const v1::DeleteEventsRequest& request,
                                            v1::DeleteEventsResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateDeleteEventsRequest(request));
   if (EstimatorOptionsOf(p->record()).kind == EstimatorKind::kClipped) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -495,14 +524,14 @@ void DecisionService::RetireExpert(const v1::RetireExpertRequest& request, v1::E
 
 absl::Status DecisionService::Choose(const v1::ChooseRequest& request,
                                      v1::ChooseResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
   return p->Choose(request, response);
 }
 
 absl::Status DecisionService::ChooseSlate(const v1::ChooseSlateRequest& request,
                                           v1::ChooseSlateResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   const int k = p->record().num_arms();
   v1::ChooseRequest slot;
   slot.set_problem_id(request.problem_id());
@@ -553,16 +582,16 @@ absl::Status DecisionService::ChooseBatch(const v1::ChooseBatchRequest& request,
     return absl::InvalidArgumentError(absl::StrCat(
         "requests has ", request.requests_size(), " decisions; at most ", kMaxChooseBatch));
   }
-  std::vector<Problem*> problems;
+  std::vector<EnteredProblem> problems;
   for (int i = 0; i < request.requests_size(); ++i) {
     const v1::ChooseRequest& r = request.requests(i);
-    absl::StatusOr<Problem*> p = Find(r.problem_id());
+    absl::StatusOr<EnteredProblem> p = Enter(r.problem_id());
     absl::Status s = p.status();
     if (p.ok()) {
       s = ValidateChooseRequest(r, (*p)->record().num_features(), (*p)->record().num_arms());
     }
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("requests[", i, "]: ", s.message()));
-    problems.push_back(*p);
+    problems.push_back(*std::move(p));
   }
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
   for (int i = 0; i < request.requests_size(); ++i) {
@@ -583,17 +612,18 @@ absl::Status DecisionService::Reward(const v1::RewardRequest& request,
   if (options_.inline_maintenance) {
     return AwaitDone([&](Done done) { Reward(request, response, std::move(done)); });
   }
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("rewards"));
   return p->Reward(request, response);
 }
 
 void DecisionService::Activate(const v1::ActivateRequest& request,
                                v1::ActivateResponse* response, Done done) {
-  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  absl::StatusOr<EnteredProblem> p = Enter(request.problem_id());
   if (!p.ok()) return done(p.status());
   if (absl::Status s = CheckStoreWritable("activations"); !s.ok()) return done(s);
-  (*p)->Activate(request, response, std::move(done));
+  Problem* problem = p->get();
+  problem->Activate(request, response, std::move(*p).LeaveAfter(std::move(done)));
 }
 
 absl::Status DecisionService::Activate(const v1::ActivateRequest& request,
@@ -603,12 +633,13 @@ absl::Status DecisionService::Activate(const v1::ActivateRequest& request,
 
 void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseResponse* response,
                              Done done) {
-  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  absl::StatusOr<EnteredProblem> p = Enter(request.problem_id());
   if (!p.ok()) return done(p.status());
   // Deferred decisions are answered before they are written: one answered now could not
   // be kept.
   if (absl::Status s = CheckStoreWritable("decisions"); !s.ok()) return done(s);
-  (*p)->Choose(request, response, std::move(done));
+  Problem* problem = p->get();
+  problem->Choose(request, response, std::move(*p).LeaveAfter(std::move(done)));
 }
 
 void DecisionService::Undeliver(const std::string& problem_id, const std::string& event_id) {
@@ -617,13 +648,14 @@ void DecisionService::Undeliver(const std::string& problem_id, const std::string
 
 void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,
                              Done done) {
-  absl::StatusOr<Problem*> p = Find(request.problem_id());
+  absl::StatusOr<EnteredProblem> p = Enter(request.problem_id());
   if (!p.ok()) return done(p.status());
   if (absl::Status s = CheckStoreWritable("rewards"); !s.ok()) return done(s);
-  if (!options_.inline_maintenance) return (*p)->Reward(request, response, std::move(done));
+  Problem* problem = p->get();
+  done = std::move(*p).LeaveAfter(std::move(done));
+  if (!options_.inline_maintenance) return problem->Reward(request, response, std::move(done));
   // The reward completes on the writer; the maintenance blocks, so it runs on the blocking
   // executor, and the reward is answered after it.
-  Problem* problem = *p;
   problem->Reward(request, response, [this, problem, done = std::move(done)](absl::Status s) {
     // `done` is shared: if the executor has stopped (shutdown), the writer thread, which
     // runs this, answers without the maintenance (which would wait for the writer itself).
@@ -706,7 +738,7 @@ void DecisionService::ExportLogPage(const v1::ExportLogRequest& request,
 
 absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& request,
                                               v1::TrainExpertsResponse* response) {
-  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_RETURN_IF_ERROR(ValidateTrainExpertsRequest(request));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("training jobs"));
   DECISION_RETURN_IF_ERROR(p->WaitLearned());  // the acknowledged rewards count
@@ -727,7 +759,7 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
   }
   DECISION_ASSIGN_OR_RETURN(
       const Trainer::Enqueued queued,
-      trainer_->Enqueue(p, p->index(), trees, linear, storage::v1::TRAINING_JOB_ORIGIN_RPC));
+      trainer_->Enqueue(p.get(), p->index(), trees, linear, storage::v1::TRAINING_JOB_ORIGIN_RPC));
   response->set_queued_jobs(queued.queued_jobs);
   response->set_job_id(queued.job_id);
   response->set_joined_queued_job(queued.joined);

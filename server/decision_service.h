@@ -29,7 +29,9 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -128,6 +130,32 @@ struct ServiceOptions {
   const TrainerHooks* trainer_hooks = nullptr;
 };
 
+// A problem entered by a call that may change it (Problem::EnterCall), so that a move's
+// fence waits for the call: leaves it when destroyed, or, with LeaveAfter, once the call is
+// answered.
+class EnteredProblem {
+ public:
+  explicit EnteredProblem(Problem* p) : p_(p) {}
+  EnteredProblem(EnteredProblem&& other) : p_(std::exchange(other.p_, nullptr)) {}
+  EnteredProblem& operator=(EnteredProblem&&) = delete;
+  ~EnteredProblem() {
+    if (p_ != nullptr) p_->LeaveCall();
+  }
+  Problem* get() const { return p_; }
+  Problem* operator->() const { return p_; }
+  Problem& operator*() const { return *p_; }
+  // `done`, then leaving the problem.
+  Done LeaveAfter(Done done) && {
+    return [p = std::exchange(p_, nullptr), done = std::move(done)](absl::Status s) {
+      done(std::move(s));
+      p->LeaveCall();
+    };
+  }
+
+ private:
+  Problem* p_;
+};
+
 // Store faults. While the store cannot write (storage::Store::Health), every call that
 // would write is refused with UNAVAILABLE before it does anything: Choose ("the store cannot
 // write: ...; decisions are refused until it recovers": with deferred decisions a Choose
@@ -200,6 +228,25 @@ class DecisionService {
   // has already happened.
   void RecordAudit(storage::v1::AuditRecord record);
 
+  // Moving a problem between replicas (service_move.cc; the RPCs' contracts are in
+  // decision.proto, the steps in docs/SCALING.md). Each runs on the blocking executor.
+  void BeginMove(const v1::BeginMoveRequest& request, v1::BeginMoveResponse* response,
+                 Done done);
+  void ExportProblem(const v1::ExportProblemRequest& request,
+                     v1::ExportProblemResponse* response, Done done);
+  void ImportProblem(const v1::ImportProblemRequest& request,
+                     v1::ImportProblemResponse* response, Done done);
+  void EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response, Done done);
+  absl::Status BeginMove(const v1::BeginMoveRequest& request, v1::BeginMoveResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ExportProblem(const v1::ExportProblemRequest& request,
+                             v1::ExportProblemResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ImportProblem(const v1::ImportProblemRequest& request,
+                             v1::ImportProblemResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Synchronous forms (tests and tools).
   absl::Status CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response);
   absl::Status RegisterExpert(const v1::RegisterExpertRequest& request, v1::Expert* response);
@@ -261,6 +308,11 @@ class DecisionService {
 
   DecisionService(const ServiceOptions& options, const Clock* clock, Metrics* metrics);
   absl::StatusOr<Problem*> Find(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Find for a call that may change the problem: UNAVAILABLE while it is fenced for a move.
+  absl::StatusOr<EnteredProblem> Enter(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why a call for a problem that moved away is refused (FAILED_PRECONDITION naming the
+  // owner).
+  static absl::Status MovedError(const std::string& problem_id, const std::string& to);
   static absl::Status FailedLoadError(const std::string& problem_id, const absl::Status& why);
   Problem::Env ProblemEnv() const;
   // Runs `work` on the blocking executor and passes its status to `done`.
@@ -318,6 +370,26 @@ class DecisionService {
   // Problems that failed to load at Open, and why: every call to one is refused.
   absl::flat_hash_map<std::string, absl::Status> failed_problems_ ABSL_GUARDED_BY(mu_);
   uint32_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  // Moving problems (service_move.cc). Problems that moved to another replica: its name and
+  // the index of their stub record here.
+  struct MovedAway {
+    std::string to;
+    uint32_t index = 0;
+  };
+  absl::flat_hash_map<std::string, MovedAway> moved_away_ ABSL_GUARDED_BY(mu_);
+  // Problems fenced here by BeginMove, and the replica they are moving to.
+  absl::flat_hash_map<std::string, std::string> moving_ ABSL_GUARDED_BY(mu_);
+  // Imports in progress on this replica (the target).
+  struct Import {
+    uint32_t index = 0;
+    int64_t entries = 0;
+    int64_t bytes = 0;
+    std::optional<storage::v1::ProblemRecord> record;  // its problems-family entry
+  };
+  absl::flat_hash_map<std::string, Import> imports_ ABSL_GUARDED_BY(mu_);
+  // The Problem objects of problems that moved away: calls that found one before it moved
+  // may still hold it (they are refused by its fence), so it lives until the service does.
+  std::vector<std::unique_ptr<Problem>> moved_out_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one CreateProblem at a time
 

@@ -84,6 +84,8 @@ constexpr MethodRole kMethodRoles[] = {
     {"Activate", Role::kDecide},         {"Promote", Role::kAdmin},
     {"Demote", Role::kAdmin},            {"EvaluateModel", Role::kAdmin},
     {"ChooseSlate", Role::kDecide},      {"ChooseBatch", Role::kDecide},
+    {"BeginMove", Role::kAdmin},         {"ExportProblem", Role::kAdmin},
+    {"ImportProblem", Role::kAdmin},     {"EndMove", Role::kAdmin},
 };
 
 // A model's kind for the audit log (its size for XGBoost bytes).
@@ -137,7 +139,7 @@ absl::Status GrpcDecisionService::CheckRouting(grpc::CallbackServerContext* ctx,
           ": a proxy routes by the metadata, so they must agree"));
     }
   }
-  if (placement_ == nullptr) return absl::OkStatus();
+  if (placement_ == nullptr || !call.routed) return absl::OkStatus();
   return placement_->Check(call.problem_id);
 }
 
@@ -572,6 +574,70 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ListAuditLog(grpc::CallbackServer
               "unscoped admin token")));
         }
         service_->ListAuditLog(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::BeginMove(grpc::CallbackServerContext* ctx,
+                                                         const Bytes* in, Bytes* out) {
+  return Serve<v1::BeginMoveRequest, v1::BeginMoveResponse>(
+      ctx, "BeginMove", in, out,
+      [](const v1::BeginMoveRequest& r, const auto&) {
+        return Call{"BeginMove", r.problem_id(),
+                    [&r] { return absl::StrCat("to ", r.to_replica().substr(0, 64)); },
+                    /*routed=*/false};
+      },
+      [this](const Grant&, DECISION_CALL(BeginMoveRequest, BeginMoveResponse), Done done) {
+        service_->BeginMove(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ExportProblem(grpc::CallbackServerContext* ctx,
+                                                             const Bytes* in, Bytes* out) {
+  return Serve<v1::ExportProblemRequest, v1::ExportProblemResponse>(
+      ctx, "ExportProblem", in, out,
+      [](const v1::ExportProblemRequest& r, const auto& response) {
+        return Call{"ExportProblem", r.problem_id(),
+                    [&response] {
+                      return absl::StrCat(response.entries_size(), " records");
+                    },
+                    /*routed=*/false};
+      },
+      [this](const Grant&, DECISION_CALL(ExportProblemRequest, ExportProblemResponse),
+             Done done) {
+        service_->ExportProblem(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::ImportProblem(grpc::CallbackServerContext* ctx,
+                                                             const Bytes* in, Bytes* out) {
+  return Serve<v1::ImportProblemRequest, v1::ImportProblemResponse>(
+      ctx, "ImportProblem", in, out,
+      [](const v1::ImportProblemRequest& r, const auto&) {
+        return Call{"ImportProblem", r.problem_id(),
+                    [&r] {
+                      return absl::StrCat(r.entries_size(), " records",
+                                          r.first() ? ", first" : "",
+                                          r.commit() ? ", commit" : "");
+                    },
+                    /*routed=*/false};
+      },
+      [this](const Grant&, DECISION_CALL(ImportProblemRequest, ImportProblemResponse),
+             Done done) {
+        service_->ImportProblem(call->request, &call->response, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* GrpcDecisionService::EndMove(grpc::CallbackServerContext* ctx,
+                                                       const Bytes* in, Bytes* out) {
+  return Serve<v1::EndMoveRequest, v1::EndMoveResponse>(
+      ctx, "EndMove", in, out,
+      [](const v1::EndMoveRequest& r, const auto&) {
+        return Call{"EndMove", r.problem_id(),
+                    [&r] { return std::string(r.abort() ? "abort" : "finish"); },
+                    /*routed=*/false};
+      },
+      [this](const Grant&, DECISION_CALL(EndMoveRequest, EndMoveResponse), Done done) {
+        service_->EndMove(call->request, &call->response, std::move(done));
       });
 }
 

@@ -56,7 +56,11 @@ using RawDecisionService = v1::DecisionService::WithRawCallbackMethod_CreateProb
     v1::DecisionService::WithRawCallbackMethod_EvaluateModel<
     v1::DecisionService::WithRawCallbackMethod_ChooseSlate<
     v1::DecisionService::WithRawCallbackMethod_ChooseBatch<
-    v1::DecisionService::Service>>>>>>>>>>>>>>>>>>>>>>;
+    v1::DecisionService::WithRawCallbackMethod_BeginMove<
+    v1::DecisionService::WithRawCallbackMethod_ExportProblem<
+    v1::DecisionService::WithRawCallbackMethod_ImportProblem<
+    v1::DecisionService::WithRawCallbackMethod_EndMove<
+    v1::DecisionService::Service>>>>>>>>>>>>>>>>>>>>>>>>>>;
 
 template <typename Request, typename Response>
 class UnaryCall;
@@ -118,6 +122,15 @@ class GrpcDecisionService final : public RawDecisionService {
                                    Bytes* out) override;
   grpc::ServerUnaryReactor* EvaluateModel(grpc::CallbackServerContext* ctx, const Bytes* in,
                                           Bytes* out) override;
+  // Moving a problem: sent to a replica directly, so the placement map is not checked.
+  grpc::ServerUnaryReactor* BeginMove(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                      Bytes* out) override;
+  grpc::ServerUnaryReactor* ExportProblem(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                          Bytes* out) override;
+  grpc::ServerUnaryReactor* ImportProblem(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                          Bytes* out) override;
+  grpc::ServerUnaryReactor* EndMove(grpc::CallbackServerContext* ctx, const Bytes* in,
+                                    Bytes* out) override;
 
   // The role each RPC needs (the table of auth.h).
   static Role RoleOf(absl::string_view method);
@@ -136,6 +149,9 @@ class GrpcDecisionService final : public RawDecisionService {
     // Administrative calls only: what the audit log records besides the problem, evaluated
     // once the call finished (it may read the response).
     std::function<std::string()> audit_detail;
+    // Whether the placement map must place the problem here (CheckRouting): not for the
+    // calls of a move, which address a replica, not the problem's owner.
+    bool routed = true;
   };
   absl::StatusOr<Grant> Authorize(grpc::CallbackServerContext* ctx, const Call& call) const;
   // INVALID_ARGUMENT if the call's x-decision-problem metadata names another problem than

@@ -76,6 +76,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "core/divergence.h"
 #include "core/expert.h"
 #include "core/policy.h"
@@ -372,6 +373,26 @@ class Problem {
   // A backfill, a quarantine to write, or a batch boundary that is due.
   bool PoolWorkRemains() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Checkpoint() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Moving the problem to another replica (DecisionService.BeginMove). Every call that may
+  // change it enters before it touches the problem and leaves once answered (the service
+  // does both, around `done`). EnterCall: the fence's status once fenced (UNAVAILABLE),
+  // else OK and the call is counted in flight.
+  absl::Status EnterCall() ABSL_LOCKS_EXCLUDED(call_mu_);
+  void LeaveCall() ABSL_LOCKS_EXCLUDED(call_mu_);
+  // Fences: from now on EnterCall and RegisterExpert (training jobs) answer `why`. Waits
+  // until no call is in flight and no registration runs, at most `timeout`; if calls are
+  // still in flight then, the fence is lifted and UNAVAILABLE returned. Background rounds
+  // skip a fenced problem (they ask fenced()).
+  absl::Status Fence(absl::Status why, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(call_mu_, expert_writes_mu_);
+  void Unfence() ABSL_LOCKS_EXCLUDED(call_mu_);
+  bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+  // The random generator's state (std::mt19937_64's text form), and setting it: a moved
+  // problem goes on drawing what its source would have drawn. INVALID_ARGUMENT for a state
+  // that does not parse.
+  std::string GeneratorState() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetGeneratorState(const std::string& state) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the FAILED records of experts quarantined since the last call (a restart then
   // keeps them quarantined without loading their models). On a failure the rest wait.
   absl::Status PersistFailures() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);
@@ -769,6 +790,12 @@ class Problem {
   const Env env_;
   const Metrics::ProblemMetrics metrics_;
   GroupCommitQueue<WriteOp> writer_;
+
+  // The fence (EnterCall, Fence): calls in flight, and why new ones are refused.
+  absl::Mutex call_mu_;
+  int64_t calls_in_flight_ ABSL_GUARDED_BY(call_mu_) = 0;
+  absl::Status fence_ ABSL_GUARDED_BY(call_mu_);
+  std::atomic<bool> fenced_{false};  // !fence_.ok(), for the background rounds
 
   absl::Mutex expert_writes_mu_ ABSL_ACQUIRED_BEFORE(mu_, chunk_writes_mu_);
   // Serialises the writes of log chunks (WriteLogChunks, and DeleteEvents' partial chunk),

@@ -257,6 +257,10 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
   // What every join will pay for it, measured before any lock is taken.
   const double cost_us = ScoringCostUs(name, *built, recent);
   absl::MutexLock writes(&expert_writes_mu_);
+  if (fenced()) {
+    absl::MutexLock lock(&call_mu_);
+    if (!fence_.ok()) return fence_;  // a training job's registration (calls are counted)
+  }
   if (options.retire_to_fit) DECISION_RETURN_IF_ERROR(RetireToFitBudget(cost_us));
   int expert_id;
   ExpertRecord record;

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <random>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/time/time.h"
 #include "core/status_macros.h"
 #include "server/conversions.h"
 #include "server/problem.h"
@@ -155,6 +158,13 @@ Problem::CheckpointWrite Problem::CheckpointLocked(bool with_state) const {
       c.mutable_reservoir_eligible()->Add(arms.begin(), arms.end());
     }
   }
+  c.set_reservoir_reestimate_known(true);
+  const absl::Span<const uint64_t> stamps = reservoir_.stamps();
+  for (size_t i = 0; i < stamps.size() && i < reestimated_stamps_.size(); ++i) {
+    if (reestimated_stamps_[i] == stamps[i]) {
+      c.add_reservoir_unchanged_rows(static_cast<int32_t>(i));
+    }
+  }
   c.set_next_refresh_at(next_refresh_at_);
   c.set_decisions(decisions_);
   return w;
@@ -195,6 +205,69 @@ absl::Status Problem::Checkpoint() {
     w = CheckpointLocked(/*with_state=*/true);
   }
   return WriteCheckpoint(w);
+}
+
+// ---------------------------------------------------------------------------- Moving
+
+absl::Status Problem::EnterCall() {
+  absl::MutexLock lock(&call_mu_);
+  if (!fence_.ok()) return fence_;
+  ++calls_in_flight_;
+  return absl::OkStatus();
+}
+
+void Problem::LeaveCall() {
+  absl::MutexLock lock(&call_mu_);
+  --calls_in_flight_;
+}
+
+absl::Status Problem::Fence(absl::Status why, absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&call_mu_);
+    if (!fence_.ok()) return absl::FailedPreconditionError(fence_.message());
+    fence_ = std::move(why);
+    fenced_.store(true, std::memory_order_release);
+    const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_) {
+      return calls_in_flight_ == 0;
+    };
+    if (!call_mu_.AwaitWithTimeout(absl::Condition(&idle), timeout)) {
+      const int64_t left = calls_in_flight_;
+      fence_ = absl::OkStatus();
+      fenced_.store(false, std::memory_order_release);
+      return absl::UnavailableError(absl::StrCat(
+          "problem ", id(), " still had ", left, " calls in flight after ",
+          absl::FormatDuration(timeout), ": not fenced; retry the move"));
+    }
+  }
+  // A registration that started before the fence (a training job's) ends first.
+  absl::MutexLock writes(&expert_writes_mu_);
+  return absl::OkStatus();
+}
+
+void Problem::Unfence() {
+  absl::MutexLock lock(&call_mu_);
+  fence_ = absl::OkStatus();
+  fenced_.store(false, std::memory_order_release);
+}
+
+std::string Problem::GeneratorState() const {
+  absl::MutexLock lock(&mu_);
+  std::ostringstream out;
+  out << gen_;
+  return out.str();
+}
+
+absl::Status Problem::SetGeneratorState(const std::string& state) {
+  std::istringstream in(state);
+  std::mt19937_64 gen;
+  in >> gen;
+  if (in.fail()) {
+    return absl::InvalidArgumentError(
+        "generator_state is not a std::mt19937_64 state (BeginMoveResponse.generator_state)");
+  }
+  absl::MutexLock lock(&mu_);
+  gen_ = gen;
+  return absl::OkStatus();
 }
 
 // --------------------------------------------------------------------------- Log chunks

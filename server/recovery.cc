@@ -487,6 +487,18 @@ class Recovery {
                                               checkpoint_.reservoir().end()),
                           checkpoint_.reservoir_seen(), reservoir_eligible_);
     }
+    if (checkpoint_.reservoir_reestimate_known()) {
+      // The rows replaced since the last estimate get stamp 0, which no row carries.
+      const absl::Span<const uint64_t> stamps = p_.reservoir_.stamps();
+      p_.reestimated_stamps_.assign(stamps.size(), 0);
+      for (int32_t row : checkpoint_.reservoir_unchanged_rows()) {
+        if (row < 0 || static_cast<size_t>(row) >= stamps.size()) {
+          return DataLoss(absl::StrCat("the checkpoint's unchanged reservoir row ", row,
+                                       " is outside its ", stamps.size(), " rows"));
+        }
+        p_.reestimated_stamps_[row] = stamps[row];
+      }
+    }
     p_.next_refresh_at_ = checkpoint_.next_refresh_at() > 0 ? checkpoint_.next_refresh_at()
                                                             : NextRefresh(p_.record_, t);
     p_.decisions_ = std::max(checkpoint_.decisions(), t);

@@ -138,6 +138,8 @@ absl::Status DecisionService::MaintainWrites(Problem* p) {
   // One look under the problem's lock; an idle problem costs nothing more (a flush with
   // nothing to write was a round trip to the writer, for every problem, every round: most
   // of an idle server's CPU).
+  // A problem being moved is left as its fence found it (DecisionService::BeginMove).
+  if (p->fenced()) return absl::OkStatus();
   const Problem::WriteWork work = p->WriteWorkDue(clock_->NowMs());
   FirstError errors(p->id());
   if (work.decisions) errors.Keep("writing decisions", p->FlushDecisions());
@@ -150,7 +152,7 @@ absl::Status DecisionService::MaintainPool(Problem* p,
                                            std::chrono::milliseconds backfill_budget) {
   // An idle problem is skipped: nothing was learned, registered or quarantined since a
   // visit that left no work.
-  if (!p->TakePoolWork()) return absl::OkStatus();
+  if (p->fenced() || !p->TakePoolWork()) return absl::OkStatus();
   FirstError errors(p->id());
   errors.Keep("writing quarantined experts", p->PersistFailures());
   // A restart's event ids, then backfill, one step at a time, within the budget.

@@ -22,20 +22,6 @@ constexpr int kMaxReservoir = 65536;
 constexpr int kDefaultGroups = 16;
 constexpr size_t kMaxProblemIdBytes = 64;
 
-absl::Status ValidateProblemId(const std::string& id) {
-  if (id.empty() || id.size() > kMaxProblemIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("problem_id must have 1 to ",
-                                                   kMaxProblemIdBytes, " characters, got ",
-                                                   id.size()));
-  }
-  for (char c : id) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "problem_id '", id, "' has a character outside [A-Za-z0-9_.-]"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckUnitInterval(double v, const char* field, bool allow_zero) {
   if (!(std::isfinite(v) && v <= 1.0 && (allow_zero ? v >= 0.0 : v > 0.0))) {
@@ -113,6 +99,35 @@ absl::Status ValidateEstimatorEnums(const v1::EstimatorConfig& e) {
 }
 
 }  // namespace
+
+absl::Status ValidateReplicaId(const std::string& id, const char* field) {
+  if (id.empty() || id.size() > kMaxProblemIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " must have 1 to ", kMaxProblemIdBytes,
+                                                   " characters, got ", id.size()));
+  }
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " '", id, "' has a character outside [A-Za-z0-9_.-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateProblemId(const std::string& id) {
+  if (id.empty() || id.size() > kMaxProblemIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("problem_id must have 1 to ",
+                                                   kMaxProblemIdBytes, " characters, got ",
+                                                   id.size()));
+  }
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem_id '", id, "' has a character outside [A-Za-z0-9_.-]"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::string& problem_id,
                                                                    const v1::ProblemConfig& c) {

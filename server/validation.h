@@ -63,6 +63,10 @@ bool StoredEligibleArmsValid(absl::Span<const int32_t> eligible, int arm, int nu
 // (unset, or every arm listed).
 std::vector<int32_t> EligibleArmsOf(const v1::ChooseRequest& request, int num_arms);
 // Reward: the value in [0, 1] and an event id of 1 to kMaxEventIdBytes bytes.
+// 1 to 64 characters of [A-Za-z0-9_.-] (INVALID_ARGUMENT naming the problem).
+absl::Status ValidateProblemId(const std::string& id);
+// A replica's name in the placement map: the same rule (INVALID_ARGUMENT naming `field`).
+absl::Status ValidateReplicaId(const std::string& id, const char* field);
 absl::Status ValidateRewardRequest(const v1::RewardRequest& request);
 // RegisterExpert: the name; returns the smoothing to use (the model's, or `default_smoothing`).
 absl::StatusOr<double> ValidateRegisterExpertRequest(const v1::RegisterExpertRequest& request,

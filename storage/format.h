@@ -27,6 +27,12 @@ inline constexpr const char* kFamilyNames[] = {"problems", "experts",     "event
                                                "backfill", "checkpoints", "pending", "logchunks",
                                                "audit",    "training_jobs"};
 
+// The families [0, kProblemFamilies) of kFamilyNames hold a problem's records, every key
+// starting with its index: moving a problem (DecisionService.BeginMove) copies exactly
+// those. The audit log and training jobs (the families after them) stay where they were
+// written.
+inline constexpr int kProblemFamilies = 8;
+
 // Samples per LogChunk record: chunk c holds samples [c * kLogChunkSamples, (c + 1) *
 // kLogChunkSamples).
 inline constexpr int64_t kLogChunkSamples = 4096;

@@ -553,6 +553,88 @@ absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
 Store::WriteGroup::WriteGroup() : batch_(std::make_unique<rocksdb::WriteBatch>()) {}
 Store::WriteGroup::~WriteGroup() = default;
 
+absl::StatusOr<bool> Store::ExportProblemPage(
+    uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
+    const std::function<void(int, absl::string_view, absl::string_view)>& fn) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  const std::string prefix = Key32(problem);
+  rocksdb::ReadOptions read;
+  read.fill_cache = false;  // a bulk scan, as in Scan
+  int64_t bytes = 0;
+  for (; cursor->family >= 0 && cursor->family < kProblemFamilies;
+       ++cursor->family, cursor->started = false, cursor->after.clear()) {
+    const std::string start = absl::StrCat(prefix, cursor->after);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, handles_[cursor->family + 1]));
+    it->Seek(start);
+    if (cursor->started && it->Valid() && it->key() == start) it->Next();
+    for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (bytes >= max_bytes) return true;
+      const absl::string_view key(it->key().data() + prefix.size(),
+                                  it->key().size() - prefix.size());
+      const absl::string_view value(it->value().data(), it->value().size());
+      fn(cursor->family, key, value);
+      cursor->started = true;
+      cursor->after.assign(key.data(), key.size());
+      bytes += static_cast<int64_t>(key.size() + value.size());
+    }
+    if (absl::Status s = FromRocks(it->status(), "problem export"); !s.ok()) return s;
+  }
+  return false;
+}
+
+absl::Status Store::ImportProblemEntries(uint32_t problem,
+                                         const std::vector<ProblemEntry>& entries) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  std::optional<v1::RetentionRecord> cut;
+  const std::string prefix = Key32(problem);
+  const std::string retention_key = Key32x2(0, 2).substr(4);
+  for (const ProblemEntry& e : entries) {
+    if (e.family < 1 || e.family >= kProblemFamilies) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an imported record must be of a family 1..", kProblemFamilies - 1, "; got ",
+          e.family));
+    }
+    const rocksdb::Status s =
+        batch.Put(handles_[e.family + 1], absl::StrCat(prefix, e.key), e.value);
+    if (!s.ok()) return FromRocks(s, "problem import");
+    if (kFamilyNames[e.family] == absl::string_view("checkpoints") && e.key == retention_key) {
+      cut.emplace();
+      if (!cut->ParseFromString(e.value)) {
+        return absl::InvalidArgumentError("an imported retention record does not parse");
+      }
+    }
+  }
+  lock.unlock();
+  if (absl::Status s = Write(&batch, "problem import"); !s.ok()) return s;
+  if (cut.has_value()) cuts_->Set(problem, {cut->first_sample(), cut->events_before_ms()});
+  return absl::OkStatus();
+}
+
+absl::Status Store::DeleteProblem(uint32_t problem, const v1::ProblemRecord* stub) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  const std::string begin = Key32(problem);
+  // The last index has no successor key: its range ends past every 4-byte-prefixed key.
+  const std::string end = problem == UINT32_MAX ? std::string(5, '\xff') : Key32(problem + 1);
+  for (int f = 0; f < kProblemFamilies; ++f) {
+    const rocksdb::Status s = batch.DeleteRange(handles_[f + 1], begin, end);
+    if (!s.ok()) return FromRocks(s, "problem deletion");
+  }
+  if (stub != nullptr) {
+    // After the range deletion in the batch: the stub survives it.
+    const rocksdb::Status s = batch.Put(problems_, begin, stub->SerializeAsString());
+    if (!s.ok()) return FromRocks(s, "problem deletion");
+  }
+  lock.unlock();
+  if (absl::Status s = Write(&batch, "problem deletion"); !s.ok()) return s;
+  cuts_->Set(problem, {});
+  return absl::OkStatus();
+}
+
 absl::Status Store::AddProblem(WriteGroup* group, uint32_t problem,
                                const v1::ProblemRecord& record,
                                const v1::ExpertRecord& first_expert,

@@ -306,6 +306,37 @@ class Store {
   };
   MemoryUsage Memory();
 
+  // Moving a problem (DecisionService.BeginMove and ImportProblem; storage/format.h,
+  // kProblemFamilies). A record: its family, its key without the problem's index, its
+  // value.
+  struct ProblemEntry {
+    int family = 0;
+    std::string key;
+    std::string value;
+  };
+  // Where an export page starts: in `family`, after the key `after` if `started` (a key
+  // may be empty: the problem and checkpoint records'), else from its first record.
+  struct ExportCursor {
+    int family = 0;
+    bool started = false;
+    std::string after;
+  };
+  // `problem`'s records after the cursor in (family, key) order, until fn has been given at
+  // least `max_bytes` of keys and values (at least one record); moves the cursor past the
+  // last one given. Returns whether records may remain. The caller keeps the problem from
+  // changing between pages (a fenced problem does not).
+  absl::StatusOr<bool> ExportProblemPage(
+      uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
+      const std::function<void(int family, absl::string_view key, absl::string_view value)>& fn);
+  // Writes the entries under `problem`, in one write. INVALID_ARGUMENT, with nothing
+  // written, for a family outside [1, kProblemFamilies) (the problem record is written
+  // with PutProblem). A retention cut among them is put in force for the events'
+  // compaction filter.
+  absl::Status ImportProblemEntries(uint32_t problem, const std::vector<ProblemEntry>& entries);
+  // Deletes every record of `problem` in the families of kProblemFamilies (range deletions:
+  // no scan), in one write; with a `stub`, its problem record becomes the stub instead.
+  absl::Status DeleteProblem(uint32_t problem, const v1::ProblemRecord* stub = nullptr);
+
   // Training jobs (server/training_jobs.h): one record per job, rewritten as it changes.
   absl::Status PutTrainingJob(uint32_t problem, int64_t job_id,
                               const v1::TrainingJobRecord& record);

@@ -270,6 +270,34 @@ class SecurityTest : public DecisiondTest {
       v1::Explanation out;
       return stub_->Explain(&ctx, r, &out).error_code();
     }
+    // A move of "p", last in the matrix: fenced, exported, then the fence lifted.
+    if (method == "BeginMove") {
+      v1::BeginMoveRequest r;
+      r.set_problem_id("p");
+      r.set_to_replica("replica-b");
+      v1::BeginMoveResponse out;
+      return stub_->BeginMove(&ctx, r, &out).error_code();
+    }
+    if (method == "ExportProblem") {
+      v1::ExportProblemRequest r;
+      r.set_problem_id("p");
+      v1::ExportProblemResponse out;
+      return stub_->ExportProblem(&ctx, r, &out).error_code();
+    }
+    if (method == "EndMove") {
+      v1::EndMoveRequest r;
+      r.set_problem_id("p");
+      r.set_abort(true);
+      v1::EndMoveResponse out;
+      return stub_->EndMove(&ctx, r, &out).error_code();
+    }
+    if (method == "ImportProblem") {
+      v1::ImportProblemRequest r;  // the start of an import (never committed)
+      r.set_problem_id("moved-in");
+      r.set_first(true);
+      v1::ImportProblemResponse out;
+      return stub_->ImportProblem(&ctx, r, &out).error_code();
+    }
     ADD_FAILURE() << "no request for " << method;
     return StatusCode::UNKNOWN;
   }
@@ -293,6 +321,8 @@ const std::vector<std::pair<std::string, std::string>> kRpcRoles = {
     {"Explain", "exporter"},  // it carries the context, as ExportLog does
     {"Activate", "decider"},        {"ChooseSlate", "decider"},
     {"ChooseBatch", "decider"},
+    {"BeginMove", "admin"},         {"ExportProblem", "admin"},
+    {"EndMove", "admin"},           {"ImportProblem", "admin"},
 };
 
 // The matrix covers every RPC of the service: a new one must say its role here.

@@ -1,0 +1,318 @@
+// DecisionService: moving a problem to another replica (docs/SCALING.md, "Moving a
+// problem"; decisionctl move-problem drives the steps):
+//   source  BeginMove      fence: changes refused (UNAVAILABLE), calls in flight answered,
+//                          everything answered written, learned and checkpointed
+//   source  ExportProblem  the problem's records, a page at a time (they no longer change)
+//   target  ImportProblem  the records under a new index, marked importing; then commit:
+//                          the restart code loads them, and the target serves the problem
+//           (the placement map switches to the target: deploy/haproxy/place.sh)
+//   source  EndMove        a durable stub naming the new owner replaces the records, or,
+//                          on abort, the fence is lifted and the source serves again
+// The generator's state travels with the records, so the target draws what the source
+// would have drawn: after a move, the same requests get the same decisions.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/decision_service.h"
+#include "server/validation.h"
+#include "storage/format.h"
+
+namespace decision::server {
+namespace {
+
+// The longest a fence waits for the calls in flight to be answered.
+constexpr absl::Duration kFenceTimeout = absl::Seconds(30);
+// An export page, by default and at most (a record larger than that still makes a page
+// of its own).
+constexpr int64_t kDefaultExportPageBytes = int64_t{1} << 20;
+constexpr int64_t kMaxExportPageBytes = int64_t{3} << 20;
+
+}  // namespace
+
+absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
+                                        v1::BeginMoveResponse* response) {
+  DECISION_RETURN_IF_ERROR(ValidateReplicaId(request.to_replica(), "to_replica"));
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("moves"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = moving_.find(p->id()); it != moving_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "problem ", p->id(), " is already moving to replica ", it->second,
+          " (EndMove with abort ends that move)"));
+    }
+    moving_[p->id()] = request.to_replica();
+  }
+  absl::Status s = p->Fence(
+      absl::UnavailableError(absl::StrCat("problem ", p->id(), " is moving to replica ",
+                                          request.to_replica(), "; retry shortly")),
+      kFenceTimeout);
+  if (s.ok()) {
+    // A round that took the problem before the fence finishes with it first; later rounds
+    // skip it (Problem::fenced).
+    absl::MutexLock writes(&maintenance_mu_);
+    absl::MutexLock pool(&pool_mu_);
+  }
+  // As Shutdown: every decision answered and every reward acknowledged is written, learned
+  // and in the checkpoint, so that the records are the whole problem.
+  if (s.ok()) s = p->FlushDecisions();
+  if (s.ok()) s = p->FlushDecisions();
+  if (s.ok()) s = p->WaitLearned();
+  if (s.ok()) s = p->WriteLogChunks();
+  if (s.ok()) s = p->Checkpoint();
+  if (!s.ok()) {
+    if (p->fenced()) p->Unfence();
+    absl::MutexLock lock(&mu_);
+    moving_.erase(p->id());
+    return s;
+  }
+  response->set_generator_state(p->GeneratorState());
+  response->set_samples(p->Summary().samples());
+  return absl::OkStatus();
+}
+
+absl::Status DecisionService::ExportProblem(const v1::ExportProblemRequest& request,
+                                            v1::ExportProblemResponse* response) {
+  DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (!moving_.contains(p->id())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "problem ", p->id(), " is not fenced for a move: call BeginMove first (its "
+          "records change while it serves)"));
+    }
+  }
+  if (request.max_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bytes is ", request.max_bytes(), "; it must be >= 0 (0: 1 MiB)"));
+  }
+  const int64_t max_bytes = request.max_bytes() == 0
+                                ? kDefaultExportPageBytes
+                                : std::min(request.max_bytes(), kMaxExportPageBytes);
+  storage::Store::ExportCursor cursor;
+  cursor.family = request.cursor().family();
+  cursor.started = request.cursor().started();
+  cursor.after = request.cursor().after();
+  if (cursor.family < 0 || cursor.family >= storage::kProblemFamilies) {
+    return absl::InvalidArgumentError(absl::StrCat("cursor.family is ", cursor.family,
+                                                   "; it must be in [0, ",
+                                                   storage::kProblemFamilies, ")"));
+  }
+  DECISION_ASSIGN_OR_RETURN(
+      const bool more,
+      store_->ExportProblemPage(p->index(), &cursor, max_bytes,
+                                [response](int f, absl::string_view key,
+                                           absl::string_view value) {
+                                  v1::ProblemEntry* e = response->add_entries();
+                                  e->set_family(f);
+                                  e->set_key(std::string(key));
+                                  e->set_value(std::string(value));
+                                }));
+  response->mutable_next()->set_family(std::min(cursor.family, storage::kProblemFamilies - 1));
+  response->mutable_next()->set_started(cursor.started);
+  response->mutable_next()->set_after(cursor.after);
+  response->set_done(!more);
+  return absl::OkStatus();
+}
+
+absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& request,
+                                            v1::ImportProblemResponse* response) {
+  const std::string& id = request.problem_id();
+  DECISION_RETURN_IF_ERROR(ValidateProblemId(id));
+  std::mt19937_64 generator;
+  if (request.commit()) {
+    std::istringstream in(request.generator_state());
+    in >> generator;
+    if (in.fail()) {
+      return absl::InvalidArgumentError(
+          "generator_state is not a std::mt19937_64 state (BeginMoveResponse.generator_state)");
+    }
+  }
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("imports"));
+  // Imports and creations one at a time: the id is checked and the index taken together.
+  absl::MutexLock create(&create_mu_);
+  Import import;
+  std::optional<uint32_t> discarded;  // an unfinished earlier import of the problem
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("the service is shutting down");
+    if (problems_.contains(id) || failed_problems_.contains(id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("this replica has problem ", id, " already: it cannot import it"));
+    }
+    auto it = imports_.find(id);
+    if (request.first()) {
+      if (it != imports_.end()) {
+        discarded = it->second.index;
+        imports_.erase(it);
+      }
+      if (const size_t n = problems_.size() + failed_problems_.size() + imports_.size();
+          static_cast<int64_t>(n) >= options_.max_problems) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this server has ", n, " problems, the most --max_problems (",
+            options_.max_problems, ") allows"));
+      }
+      import.index = next_index_++;
+    } else if (it == imports_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no import of problem ", id, " is in progress on this replica: its first page "
+          "sets first"));
+    } else {
+      import = it->second;
+    }
+  }
+  // The import's state is written back (or dropped) below, on every path.
+  absl::Status s = absl::OkStatus();
+  if (discarded.has_value()) s = store_->DeleteProblem(*discarded);
+  if (s.ok() && request.first()) {
+    // Marked importing: a restart before the commit deletes it.
+    storage::v1::ProblemRecord marker;
+    marker.set_problem_id(id);
+    marker.set_importing(true);
+    s = store_->PutProblem(import.index, marker);
+  }
+  std::vector<storage::Store::ProblemEntry> entries;
+  for (int i = 0; s.ok() && i < request.entries_size(); ++i) {
+    const v1::ProblemEntry& e = request.entries(i);
+    if (e.family() == 0) {
+      storage::v1::ProblemRecord record;
+      if (!e.key().empty() || !record.ParseFromString(e.value()) || record.problem_id() != id) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "entries[", i, "]: not the problem record of ", id, " (an empty key and a "
+            "ProblemRecord naming it)"));
+        break;
+      }
+      import.record = std::move(record);
+      continue;
+    }
+    entries.push_back({e.family(), e.key(), e.value()});
+    import.bytes += static_cast<int64_t>(e.key().size() + e.value().size());
+  }
+  if (s.ok() && !entries.empty()) s = store_->ImportProblemEntries(import.index, entries);
+  import.entries += request.entries_size();
+  if (s.ok() && !request.commit()) {
+    response->set_entries(import.entries);
+    response->set_bytes(import.bytes);
+    absl::MutexLock lock(&mu_);
+    imports_[id] = std::move(import);
+    return absl::OkStatus();
+  }
+  if (s.ok() && !import.record.has_value()) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "the import of problem ", id, " has no problem record (family 0) to commit"));
+  }
+  std::optional<uint32_t> stub;  // of the problem when it moved away from here before
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = moved_away_.find(id); it != moved_away_.end()) stub = it->second.index;
+  }
+  std::unique_ptr<Problem> loaded;
+  if (s.ok()) {
+    storage::v1::ProblemRecord& record = *import.record;
+    record.clear_importing();
+    record.clear_moved_to();
+    // The old stub goes first: a restart must never find two records of one problem.
+    if (stub.has_value()) s = store_->DeleteProblem(*stub);
+    if (s.ok()) s = store_->PutProblem(import.index, record);
+    if (s.ok()) {
+      absl::StatusOr<std::unique_ptr<Problem>> p = Problem::Load(import.index, record,
+                                                                 ProblemEnv());
+      if (p.ok()) {
+        loaded = *std::move(p);
+      } else {
+        s = absl::Status(p.status().code(),
+                         absl::StrCat("the imported records of problem ", id,
+                                      " do not load: ", p.status().message()));
+      }
+    }
+  }
+  if (!s.ok()) {
+    // Nothing of the import is kept: the mover starts it again, or aborts the move.
+    if (absl::Status d = store_->DeleteProblem(import.index); !d.ok()) {
+      std::fprintf(stderr, "decisiond: import of %s: its records stay until a restart: %s\n",
+                   id.c_str(), d.ToString().c_str());
+    }
+    return s;
+  }
+  std::ostringstream state;
+  state << generator;
+  DECISION_RETURN_IF_ERROR(loaded->SetGeneratorState(state.str()));
+  response->set_entries(import.entries);
+  response->set_bytes(import.bytes);
+  *response->mutable_problem() = loaded->Summary();
+  absl::MutexLock lock(&mu_);
+  moved_away_.erase(id);
+  problems_[id] = std::move(loaded);
+  return absl::OkStatus();
+}
+
+absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
+                                      v1::EndMoveResponse* response) {
+  DECISION_RETURN_IF_ERROR(ValidateProblemId(request.problem_id()));
+  Problem* p = nullptr;
+  std::string to;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = moving_.find(request.problem_id());
+    if (it == moving_.end()) {
+      if (auto moved = moved_away_.find(request.problem_id()); moved != moved_away_.end()) {
+        if (request.abort()) return MovedError(request.problem_id(), moved->second.to);
+        return absl::OkStatus();  // a retry of an EndMove that succeeded
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "problem ", request.problem_id(), " is not moving from this replica (BeginMove)"));
+    }
+    to = it->second;
+    p = problems_.at(request.problem_id()).get();
+  }
+  if (request.abort()) {
+    p->Unfence();
+    p->MarkPoolWork();
+    absl::MutexLock lock(&mu_);
+    moving_.erase(request.problem_id());
+    return absl::OkStatus();
+  }
+  DECISION_RETURN_IF_ERROR(CheckStoreWritable("moves"));
+  storage::v1::ProblemRecord stub = p->record();
+  stub.set_moved_to(to);
+  DECISION_RETURN_IF_ERROR(store_->DeleteProblem(p->index(), &stub));
+  absl::MutexLock lock(&mu_);
+  auto it = problems_.find(request.problem_id());
+  moved_out_.push_back(std::move(it->second));
+  problems_.erase(it);
+  moving_.erase(request.problem_id());
+  moved_away_[request.problem_id()] = {to, p->index()};
+  return absl::OkStatus();
+}
+
+void DecisionService::BeginMove(const v1::BeginMoveRequest& request,
+                                v1::BeginMoveResponse* response, Done done) {
+  OffReactor([this, &request, response] { return BeginMove(request, response); },
+             std::move(done));
+}
+
+void DecisionService::ExportProblem(const v1::ExportProblemRequest& request,
+                                    v1::ExportProblemResponse* response, Done done) {
+  OffReactor([this, &request, response] { return ExportProblem(request, response); },
+             std::move(done));
+}
+
+void DecisionService::ImportProblem(const v1::ImportProblemRequest& request,
+                                    v1::ImportProblemResponse* response, Done done) {
+  OffReactor([this, &request, response] { return ImportProblem(request, response); },
+             std::move(done));
+}
+
+void DecisionService::EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response,
+                              Done done) {
+  OffReactor([this, &request, response] { return EndMove(request, response); },
+             std::move(done));
+}
+
+}  // namespace decision::server

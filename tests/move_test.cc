@@ -1,0 +1,350 @@
+// Moving a problem between replicas (server/service_move.cc): two services in one process,
+// the fixture's as the source and a second one, with another seed and store, as the
+// target. The records are copied page by page as decisionctl move-problem copies them.
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/status_macros.h"
+#include "tests/service_fixture.h"
+
+namespace decision::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class MoveTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    ServiceTest::SetUp();
+    target_dir_ = testing::MakeTempDir();
+    OpenTarget();
+  }
+  void OpenTarget() {
+    ServiceOptions options;
+    options.data_dir = target_dir_;
+    options.seed = 1234;  // not the source's: the generator's state must travel
+    options.start_maintenance_thread = false;
+    auto s = DecisionService::Open(options, &clock_, &target_metrics_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    target_ = *std::move(s);
+  }
+  void ReopenTarget() {
+    ASSERT_TRUE(target_->Shutdown().ok());
+    target_.reset();
+    OpenTarget();
+  }
+
+  // BeginMove on the source, then every page exported and imported, the last one with the
+  // commit. Returns the first error.
+  absl::Status Move(const std::string& problem, int64_t page_bytes = 4096) {
+    v1::BeginMoveRequest begin;
+    begin.set_problem_id(problem);
+    begin.set_to_replica("replica-b");
+    v1::BeginMoveResponse begun;
+    DECISION_RETURN_IF_ERROR(service_->BeginMove(begin, &begun));
+    v1::ExportProblemRequest page;
+    page.set_problem_id(problem);
+    page.set_max_bytes(page_bytes);
+    v1::ImportProblemRequest import;
+    import.set_problem_id(problem);
+    import.set_first(true);
+    pages_ = 0;
+    for (bool done = false; !done; ++pages_) {
+      v1::ExportProblemResponse exported;
+      DECISION_RETURN_IF_ERROR(service_->ExportProblem(page, &exported));
+      done = exported.done();
+      *page.mutable_cursor() = exported.next();
+      *import.mutable_entries() = exported.entries();
+      if (done) {
+        import.set_commit(true);
+        import.set_generator_state(begun.generator_state());
+      }
+      v1::ImportProblemResponse imported;
+      DECISION_RETURN_IF_ERROR(target_->ImportProblem(import, &imported));
+      import.set_first(false);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status EndMove(const std::string& problem, bool abort) {
+    v1::EndMoveRequest end;
+    end.set_problem_id(problem);
+    end.set_abort(abort);
+    v1::EndMoveResponse ended;
+    return service_->EndMove(end, &ended);
+  }
+
+  static v1::ChooseRequest ChooseRequestAt(const std::string& problem, int i) {
+    v1::ChooseRequest req;
+    req.set_problem_id(problem);
+    req.set_event_id(absl::StrCat("after-", i));
+    for (int f = 0; f < kFeatures; ++f) req.add_features(((i * 7 + f * 3) % 10) / 10.0);
+    return req;
+  }
+  static v1::Estimates EstimatesOf(DecisionService& s, const std::string& problem) {
+    v1::GetEstimatesRequest req;
+    req.set_problem_id(problem);
+    v1::Estimates e;
+    EXPECT_TRUE(s.GetEstimates(req, &e).ok());
+    return e;
+  }
+  static std::string ExpertsOf(DecisionService& s, const std::string& problem) {
+    v1::ListExpertsRequest req;
+    req.set_problem_id(problem);
+    v1::ListExpertsResponse resp;
+    EXPECT_TRUE(s.ListExperts(req, &resp).ok());
+    return resp.SerializeAsString();
+  }
+  // Samples of the problem at `index` in `store` (its records after a deletion: none).
+  static int64_t StoredSamples(storage::Store& store, uint32_t index) {
+    int64_t n = 0;
+    EXPECT_TRUE(store
+                    .ForEachSample(index, 0, 0,
+                                   [&](int64_t, const storage::v1::SampleRecord&) {
+                                     ++n;
+                                     return absl::OkStatus();
+                                   })
+                    .ok());
+    return n;
+  }
+
+  // A problem with a linear expert, 400 learned rounds and one decision waiting.
+  void PlayedProblem() {
+    CreateProblem("p", /*wait_ms=*/1'000'000);
+    RegisterLinear("p", 4.0);
+    RunMaintenanceUntilActive("p");
+    PlayRounds("p", 400);
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+    open_ = Choose("p", "open-decision");
+  }
+
+  std::string target_dir_;
+  Metrics target_metrics_;
+  std::unique_ptr<DecisionService> target_;
+  v1::ChooseResponse open_;
+  int pages_ = 0;
+};
+
+// The target serves the problem as the source would have: the same estimates, experts,
+// log and waiting decision, and, for the same requests, the same decisions (the source's
+// generator travels with the records; the target's seed differs).
+TEST_F(MoveTest, TheTargetDecidesAsTheSourceWouldHave) {
+  PlayedProblem();
+  const std::string estimates = EstimatesOf(*service_, "p").SerializeAsString();
+  const std::string experts = ExpertsOf(*service_, "p");
+  ASSERT_TRUE(Move("p").ok());
+  EXPECT_GT(pages_, 10);  // 4 KB pages
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(), estimates);
+  EXPECT_EQ(ExpertsOf(*target_, "p"), experts);
+  // The decision waiting for its reward moved with it: the same answer, then its reward.
+  v1::ChooseRequest again;
+  again.set_problem_id("p");
+  again.set_event_id("open-decision");
+  again.mutable_features()->Assign(last_features_.begin(), last_features_.end());
+  v1::ChooseResponse answer;
+  ASSERT_TRUE(target_->Choose(again, &answer).ok());
+  EXPECT_EQ(answer.SerializeAsString(), open_.SerializeAsString());
+  // What the source would have done: abort the move there and send both the same calls.
+  ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
+  for (DecisionService* s : {service_.get(), target_.get()}) {
+    v1::RewardRequest reward;
+    reward.set_problem_id("p");
+    reward.set_event_id("open-decision");
+    reward.set_value(1.0);
+    v1::RewardResponse rewarded;
+    ASSERT_TRUE(s->Reward(reward, &rewarded).ok());
+  }
+  for (int i = 0; i < 300; ++i) {
+    const v1::ChooseRequest req = ChooseRequestAt("p", i);
+    v1::ChooseResponse on_source, on_target;
+    ASSERT_TRUE(service_->Choose(req, &on_source).ok());
+    ASSERT_TRUE(target_->Choose(req, &on_target).ok());
+    ASSERT_EQ(on_target.SerializeAsString(), on_source.SerializeAsString()) << "decision " << i;
+    v1::RewardRequest reward;
+    reward.set_problem_id("p");
+    reward.set_event_id(req.event_id());
+    reward.set_value(on_source.arm() == i % kArms ? 1.0 : 0.0);
+    v1::RewardResponse rewarded;
+    ASSERT_TRUE(service_->Reward(reward, &rewarded).ok());
+    ASSERT_TRUE(target_->Reward(reward, &rewarded).ok());
+    if (i % 100 == 99) {
+      ASSERT_TRUE(service_->RunMaintenance().ok());
+      ASSERT_TRUE(target_->RunMaintenance().ok());
+    }
+  }
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(),
+            EstimatesOf(*service_, "p").SerializeAsString());
+  // And a restart of the target restores it as a restart of any problem does.
+  const std::string moved = EstimatesOf(*target_, "p").SerializeAsString();
+  ReopenTarget();
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(), moved);
+}
+
+// While it moves, the source refuses every change (UNAVAILABLE, which clients retry),
+// answers reads, and refuses a second move; a problem not fenced cannot be exported.
+TEST_F(MoveTest, AFencedProblemRefusesChangesAndAnswersReads) {
+  PlayedProblem();
+  CreateProblem("q");
+  v1::ExportProblemRequest page;
+  page.set_problem_id("p");
+  v1::ExportProblemResponse exported;
+  EXPECT_EQ(service_->ExportProblem(page, &exported).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::BeginMoveRequest begin;
+  begin.set_problem_id("p");
+  begin.set_to_replica("replica-b");
+  v1::BeginMoveResponse begun;
+  ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
+  EXPECT_EQ(begun.samples(), 400);
+  EXPECT_EQ(service_->BeginMove(begin, &begun).code(), absl::StatusCode::kFailedPrecondition);
+  v1::ChooseRequest choose;
+  choose.set_problem_id("p");
+  choose.add_features(0.1);
+  choose.add_features(0.2);
+  choose.add_features(0.3);
+  v1::ChooseResponse chosen;
+  const absl::Status refused = service_->Choose(choose, &chosen);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr("moving to replica replica-b"));
+  EXPECT_EQ(Reward("p", "open-decision", 1.0).code(), absl::StatusCode::kUnavailable);
+  v1::Expert expert;
+  EXPECT_EQ(service_->RegisterExpert(LinearRequest("p", 2.0), &expert).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(GetProblem("p").samples(), 400);  // reads go on
+  Choose("q");                                // and the other problems
+  // Bad requests are refused with the field named.
+  begin.set_problem_id("q");
+  begin.set_to_replica("no spaces");
+  EXPECT_EQ(service_->BeginMove(begin, &begun).code(), absl::StatusCode::kInvalidArgument);
+  page.mutable_cursor()->set_family(8);
+  EXPECT_EQ(service_->ExportProblem(page, &exported).code(), absl::StatusCode::kInvalidArgument);
+  // Aborted, it serves again.
+  ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
+  EXPECT_TRUE(Reward("p", "open-decision", 1.0).ok());
+  EXPECT_EQ(EndMove("p", /*abort=*/true).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// EndMove leaves a stub: the source's records are deleted, and every call for the problem,
+// CreateProblem included, is refused naming the new owner, also after a restart.
+TEST_F(MoveTest, TheSourceKeepsAStubNamingTheOwner) {
+  PlayedProblem();
+  ASSERT_EQ(StoredSamples(service_->store_for_testing(), 0), 400);
+  ASSERT_TRUE(Move("p").ok());
+  ASSERT_TRUE(EndMove("p", /*abort=*/false).ok());
+  ASSERT_TRUE(EndMove("p", /*abort=*/false).ok());  // a retry
+  EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 0);
+  for (int restart = 0; restart < 2; ++restart) {
+    v1::GetProblemRequest get;
+    get.set_problem_id("p");
+    v1::Problem problem;
+    const absl::Status refused = service_->GetProblem(get, &problem);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.message(), HasSubstr("moved to replica replica-b"));
+    v1::CreateProblemRequest create;
+    create.set_problem_id("p");
+    create.mutable_config()->set_num_arms(kArms);
+    create.mutable_config()->set_num_features(kFeatures);
+    EXPECT_EQ(service_->CreateProblem(create, &problem).code(),
+              absl::StatusCode::kFailedPrecondition);
+    v1::ListProblemsResponse list;
+    ASSERT_TRUE(service_->ListProblems(v1::ListProblemsRequest(), &list).ok());
+    EXPECT_EQ(list.problems_size(), 0);
+    Reopen();
+  }
+  // Moving it back replaces the stub with the problem.
+  std::swap(service_, target_);
+  ASSERT_TRUE(Move("p").ok());
+  std::swap(service_, target_);
+  EXPECT_EQ(GetProblem("p").samples(), 400);
+  Reopen();
+  EXPECT_EQ(GetProblem("p").samples(), 400);
+}
+
+// An import that never committed is not served, and a restart deletes its records.
+TEST_F(MoveTest, AnImportThatDidNotCommitIsDeletedAtRestart) {
+  PlayedProblem();
+  v1::BeginMoveRequest begin;
+  begin.set_problem_id("p");
+  begin.set_to_replica("replica-b");
+  v1::BeginMoveResponse begun;
+  ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
+  v1::ImportProblemRequest import;
+  import.set_problem_id("p");
+  import.set_first(true);
+  v1::ExportProblemRequest page;  // the first page only, imported without the commit
+  page.set_problem_id("p");
+  v1::ExportProblemResponse exported;
+  ASSERT_TRUE(service_->ExportProblem(page, &exported).ok());
+  *import.mutable_entries() = exported.entries();
+  v1::ImportProblemResponse imported;
+  ASSERT_TRUE(target_->ImportProblem(import, &imported).ok());
+  EXPECT_GT(StoredSamples(target_->store_for_testing(), 0), 0);
+  v1::GetProblemRequest get;
+  get.set_problem_id("p");
+  v1::Problem problem;
+  EXPECT_EQ(target_->GetProblem(get, &problem).code(), absl::StatusCode::kNotFound);
+  ReopenTarget();
+  EXPECT_EQ(StoredSamples(target_->store_for_testing(), 0), 0);
+  import.set_first(false);
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The index is not reused, and the id is free.
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  ASSERT_TRUE(target_->CreateProblem(create, &problem).ok());
+  EXPECT_EQ(problem.samples(), 0);
+}
+
+// Bad imports are refused with what is wrong, and a failed commit keeps nothing.
+TEST_F(MoveTest, ImportRefusesBadRecordsAndKeepsNothingOfAFailedCommit) {
+  PlayedProblem();
+  v1::ImportProblemRequest import;
+  import.set_problem_id("p");
+  import.set_first(true);
+  v1::ImportProblemResponse imported;
+  v1::ProblemEntry* audit = import.add_entries();
+  audit->set_family(8);  // the audit log is not a problem's
+  audit->set_key("k");
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  import.clear_entries();
+  v1::ProblemEntry* other = import.add_entries();
+  other->set_family(0);
+  storage::v1::ProblemRecord record;
+  record.set_problem_id("q");
+  other->set_value(record.SerializeAsString());
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  // A commit without a problem record, and with a record the restart code refuses.
+  import.clear_entries();
+  import.set_commit(true);
+  std::ostringstream state;
+  state << std::mt19937_64(5);
+  import.set_generator_state(state.str());
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  record.set_problem_id("p");
+  record.set_num_arms(-3);
+  v1::ProblemEntry* bad = import.add_entries();
+  bad->set_family(0);
+  bad->set_value(record.SerializeAsString());
+  const absl::Status refused = target_->ImportProblem(import, &imported);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("do not load"));
+  import.set_generator_state("not a generator");
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  v1::ListProblemsResponse list;
+  ASSERT_TRUE(target_->ListProblems(v1::ListProblemsRequest(), &list).ok());
+  EXPECT_EQ(list.problems_size(), 0);
+  // The source's copy of a problem it serves cannot be imported over it.
+  import.set_generator_state(state.str());
+  import.clear_entries();
+  EXPECT_EQ(service_->ImportProblem(import, &imported).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace decision::server
