@@ -172,6 +172,9 @@ ABSL_FLAG(std::string, place_cmd, "",
           "DECISION_PROBLEM, DECISION_REPLICA); empty: stop before the switch");
 ABSL_FLAG(int64_t, page_bytes, 1 << 20, "move-problem: bytes of records per page");
 ABSL_FLAG(bool, abort, false, "end-move: serve the problem on the source again");
+ABSL_FLAG(int, max_attempts, 4,
+          "attempts of a call the client retries when UNAVAILABLE (backoff from 50 ms, "
+          "doubled each time; for example while a problem moves)");
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
 ABSL_FLAG(bool, shadow, false,
           "register-expert: in shadow mode (estimated, never selected until `promote`)");
@@ -1081,6 +1084,7 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
   import.set_problem_id(problem);
   import.set_first(true);
   int64_t records = 0, bytes = 0;
+  v1::Estimates target_estimates;
   for (bool done = false; !done;) {
     absl::StatusOr<v1::ExportProblemResponse> exported = source.ExportProblem(page);
     if (!exported.ok()) return abort(exported.status());
@@ -1095,12 +1099,23 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
     if (!imported.ok()) return abort(imported.status());
     records = imported->entries();
     bytes = imported->bytes();
+    if (done) target_estimates = imported->estimates();
     import.clear_entries();
     import.set_first(false);
   }
   std::printf("copied %lld records (%.1f MB) to %s at %.0f ms; it serves %s\n",
               static_cast<long long>(records), bytes / 1e6, target_options.address.c_str(),
               MsSince(start), problem.c_str());
+  // The target learned what the source had: the same estimates, bit for bit.
+  if (target_estimates.SerializeAsString() != begun->estimates().SerializeAsString()) {
+    std::fprintf(stderr, "decisionctl: the target's estimates of %s differ from the source's "
+                 "at the fence: the placement is not switched and the source stays fenced. "
+                 "Run `decisionctl end-move %s --abort` on the source to serve it there "
+                 "again.\n", problem.c_str(), problem.c_str());
+    return 1;
+  }
+  std::printf("estimates identical on both replicas (%lld samples)\n",
+              static_cast<long long>(target_estimates.samples()));
   // 4. The placement switch.
   const std::string place = absl::GetFlag(FLAGS_place_cmd);
   if (place.empty()) {
@@ -1159,6 +1174,7 @@ int main(int argc, char** argv) {
   decision::client::ClientOptions options;
   options.address = absl::GetFlag(FLAGS_server);
   options.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  options.max_attempts = std::max(1, absl::GetFlag(FLAGS_max_attempts));
   if (const std::string file = absl::GetFlag(FLAGS_token_file); !file.empty()) {
     auto token = ReadFile(file);
     if (!token.ok()) return Fail(token.status());

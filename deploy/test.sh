@@ -29,7 +29,7 @@ fi
 targets=(numeric_test kernels_test expert_test divergence_test estimator_test policy_test
          event_id_filter_test server_units_test service_test concurrency_test fault_test
          integration_test security_test model_sandbox_test xgboost_model_check_test
-         store_fault_test training_job_test scoring_cost_test)
+         store_fault_test training_job_test scoring_cost_test move_test)
 not_run='_NOT_BUILT$|^e2e_prometheus$|^e2e_haproxy$'
 supp="$PWD/deploy/sanitizers"
 

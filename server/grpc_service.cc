@@ -623,7 +623,15 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ImportProblem(grpc::CallbackServe
       },
       [this](const Grant&, DECISION_CALL(ImportProblemRequest, ImportProblemResponse),
              Done done) {
-        service_->ImportProblem(call->request, &call->response, std::move(done));
+        const bool commit = call->request.commit();
+        service_->ImportProblem(
+            call->request, &call->response,
+            [this, call, commit, done = std::move(done)](absl::Status s) {
+              if (s.ok() && commit && placement_ != nullptr) {
+                placement_->Claim(call->request.problem_id());
+              }
+              done(std::move(s));
+            });
       });
 }
 

@@ -70,7 +70,7 @@ class GrpcDecisionService final : public RawDecisionService {
   // `auth` decides who may call what (open mode: everyone); `placement`, if given, which
   // problems this replica serves (server/placement.h). All must outlive this.
   GrpcDecisionService(DecisionService* service, Metrics* metrics, const Authorizer* auth,
-                      const Placement* placement = nullptr)
+                      Placement* placement = nullptr)
       : service_(service), metrics_(metrics), auth_(auth), placement_(placement) {}
 
   using Bytes = grpc::ByteBuffer;
@@ -175,7 +175,7 @@ class GrpcDecisionService final : public RawDecisionService {
   DecisionService* service_;
   Metrics* metrics_;
   const Authorizer* auth_;
-  const Placement* placement_;
+  Placement* placement_;  // ImportProblem claims what it imports
   std::function<void(grpc::CallbackServerContext*)> before_decide_for_testing_;
 };
 

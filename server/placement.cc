@@ -74,6 +74,11 @@ absl::Status Placement::Reload() {
   return absl::OkStatus();
 }
 
+void Placement::Claim(absl::string_view problem_id) {
+  absl::MutexLock lock(&mu_);
+  claimed_.insert(std::string(problem_id));
+}
+
 size_t Placement::size() const {
   absl::MutexLock lock(&mu_);
   return map_->size();
@@ -88,6 +93,10 @@ absl::Status Placement::Check(absl::string_view problem_id) const {
   }
   const auto it = map->find(problem_id);
   if (it == map->end() || it->second == replica_id_) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (claimed_.contains(problem_id)) return absl::OkStatus();
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "problem ", problem_id, " is placed on replica ", it->second, ", not on this one (",
       replica_id_, "): call it there, or through the proxy with the ", kProblemMetadata,

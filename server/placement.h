@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -46,7 +47,12 @@ class Placement {
   // OK if this replica may serve `problem_id`; FAILED_PRECONDITION naming the owner if the
   // map places it on another replica.
   absl::Status Check(absl::string_view problem_id) const;
-  // Re-reads the file; on error the map in force stays.
+  // This replica committed the import of `problem_id` (DecisionService.ImportProblem): it
+  // serves it whatever the map says until it restarts, since the map a replica reads may
+  // be switched later than the proxy's (a ConfigMap syncs within about a minute). By its
+  // restart the map names it.
+  void Claim(absl::string_view problem_id);
+  // Re-reads the file; on error the map in force stays. Claims stay.
   absl::Status Reload();
   size_t size() const;
   const std::string& replica_id() const { return replica_id_; }
@@ -60,6 +66,7 @@ class Placement {
   mutable absl::Mutex mu_;
   std::shared_ptr<const absl::flat_hash_map<std::string, std::string>> map_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> claimed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace decision::server

@@ -74,6 +74,7 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
   }
   response->set_generator_state(p->GeneratorState());
   response->set_samples(p->Summary().samples());
+  *response->mutable_estimates() = p->GetEstimates();
   return absl::OkStatus();
 }
 
@@ -246,6 +247,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   response->set_entries(import.entries);
   response->set_bytes(import.bytes);
   *response->mutable_problem() = loaded->Summary();
+  *response->mutable_estimates() = loaded->GetEstimates();
   absl::MutexLock lock(&mu_);
   moved_away_.erase(id);
   problems_[id] = std::move(loaded);

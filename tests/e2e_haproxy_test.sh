@@ -13,7 +13,11 @@
 #     SIGHUP to the replicas), without restarting anything;
 #   - kill -9 of one replica: the other's problems keep serving with no error, the killed
 #     one's answer UNAVAILABLE through the proxy; once it is restarted on its store they
-#     serve again with every acknowledged reward. The recovery time is printed.
+#     serve again with every acknowledged reward. The recovery time is printed;
+#   - decisionctl move-problem moves a problem of 100k samples to another replica while a
+#     replay sends it traffic through the proxy: the estimates are identical on both sides,
+#     every acknowledged reward is on the new owner, the old one refuses the problem
+#     naming it. The unavailability window is printed.
 #
 # Usage: tests/e2e_haproxy_test.sh DECISIOND DECISIONCTL SOURCE_DIR   (ctest passes them)
 set -euo pipefail
@@ -237,4 +241,54 @@ done
 ok "home: ${REWARDED[home]} samples kept; search: ${REWARDED[search]}; decisiond-0's ${SPREAD[decisiond-0]} of the 30: 3 each"
 printf '   recovery: decisiond-0 listening %.2f s after its restart, serving home through the proxy %.2f s later\n' \
   "$(awk "BEGIN {print $LISTENING_AT - $RESTARTED_AT}")" "$(awk "BEGIN {print $SERVING_AT - $LISTENING_AT}")"
+step "move a problem with 100k samples from decisiond-0 to decisiond-2 under live traffic"
+REPLICA_PIDS=("${PID[decisiond-0]}" "${PID[decisiond-1]}" "${PID[decisiond-2]}")
+"$ROOT/deploy/haproxy/place.sh" big decisiond-0 "${REPLICA_PIDS[@]}" >/dev/null || fail "place.sh big"
+for name in "${REPLICAS[@]}"; do
+  for i in $(seq 1 50); do
+    grep -q 'SIGHUP: 10 problems placed' "$WORK/$name.err" && break
+    sleep 0.1
+  done
+done
+via_proxy create-problem big --arms=26 --features=16 --wait_ms=600000 >/dev/null ||
+  fail "create-problem big"
+LETTER=$ROOT/bench/data/letter.csv
+REPLAY=(--deadline_ms=10000 --max_attempts=12 replay big --data="$LETTER")
+for i in 1 2 3 4 5; do
+  via_proxy "${REPLAY[@]}" >"$WORK/history$i.log" 2>&1 &
+  PID[history$i]=$!
+done
+for i in 1 2 3 4 5; do
+  wait "${PID[history$i]}" || fail "replay $i of big: $(tail -n 2 "$WORK/history$i.log")"
+  unset "PID[history$i]"
+done
+history=$(via_proxy estimates big | awk 'NR == 1 {print $3}')
+((history == 100000)) || fail "big has $history samples; 100000 rewards were acknowledged"
+ok "big: $history samples on $(owner_of big)"
+# The live traffic: a replay through the proxy that retries while the problem moves.
+via_proxy "${REPLAY[@]}" --rounds=8000 >"$WORK/live.log" 2>&1 &
+PID[live]=$!
+until grep -q '^round 1000 ' "$WORK/live.log"; do
+  kill -0 "${PID[live]}" 2>/dev/null || fail "the live replay ended early: $(tail -n 2 "$WORK/live.log")"
+  sleep 0.05
+done
+PLACE="HAPROXY_MAP=$MAP HAPROXY_RUNTIME=$HAPROXY_RUNTIME $ROOT/deploy/haproxy/place.sh"
+PLACE+=" \$DECISION_PROBLEM \$DECISION_REPLICA ${REPLICA_PIDS[*]} >/dev/null"
+on decisiond-0 move-problem big --to="127.0.0.1:${PORT[decisiond-2]}" --to_replica=decisiond-2 \
+  --place_cmd="$PLACE" >"$WORK/move.log" 2>&1 || fail "move-problem: $(cat "$WORK/move.log")"
+grep -q '^estimates identical on both replicas (1[0-9]* samples)' "$WORK/move.log" ||
+  fail "the estimates were not compared: $(cat "$WORK/move.log")"
+wait "${PID[live]}" || fail "the live replay failed: $(tail -n 2 "$WORK/live.log")"
+unset 'PID[live]'
+grep -q '^round 8000 ' "$WORK/live.log" || fail "the live replay did not finish: $(tail -n 2 "$WORK/live.log")"
+[[ $(owner_of big) == decisiond-2 ]] || fail "big is not on decisiond-2 after the move"
+samples=$(via_proxy estimates big | awk 'NR == 1 {print $3}')
+((samples == 108000)) || fail "big has $samples samples after the move; 108000 rewards were acknowledged"
+if out=$(on decisiond-0 choose big --x=0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0 2>&1); then
+  fail "decisiond-0 still serves big"
+fi
+[[ "$out" == *"FAILED_PRECONDITION"*"decisiond-2"* ]] || fail "decisiond-0 on big: $out"
+ok "every one of the 108000 acknowledged rewards is on decisiond-2; decisiond-0 refuses big: $out"
+sed -n 's/^/   /p' "$WORK/move.log"
+
 echo "PASS"

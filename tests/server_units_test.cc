@@ -115,6 +115,12 @@ TEST(PlacementTest, AReplicaRefusesWhatTheMapPlacesElsewhereAndAReloadKeepsAGood
   std::ofstream(path) << "broken\n";
   EXPECT_EQ((*placement)->Reload().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*placement)->Check("home").code(), absl::StatusCode::kFailedPrecondition);
+  // A problem imported here (a move) is served before the map says so, and after reloads.
+  (*placement)->Claim("home");
+  EXPECT_TRUE((*placement)->Check("home").ok());
+  std::ofstream(path) << "home r1\n";
+  ASSERT_TRUE((*placement)->Reload().ok());
+  EXPECT_TRUE((*placement)->Check("home").ok());
   std::remove(path.c_str());
   EXPECT_EQ(Placement::Open("r0", path).status().code(), absl::StatusCode::kNotFound);
   auto none = Placement::Open("r0", "");
