@@ -3,7 +3,9 @@
 # fresh data directories (both pinned to CPU 0, decisionctl to CPU 1), a problem of letter's
 # shape (26 arms, 16 features) filled with SAMPLES rewarded decisions by parallel replays of
 # bench/data/letter.csv, then the move with a placement command that does nothing (no
-# proxy: the figure is the copy, the load on the target and the fence). Prints the
+# proxy: the figure is the copy, the load on the target and the fence), twice: first
+# without the catch-up (fenced for the whole copy), then back with it (the default: the
+# copy at a snapshot while it serves, then fenced for what changed since). Prints each
 # move's own report: records and bytes copied, and how long the problem was unavailable.
 #
 # Usage: bench/move_problem.sh [SAMPLES (100000, a multiple of 20000)] [DECISIOND] [DECISIONCTL]
@@ -31,6 +33,11 @@ seq 1 $((samples / 20000)) | xargs -P 4 -I{} \
   $C --server=127.0.0.1:50091 replay big --data=bench/data/letter.csv >/dev/null
 echo "filled: $($C --server=127.0.0.1:50091 estimates big | head -n 1) in $(($(date +%s) - start)) s"
 echo "source store: $(du -sh "$dir/source" | cut -f1)"
+echo "-- stop and copy (--catch_up=false), source -> target:"
 $C --server=127.0.0.1:50091 move-problem big --to=127.0.0.1:50092 --to_replica=target \
-  --page_bytes=$((1 << 20)) --place_cmd=true
+  --page_bytes=$((1 << 20)) --place_cmd=true --catch_up=false
 echo "target: $($C --server=127.0.0.1:50092 estimates big | head -n 1)"
+echo "-- with the catch-up (the default), target -> source (the import replaces its stub):"
+$C --server=127.0.0.1:50092 move-problem big --to=127.0.0.1:50091 --to_replica=source \
+  --page_bytes=$((1 << 20)) --place_cmd=true
+echo "source: $($C --server=127.0.0.1:50091 estimates big | head -n 1)"

@@ -345,10 +345,12 @@ absl::StatusOr<v1::TrainingJob> DecisionClient::GetTrainingJob(const std::string
 }
 
 absl::StatusOr<v1::BeginMoveResponse> DecisionClient::BeginMove(const std::string& problem_id,
-                                                                const std::string& to_replica) {
+                                                                const std::string& to_replica,
+                                                                bool catch_up) {
   v1::BeginMoveRequest request;
   request.set_problem_id(problem_id);
   request.set_to_replica(to_replica);
+  request.set_catch_up(catch_up);
   return Unary<v1::BeginMoveResponse>(1, request,
                                       [&](grpc::ClientContext* ctx, v1::BeginMoveResponse* r) {
                                         return stub_->BeginMove(ctx, request, r);

@@ -131,7 +131,8 @@ class DecisionClient {
   // retried (a repeated BeginMove finds the problem moving, a repeated commit finds it
   // imported); ExportProblem (a read) and EndMove (which answers OK again once done) are.
   absl::StatusOr<v1::BeginMoveResponse> BeginMove(const std::string& problem_id,
-                                                  const std::string& to_replica);
+                                                  const std::string& to_replica,
+                                                  bool catch_up = false);
   absl::StatusOr<v1::ExportProblemResponse> ExportProblem(const v1::ExportProblemRequest& request);
   absl::StatusOr<v1::ImportProblemResponse> ImportProblem(const v1::ImportProblemRequest& request);
   absl::Status EndMove(const std::string& problem_id, bool abort);

@@ -51,9 +51,10 @@
 //       --tokens_file (the token itself is never stored)
 //   move-problem PROBLEM --to=HOST:PORT --to_replica=NAME [--place_cmd=CMD] [--page_bytes=N]
 //       moves a problem with everything it learned from --server (its owner) to another
-//       replica (docs/SCALING.md, "Moving a problem"): fences it on the source (its calls
-//       answer UNAVAILABLE, which clients retry), copies its records, loads them on the
-//       target, runs CMD to switch the placement (with DECISION_PROBLEM and
+//       replica (docs/SCALING.md, "Moving a problem"): copies its records at a snapshot
+//       while it serves, fences it on the source (its calls answer UNAVAILABLE, which
+//       clients retry), copies what changed since, loads it on the target, checks the
+//       estimates match, runs CMD to switch the placement (with DECISION_PROBLEM and
 //       DECISION_REPLICA set; for example deploy/haproxy/place.sh), then records the move
 //       on the source and deletes its copy. A failure before the switch aborts the move
 //       (the source serves again); a failed CMD leaves the source fenced, for end-move.
@@ -171,6 +172,9 @@ ABSL_FLAG(std::string, place_cmd, "",
           "move-problem: shell command that places the problem on the target (env "
           "DECISION_PROBLEM, DECISION_REPLICA); empty: stop before the switch");
 ABSL_FLAG(int64_t, page_bytes, 1 << 20, "move-problem: bytes of records per page");
+ABSL_FLAG(bool, catch_up, true,
+          "move-problem: copy at a snapshot while the problem serves, then fence it and copy "
+          "only what changed since (false: fence, then copy everything)");
 ABSL_FLAG(bool, abort, false, "end-move: serve the problem on the source again");
 ABSL_FLAG(int, max_attempts, 4,
           "attempts of a call the client retries when UNAVAILABLE (backoff from 50 ms, "
@@ -1057,13 +1061,40 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
   target_options.address = absl::GetFlag(FLAGS_to);
   DecisionClient target(target_options);
   if (!target.status().ok()) return Fail(target.status());
+  const bool catch_up = absl::GetFlag(FLAGS_catch_up);
   const auto start = std::chrono::steady_clock::now();
-  // 1. The fence: from here the problem is unavailable until the placement switches.
-  absl::StatusOr<v1::BeginMoveResponse> begun = source.BeginMove(problem, to_replica);
-  if (!begun.ok()) return Fail(begun.status());
-  std::printf("fenced %s on %s (%lld samples) in %.0f ms\n", problem.c_str(),
-              options.address.c_str(), static_cast<long long>(begun->samples()),
-              MsSince(start));
+  v1::ImportProblemRequest import;
+  import.set_problem_id(problem);
+  import.set_first(true);
+  int64_t records = 0, bytes = 0;
+  v1::Estimates target_estimates;
+  // Pages of records (or, with `changes`, of what changed since the snapshot) from the
+  // source to the target; the last one commits when `commit_state` is given.
+  const auto copy = [&](bool changes, const std::string* commit_state) -> absl::Status {
+    v1::ExportProblemRequest page;
+    page.set_problem_id(problem);
+    page.set_max_bytes(absl::GetFlag(FLAGS_page_bytes));
+    page.set_changes(changes);
+    for (bool done = false; !done;) {
+      absl::StatusOr<v1::ExportProblemResponse> exported = source.ExportProblem(page);
+      if (!exported.ok()) return exported.status();
+      done = exported->done();
+      *page.mutable_cursor() = exported->next();
+      import.mutable_entries()->Swap(exported->mutable_entries());
+      if (done && commit_state != nullptr) {
+        import.set_commit(true);
+        import.set_generator_state(*commit_state);
+      }
+      absl::StatusOr<v1::ImportProblemResponse> imported = target.ImportProblem(import);
+      if (!imported.ok()) return imported.status();
+      records = imported->entries();
+      bytes = imported->bytes();
+      if (import.commit()) target_estimates = imported->estimates();
+      import.clear_entries();
+      import.set_first(false);
+    }
+    return absl::OkStatus();
+  };
   const auto abort = [&](const absl::Status& why) {
     std::fprintf(stderr, "decisionctl: move-problem: %s\n", why.ToString().c_str());
     if (absl::Status s = source.EndMove(problem, /*abort=*/true); !s.ok()) {
@@ -1076,36 +1107,34 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
     }
     return 1;
   };
-  // 2, 3. Copy the records, page by page, and load them on the target.
-  v1::ExportProblemRequest page;
-  page.set_problem_id(problem);
-  page.set_max_bytes(absl::GetFlag(FLAGS_page_bytes));
-  v1::ImportProblemRequest import;
-  import.set_problem_id(problem);
-  import.set_first(true);
-  int64_t records = 0, bytes = 0;
-  v1::Estimates target_estimates;
-  for (bool done = false; !done;) {
-    absl::StatusOr<v1::ExportProblemResponse> exported = source.ExportProblem(page);
-    if (!exported.ok()) return abort(exported.status());
-    done = exported->done();
-    *page.mutable_cursor() = exported->next();
-    import.mutable_entries()->Swap(exported->mutable_entries());
-    if (done) {
-      import.set_commit(true);
-      import.set_generator_state(begun->generator_state());
-    }
-    absl::StatusOr<v1::ImportProblemResponse> imported = target.ImportProblem(import);
-    if (!imported.ok()) return abort(imported.status());
-    records = imported->entries();
-    bytes = imported->bytes();
-    if (done) target_estimates = imported->estimates();
-    import.clear_entries();
-    import.set_first(false);
+  // 1, 2. With the catch-up: the copy at a snapshot, while the problem serves.
+  if (catch_up) {
+    absl::StatusOr<v1::BeginMoveResponse> snapshot =
+        source.BeginMove(problem, to_replica, /*catch_up=*/true);
+    if (!snapshot.ok()) return Fail(snapshot.status());
+    if (absl::Status s = copy(/*changes=*/false, nullptr); !s.ok()) return abort(s);
+    std::printf("copied %lld records (%.1f MB) at a snapshot (%lld samples) in %.0f ms, "
+                "serving meanwhile\n",
+                static_cast<long long>(records), bytes / 1e6,
+                static_cast<long long>(snapshot->samples()), MsSince(start));
   }
-  std::printf("copied %lld records (%.1f MB) to %s at %.0f ms; it serves %s\n",
-              static_cast<long long>(records), bytes / 1e6, target_options.address.c_str(),
-              MsSince(start), problem.c_str());
+  // The fence: from here the problem is unavailable until the placement switches.
+  const auto fenced_at = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::BeginMoveResponse> begun = source.BeginMove(problem, to_replica, false);
+  if (!begun.ok()) return catch_up ? abort(begun.status()) : Fail(begun.status());
+  std::printf("fenced %s on %s (%lld samples) in %.0f ms\n", problem.c_str(),
+              options.address.c_str(), static_cast<long long>(begun->samples()),
+              MsSince(fenced_at));
+  // 3. What changed since the snapshot (or everything), and the load on the target.
+  const int64_t before = records;
+  if (absl::Status s = copy(/*changes=*/catch_up, &begun->generator_state()); !s.ok()) {
+    return abort(s);
+  }
+  std::printf("copied %lld %s (%.1f MB in all) to %s at %.0f ms after the fence; it serves "
+              "%s\n",
+              static_cast<long long>(records - before), catch_up ? "changes" : "records",
+              bytes / 1e6, target_options.address.c_str(), MsSince(fenced_at),
+              problem.c_str());
   // The target learned what the source had: the same estimates, bit for bit.
   if (target_estimates.SerializeAsString() != begun->estimates().SerializeAsString()) {
     std::fprintf(stderr, "decisionctl: the target's estimates of %s differ from the source's "
@@ -1135,7 +1164,7 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
                  problem.c_str());
     return 1;
   }
-  const double unavailable_ms = MsSince(start);
+  const double unavailable_ms = MsSince(fenced_at);
   // 5, 6. The source records the move and deletes its copy.
   if (absl::Status s = source.EndMove(problem, /*abort=*/false); !s.ok()) {
     std::fprintf(stderr, "decisionctl: the placement switched, but the source did not record "

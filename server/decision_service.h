@@ -377,8 +377,15 @@ class DecisionService {
     uint32_t index = 0;
   };
   absl::flat_hash_map<std::string, MovedAway> moved_away_ ABSL_GUARDED_BY(mu_);
-  // Problems fenced here by BeginMove, and the replica they are moving to.
-  absl::flat_hash_map<std::string, std::string> moving_ ABSL_GUARDED_BY(mu_);
+  // Problems moving away from here (BeginMove): the replica they are moving to, whether
+  // they are fenced, and whether the copy began at a snapshot (catch_up).
+  struct Moving {
+    std::string to;
+    bool fenced = false;
+    bool watched = false;
+    bool fencing = false;  // a BeginMove is fencing it now
+  };
+  absl::flat_hash_map<std::string, Moving> moving_ ABSL_GUARDED_BY(mu_);
   // Imports in progress on this replica (the target).
   struct Import {
     uint32_t index = 0;

@@ -1,10 +1,15 @@
 // DecisionService: moving a problem to another replica (docs/SCALING.md, "Moving a
 // problem"; decisionctl move-problem drives the steps):
+//   source  BeginMove      with catch_up: a snapshot, and the store notes every write to
+//                          the problem from then on; it serves on
+//   source  ExportProblem  the records at the snapshot, a page at a time
+//   target  ImportProblem  the records under a new index, marked importing
 //   source  BeginMove      fence: changes refused (UNAVAILABLE), calls in flight answered,
 //                          everything answered written, learned and checkpointed
-//   source  ExportProblem  the problem's records, a page at a time (they no longer change)
-//   target  ImportProblem  the records under a new index, marked importing; then commit:
-//                          the restart code loads them, and the target serves the problem
+//   source  ExportProblem  with changes: the keys written since the snapshot (their values
+//                          now, or deletions); without catch_up, the whole problem here
+//   target  ImportProblem  those; then commit: the restart code loads the records, and the
+//                          target serves the problem
 //           (the placement map switches to the target: deploy/haproxy/place.sh)
 //   source  EndMove        a durable stub naming the new owner replaces the records, or,
 //                          on abort, the fence is lifted and the source serves again
@@ -40,14 +45,32 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
   DECISION_RETURN_IF_ERROR(ValidateReplicaId(request.to_replica(), "to_replica"));
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("moves"));
+  bool watched = false;  // the copy began at a snapshot: this call fences it
   {
     absl::MutexLock lock(&mu_);
     if (auto it = moving_.find(p->id()); it != moving_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "problem ", p->id(), " is already moving to replica ", it->second,
-          " (EndMove with abort ends that move)"));
+      if (request.catch_up() || it->second.fenced || it->second.fencing ||
+          !it->second.watched || it->second.to != request.to_replica()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", p->id(), " is already moving to replica ", it->second.to,
+            " (EndMove with abort ends that move)"));
+      }
+      watched = true;
+      it->second.fencing = true;
+    } else {
+      moving_[p->id()] = {request.to_replica(), false, request.catch_up(),
+                          /*fencing=*/!request.catch_up()};
     }
-    moving_[p->id()] = request.to_replica();
+  }
+  if (request.catch_up()) {
+    // The copy begins at a snapshot, and the store notes what is written from now on.
+    if (absl::Status s = store_->WatchProblem(p->index()); !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      moving_.erase(p->id());
+      return s;
+    }
+    response->set_samples(p->Summary().samples());
+    return absl::OkStatus();
   }
   absl::Status s = p->Fence(
       absl::UnavailableError(absl::StrCat("problem ", p->id(), " is moving to replica ",
@@ -67,10 +90,22 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
   if (s.ok()) s = p->WriteLogChunks();
   if (s.ok()) s = p->Checkpoint();
   if (!s.ok()) {
+    // The whole move ends: the mover starts it again.
     if (p->fenced()) p->Unfence();
+    if (watched) store_->UnwatchProblem(p->index());
     absl::MutexLock lock(&mu_);
     moving_.erase(p->id());
     return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = moving_.find(p->id());
+    if (it == moving_.end()) {
+      return absl::AbortedError(absl::StrCat("the move of problem ", p->id(),
+                                             " was aborted while it was being fenced"));
+    }
+    it->second.fencing = false;
+    it->second.fenced = true;
   }
   response->set_generator_state(p->GeneratorState());
   response->set_samples(p->Summary().samples());
@@ -81,13 +116,21 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
 absl::Status DecisionService::ExportProblem(const v1::ExportProblemRequest& request,
                                             v1::ExportProblemResponse* response) {
   DECISION_ASSIGN_OR_RETURN(Problem * p, Find(request.problem_id()));
+  Moving moving;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (!moving_.contains(p->id())) {
+    auto it = moving_.find(p->id());
+    if (it == moving_.end()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "problem ", p->id(), " is not fenced for a move: call BeginMove first (its "
-          "records change while it serves)"));
+          "problem ", p->id(), " is not moving: call BeginMove first (its records change "
+          "while it serves)"));
     }
+    moving = it->second;
+  }
+  if (request.changes() && !(moving.watched && moving.fenced)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", p->id(), " has no changes to export: they are those since a catch_up "
+        "BeginMove, once a second BeginMove fenced it"));
   }
   if (request.max_bytes() < 0) {
     return absl::InvalidArgumentError(
@@ -105,20 +148,36 @@ absl::Status DecisionService::ExportProblem(const v1::ExportProblemRequest& requ
                                                    "; it must be in [0, ",
                                                    storage::kProblemFamilies, ")"));
   }
-  DECISION_ASSIGN_OR_RETURN(
-      const bool more,
-      store_->ExportProblemPage(p->index(), &cursor, max_bytes,
-                                [response](int f, absl::string_view key,
-                                           absl::string_view value) {
-                                  v1::ProblemEntry* e = response->add_entries();
-                                  e->set_family(f);
-                                  e->set_key(std::string(key));
-                                  e->set_value(std::string(value));
-                                }));
+  absl::StatusOr<bool> more;
+  if (request.changes()) {
+    more = store_->ExportProblemChanges(
+        p->index(), &cursor, max_bytes, [response](const storage::Store::ProblemEntry& e) {
+          v1::ProblemEntry* out = response->add_entries();
+          out->set_family(e.family);
+          out->set_key(e.key);
+          out->set_value(e.value);
+          out->set_deleted(e.op == storage::Store::ProblemEntry::kDelete);
+          if (e.op == storage::Store::ProblemEntry::kDeleteRange) {
+            out->set_range(true);
+            out->set_range_end(e.range_end);
+          }
+        });
+  } else {
+    more = store_->ExportProblemPage(
+        p->index(), &cursor, max_bytes,
+        [response](int f, absl::string_view key, absl::string_view value) {
+          v1::ProblemEntry* e = response->add_entries();
+          e->set_family(f);
+          e->set_key(std::string(key));
+          e->set_value(std::string(value));
+        },
+        /*at_snapshot=*/moving.watched);
+  }
+  if (!more.ok()) return more.status();
   response->mutable_next()->set_family(std::min(cursor.family, storage::kProblemFamilies - 1));
   response->mutable_next()->set_started(cursor.started);
   response->mutable_next()->set_after(cursor.after);
-  response->set_done(!more);
+  response->set_done(!*more);
   return absl::OkStatus();
 }
 
@@ -181,7 +240,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   std::vector<storage::Store::ProblemEntry> entries;
   for (int i = 0; s.ok() && i < request.entries_size(); ++i) {
     const v1::ProblemEntry& e = request.entries(i);
-    if (e.family() == 0) {
+    if (e.family() == 0 && !e.deleted() && !e.range()) {
       storage::v1::ProblemRecord record;
       if (!e.key().empty() || !record.ParseFromString(e.value()) || record.problem_id() != id) {
         s = absl::InvalidArgumentError(absl::StrCat(
@@ -192,7 +251,17 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
       import.record = std::move(record);
       continue;
     }
-    entries.push_back({e.family(), e.key(), e.value()});
+    storage::Store::ProblemEntry entry;
+    entry.family = e.family();
+    entry.key = e.key();
+    entry.value = e.value();
+    if (e.range()) {
+      entry.op = storage::Store::ProblemEntry::kDeleteRange;
+      entry.range_end = e.range_end();
+    } else if (e.deleted()) {
+      entry.op = storage::Store::ProblemEntry::kDelete;
+    }
+    entries.push_back(std::move(entry));
     import.bytes += static_cast<int64_t>(e.key().size() + e.value().size());
   }
   if (s.ok() && !entries.empty()) s = store_->ImportProblemEntries(import.index, entries);
@@ -259,6 +328,7 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
   DECISION_RETURN_IF_ERROR(ValidateProblemId(request.problem_id()));
   Problem* p = nullptr;
   std::string to;
+  bool fenced = false, watched = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = moving_.find(request.problem_id());
@@ -270,17 +340,31 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
       return absl::FailedPreconditionError(absl::StrCat(
           "problem ", request.problem_id(), " is not moving from this replica (BeginMove)"));
     }
-    to = it->second;
+    if (it->second.fencing) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "problem ", request.problem_id(), " is being fenced by a BeginMove: end its move "
+          "once that returns"));
+    }
+    to = it->second.to;
+    fenced = it->second.fenced;
+    watched = it->second.watched;
     p = problems_.at(request.problem_id()).get();
   }
   if (request.abort()) {
+    if (watched) store_->UnwatchProblem(p->index());
     p->Unfence();
     p->MarkPoolWork();
     absl::MutexLock lock(&mu_);
     moving_.erase(request.problem_id());
     return absl::OkStatus();
   }
+  if (!fenced) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", request.problem_id(), " is not fenced: its move ends after the second "
+        "BeginMove (the one without catch_up)"));
+  }
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("moves"));
+  if (watched) store_->UnwatchProblem(p->index());
   storage::v1::ProblemRecord stub = p->record();
   stub.set_moved_to(to);
   DECISION_RETURN_IF_ERROR(store_->DeleteProblem(p->index(), &stub));

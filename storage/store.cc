@@ -64,6 +64,12 @@ std::string PendingKey(uint32_t problem, int64_t deadline_ms, absl::string_view 
   return k;
 }
 
+// The first key past every key of `problem`'s prefix (the last index has no successor:
+// past every 4-byte-prefixed key).
+std::string PrefixEnd(uint32_t problem) {
+  return problem == UINT32_MAX ? std::string(5, '\xff') : Key32(problem + 1);
+}
+
 std::string Key32x2(uint32_t a, uint32_t b) {
   std::string k = Key32(a);
   AppendU32(&k, b);
@@ -331,6 +337,7 @@ absl::Status Store::OpenDbLocked() {
 }
 
 absl::Status Store::CloseDbLocked() {
+  EndWatchesLocked();  // RocksDB refuses to close with a snapshot held
   absl::Status status = absl::OkStatus();
   if (health_->writable()) {
     status = FromRocks(db_->FlushWAL(/*sync=*/true), "flushing the WAL");
@@ -425,7 +432,11 @@ absl::Status Store::Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::
   }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
+  std::shared_lock<std::shared_mutex> watch(watch_mu_);
   const rocksdb::Status s = db_->Put(write, cf, key, record.SerializeAsString());
+  if (s.ok() && watch_count_.load(std::memory_order_relaxed) > 0) {
+    NoteWatchedKey(cf->GetID(), key);
+  }
   return s.ok() ? absl::OkStatus() : WriteError(*health_, s, what);
 }
 
@@ -546,7 +557,9 @@ absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view what) {
   }
   rocksdb::WriteOptions write;
   write.sync = options_.sync;
+  std::shared_lock<std::shared_mutex> watch(watch_mu_);
   const rocksdb::Status s = db_->Write(write, batch);
+  if (s.ok() && watch_count_.load(std::memory_order_relaxed) > 0) NoteWatchedWrites(batch);
   return s.ok() ? absl::OkStatus() : WriteError(*health_, s, what);
 }
 
@@ -555,12 +568,22 @@ Store::WriteGroup::~WriteGroup() = default;
 
 absl::StatusOr<bool> Store::ExportProblemPage(
     uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
-    const std::function<void(int, absl::string_view, absl::string_view)>& fn) {
+    const std::function<void(int, absl::string_view, absl::string_view)>& fn,
+    bool at_snapshot) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return NotOpen();
   const std::string prefix = Key32(problem);
   rocksdb::ReadOptions read;
   read.fill_cache = false;  // a bulk scan, as in Scan
+  if (at_snapshot) {
+    absl::MutexLock watches(&watches_mu_);
+    auto it = watches_.find(problem);
+    if (it == watches_.end() || it->second.snapshot == nullptr) {
+      return absl::AbortedError(
+          "storage: the problem's snapshot is gone (not watched, or the store reopened)");
+    }
+    read.snapshot = it->second.snapshot;  // released only under db_mu_ held exclusively
+  }
   int64_t bytes = 0;
   for (; cursor->family >= 0 && cursor->family < kProblemFamilies;
        ++cursor->family, cursor->started = false, cursor->after.clear()) {
@@ -583,6 +606,162 @@ absl::StatusOr<bool> Store::ExportProblemPage(
   return false;
 }
 
+absl::Status Store::WatchProblem(uint32_t problem) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  // No write is between its write and its note: each is in the snapshot or noted.
+  std::unique_lock<std::shared_mutex> writes(watch_mu_);
+  absl::MutexLock watches(&watches_mu_);
+  if (watches_.count(problem) > 0) {
+    return absl::FailedPreconditionError("storage: the problem is watched already");
+  }
+  watches_[problem].snapshot = db_->GetSnapshot();
+  watch_count_.store(static_cast<int>(watches_.size()));
+  return absl::OkStatus();
+}
+
+void Store::UnwatchProblem(uint32_t problem) {
+  // Exclusively: no export reads at the snapshot while it is released.
+  std::unique_lock<std::shared_mutex> lock(db_mu_);
+  absl::MutexLock watches(&watches_mu_);
+  auto it = watches_.find(problem);
+  if (it == watches_.end()) return;
+  if (it->second.snapshot != nullptr && db_ != nullptr) db_->ReleaseSnapshot(it->second.snapshot);
+  watches_.erase(it);
+  watch_count_.store(static_cast<int>(watches_.size()));
+}
+
+void Store::EndWatchesLocked() {
+  absl::MutexLock watches(&watches_mu_);
+  for (auto& [problem, watch] : watches_) {
+    if (watch.snapshot != nullptr) db_->ReleaseSnapshot(watch.snapshot);
+    watch.snapshot = nullptr;  // its changes are unknown from now on
+  }
+}
+
+void Store::NoteWatchedKey(uint32_t column_family_id, absl::string_view key) {
+  if (key.size() < 4) return;
+  int family = -1;
+  for (int f = 0; f < kProblemFamilies; ++f) {
+    if (handles_[f + 1]->GetID() == column_family_id) family = f;
+  }
+  if (family < 0) return;
+  absl::MutexLock watches(&watches_mu_);
+  auto it = watches_.find(ReadU32(key));
+  if (it != watches_.end()) it->second.keys.emplace(family, std::string(key.substr(4)));
+}
+
+void Store::NoteWatchedWrites(rocksdb::WriteBatch* batch) {
+  class Recorder final : public rocksdb::WriteBatch::Handler {
+   public:
+    explicit Recorder(Store* store) : store_(store) {}
+    rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice& key,
+                          const rocksdb::Slice&) override {
+      store_->NoteWatchedKey(cf, absl::string_view(key.data(), key.size()));
+      return rocksdb::Status::OK();
+    }
+    rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+      store_->NoteWatchedKey(cf, absl::string_view(key.data(), key.size()));
+      return rocksdb::Status::OK();
+    }
+    rocksdb::Status SingleDeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+      return DeleteCF(cf, key);
+    }
+    rocksdb::Status MergeCF(uint32_t cf, const rocksdb::Slice& key,
+                            const rocksdb::Slice& value) override {
+      return PutCF(cf, key, value);
+    }
+    rocksdb::Status DeleteRangeCF(uint32_t cf, const rocksdb::Slice& begin,
+                                  const rocksdb::Slice& end) override {
+      if (begin.size() < 4) return rocksdb::Status::OK();
+      int family = -1;
+      for (int f = 0; f < kProblemFamilies; ++f) {
+        if (store_->handles_[f + 1]->GetID() == cf) family = f;
+      }
+      if (family < 0) return rocksdb::Status::OK();
+      const absl::string_view b(begin.data(), begin.size()), e(end.data(), end.size());
+      absl::MutexLock watches(&store_->watches_mu_);
+      auto it = store_->watches_.find(ReadU32(b));
+      if (it == store_->watches_.end()) return rocksdb::Status::OK();
+      // An end past the problem's prefix deletes to the end of it.
+      const bool within = e.size() >= 4 && e.substr(0, 4) == b.substr(0, 4);
+      it->second.ranges.emplace_back(family, std::string(b.substr(4)),
+                                     within ? std::string(e.substr(4)) : std::string());
+      return rocksdb::Status::OK();
+    }
+
+   private:
+    Store* store_;
+  };
+  Recorder recorder(this);
+  batch->Iterate(&recorder).PermitUncheckedError();
+}
+
+absl::StatusOr<bool> Store::ExportProblemChanges(
+    uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
+    const std::function<void(const ProblemEntry&)>& fn) {
+  std::shared_lock<std::shared_mutex> lock(db_mu_);
+  if (db_ == nullptr) return NotOpen();
+  std::vector<std::pair<int, std::string>> keys;  // this page's, copied out of the lock
+  std::vector<ProblemEntry> ranges;
+  {
+    absl::MutexLock watches(&watches_mu_);
+    auto it = watches_.find(problem);
+    if (it == watches_.end()) {
+      return absl::FailedPreconditionError("storage: the problem is not watched");
+    }
+    if (it->second.snapshot == nullptr) {
+      return absl::AbortedError("storage: the store reopened since the copy began: its "
+                                "changes are unknown");
+    }
+    if (cursor->family == 0 && !cursor->started) {
+      for (const auto& [family, from, to] : it->second.ranges) {
+        ProblemEntry e;
+        e.op = ProblemEntry::kDeleteRange;
+        e.family = family;
+        e.key = from;
+        e.range_end = to;
+        ranges.push_back(std::move(e));
+      }
+    }
+    auto k = cursor->started ? it->second.keys.upper_bound({cursor->family, cursor->after})
+                             : it->second.keys.lower_bound({cursor->family, std::string()});
+    int64_t bytes = 0;
+    for (; k != it->second.keys.end() && bytes < max_bytes; ++k) {
+      keys.push_back(*k);
+      bytes += static_cast<int64_t>(k->second.size()) + 64;  // the value is not known yet
+    }
+  }
+  for (ProblemEntry& e : ranges) fn(e);
+  const std::string prefix = Key32(problem);
+  int64_t bytes = 0;
+  size_t given = 0;
+  for (; given < keys.size() && bytes < max_bytes; ++given) {
+    const auto& [family, key] = keys[given];
+    ProblemEntry e;
+    e.family = family;
+    e.key = key;
+    const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handles_[family + 1],
+                                       absl::StrCat(prefix, key), &e.value);
+    if (s.IsNotFound()) {
+      e.op = ProblemEntry::kDelete;
+    } else if (!s.ok()) {
+      return FromRocks(s, "problem changes");
+    }
+    bytes += static_cast<int64_t>(e.key.size() + e.value.size());
+    fn(e);
+    cursor->family = family;
+    cursor->started = true;
+    cursor->after = key;
+  }
+  absl::MutexLock watches(&watches_mu_);
+  auto it = watches_.find(problem);
+  if (it == watches_.end()) return absl::AbortedError("storage: the watch ended");
+  const std::set<std::pair<int, std::string>>& noted = it->second.keys;
+  return (cursor->started ? noted.upper_bound({cursor->family, cursor->after})
+                          : noted.begin()) != noted.end();
+}
+
 absl::Status Store::ImportProblemEntries(uint32_t problem,
                                          const std::vector<ProblemEntry>& entries) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
@@ -597,9 +776,20 @@ absl::Status Store::ImportProblemEntries(uint32_t problem,
           "an imported record must be of a family 1..", kProblemFamilies - 1, "; got ",
           e.family));
     }
-    const rocksdb::Status s =
-        batch.Put(handles_[e.family + 1], absl::StrCat(prefix, e.key), e.value);
+    rocksdb::ColumnFamilyHandle* const cf = handles_[e.family + 1];
+    const std::string key = absl::StrCat(prefix, e.key);
+    rocksdb::Status s;
+    switch (e.op) {
+      case ProblemEntry::kPut: s = batch.Put(cf, key, e.value); break;
+      case ProblemEntry::kDelete: s = batch.Delete(cf, key); break;
+      case ProblemEntry::kDeleteRange:
+        s = batch.DeleteRange(cf, key,
+                              e.range_end.empty() ? PrefixEnd(problem)
+                                                  : absl::StrCat(prefix, e.range_end));
+        break;
+    }
     if (!s.ok()) return FromRocks(s, "problem import");
+    if (e.op != ProblemEntry::kPut) continue;
     if (kFamilyNames[e.family] == absl::string_view("checkpoints") && e.key == retention_key) {
       cut.emplace();
       if (!cut->ParseFromString(e.value)) {
@@ -618,8 +808,7 @@ absl::Status Store::DeleteProblem(uint32_t problem, const v1::ProblemRecord* stu
   if (db_ == nullptr) return NotOpen();
   rocksdb::WriteBatch batch;
   const std::string begin = Key32(problem);
-  // The last index has no successor key: its range ends past every 4-byte-prefixed key.
-  const std::string end = problem == UINT32_MAX ? std::string(5, '\xff') : Key32(problem + 1);
+  const std::string end = PrefixEnd(problem);
   for (int f = 0; f < kProblemFamilies; ++f) {
     const rocksdb::Status s = batch.DeleteRange(handles_[f + 1], begin, end);
     if (!s.ok()) return FromRocks(s, "problem deletion");

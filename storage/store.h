@@ -34,10 +34,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +54,7 @@
 namespace rocksdb {
 class Cache;
 class ColumnFamilyHandle;
+class Snapshot;
 class CompactionFilter;
 class DB;
 class Env;
@@ -310,9 +315,13 @@ class Store {
   // kProblemFamilies). A record: its family, its key without the problem's index, its
   // value.
   struct ProblemEntry {
+    enum Op { kPut, kDelete, kDeleteRange };
     int family = 0;
-    std::string key;
+    std::string key;  // kDeleteRange: from this key
     std::string value;
+    Op op = kPut;
+    // kDeleteRange: to this key, excluded; empty: to the end of the problem's keys.
+    std::string range_end;
   };
   // Where an export page starts: in `family`, after the key `after` if `started` (a key
   // may be empty: the problem and checkpoint records'), else from its first record.
@@ -325,13 +334,31 @@ class Store {
   // least `max_bytes` of keys and values (at least one record); moves the cursor past the
   // last one given. Returns whether records may remain. The caller keeps the problem from
   // changing between pages (a fenced problem does not).
+  // With `at_snapshot`, the records as they were at WatchProblem.
   absl::StatusOr<bool> ExportProblemPage(
       uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
-      const std::function<void(int family, absl::string_view key, absl::string_view value)>& fn);
-  // Writes the entries under `problem`, in one write. INVALID_ARGUMENT, with nothing
-  // written, for a family outside [1, kProblemFamilies) (the problem record is written
-  // with PutProblem). A retention cut among them is put in force for the events'
-  // compaction filter.
+      const std::function<void(int family, absl::string_view key, absl::string_view value)>& fn,
+      bool at_snapshot = false);
+  // A move with a catch-up: from this call on the store notes every key of `problem` that
+  // is written (puts, deletions, range deletions) and keeps a snapshot, atomically: each
+  // write is in the snapshot or noted. The copy reads at the snapshot while the problem
+  // serves; ExportProblemChanges then gives what was written since. The notes grow with
+  // the writes until UnwatchProblem. FAILED_PRECONDITION if the problem is watched
+  // already. A reopen (Recover) or Close ends every watch (the snapshot is gone):
+  // ExportProblemChanges then fails with ABORTED.
+  absl::Status WatchProblem(uint32_t problem);
+  void UnwatchProblem(uint32_t problem);
+  // The keys written since WatchProblem after the cursor, in (family, key) order, each with
+  // its value now or as a deletion; the range deletions come first, on the page that
+  // starts at the first family. Pages as ExportProblemPage. FAILED_PRECONDITION if the
+  // problem is not watched.
+  absl::StatusOr<bool> ExportProblemChanges(uint32_t problem, ExportCursor* cursor,
+                                            int64_t max_bytes,
+                                            const std::function<void(const ProblemEntry&)>& fn);
+  // Writes the entries under `problem` (puts, deletions, range deletions in that order
+  // within the write), in one write. INVALID_ARGUMENT, with nothing written, for a family
+  // outside [1, kProblemFamilies) (the problem record is written with PutProblem). A
+  // retention cut among them is put in force for the events' compaction filter.
   absl::Status ImportProblemEntries(uint32_t problem, const std::vector<ProblemEntry>& entries);
   // Deletes every record of `problem` in the families of kProblemFamilies (range deletions:
   // no scan), in one write; with a `stub`, its problem record becomes the stub instead.
@@ -383,8 +410,26 @@ class Store {
   std::vector<rocksdb::ColumnFamilyHandle*> SmallFamiliesLocked() const;
   void StopEventCompactions();
 
+  // The watches (WatchProblem): note the keys of `batch` (or of one put) written to
+  // watched problems. REQUIRES: watch_mu_ held shared, the write done.
+  void NoteWatchedWrites(rocksdb::WriteBatch* batch);
+  void NoteWatchedKey(uint32_t column_family_id, absl::string_view key);
+  // REQUIRES: db_mu_ held exclusively. Releases every watch's snapshot.
+  void EndWatchesLocked();
+
   std::string path_;
   StoreOptions options_;
+  // Watches. Every write holds watch_mu_ shared from before it writes until its keys are
+  // noted; WatchProblem takes it exclusively to take its snapshot.
+  struct Watch {
+    const rocksdb::Snapshot* snapshot = nullptr;  // null once a reopen ended it
+    std::set<std::pair<int, std::string>> keys;    // (family, key without the prefix)
+    std::vector<std::tuple<int, std::string, std::string>> ranges;  // family, from, to
+  };
+  std::shared_mutex watch_mu_;
+  absl::Mutex watches_mu_ ABSL_ACQUIRED_AFTER(watch_mu_);
+  std::map<uint32_t, Watch> watches_ ABSL_GUARDED_BY(watches_mu_);
+  std::atomic<int> watch_count_{0};  // watches_.size(), read without the lock
   std::shared_ptr<StoreHealthTracker> health_;  // shared with RocksDB's listener
   std::shared_ptr<RetentionCuts> cuts_;         // shared with the events' compaction filter
   std::shared_ptr<rocksdb::CompactionFilter> event_filter_;  // outlives the database

@@ -14,8 +14,9 @@
 #   - kill -9 of one replica: the other's problems keep serving with no error, the killed
 #     one's answer UNAVAILABLE through the proxy; once it is restarted on its store they
 #     serve again with every acknowledged reward. The recovery time is printed;
-#   - decisionctl move-problem moves a problem of 100k samples to another replica while a
-#     replay sends it traffic through the proxy: the estimates are identical on both sides,
+#   - decisionctl move-problem moves a problem of 100k samples to another replica (a copy at
+#     a snapshot, then the catch-up behind the fence) while a replay sends it traffic
+#     through the proxy: the estimates are identical on both sides,
 #     every acknowledged reward is on the new owner, the old one refuses the problem
 #     naming it. The unavailability window is printed.
 #

@@ -40,36 +40,53 @@ class MoveTest : public ServiceTest {
     OpenTarget();
   }
 
-  // BeginMove on the source, then every page exported and imported, the last one with the
-  // commit. Returns the first error.
-  absl::Status Move(const std::string& problem, int64_t page_bytes = 4096) {
+  // A move as decisionctl move-problem makes it, without the placement switch and EndMove:
+  // BeginMove, every page exported and imported, the last one with the commit. With
+  // `while_serving`, the catch-up: BeginMove with catch_up, the pages at the snapshot,
+  // then `while_serving()` (the problem serves meanwhile), then the fence and the changes.
+  // Returns the first error.
+  absl::Status Move(const std::string& problem,
+                    const std::function<void()>& while_serving = nullptr) {
     v1::BeginMoveRequest begin;
     begin.set_problem_id(problem);
     begin.set_to_replica("replica-b");
-    v1::BeginMoveResponse begun;
-    DECISION_RETURN_IF_ERROR(service_->BeginMove(begin, &begun));
-    v1::ExportProblemRequest page;
-    page.set_problem_id(problem);
-    page.set_max_bytes(page_bytes);
     v1::ImportProblemRequest import;
     import.set_problem_id(problem);
     import.set_first(true);
     pages_ = 0;
-    for (bool done = false; !done; ++pages_) {
-      v1::ExportProblemResponse exported;
-      DECISION_RETURN_IF_ERROR(service_->ExportProblem(page, &exported));
-      done = exported.done();
-      *page.mutable_cursor() = exported.next();
-      *import.mutable_entries() = exported.entries();
-      if (done) {
-        import.set_commit(true);
-        import.set_generator_state(begun.generator_state());
+    changes_ = 0;
+    auto copy = [&](bool changes, const std::string* commit_state) -> absl::Status {
+      v1::ExportProblemRequest page;
+      page.set_problem_id(problem);
+      page.set_max_bytes(4096);
+      page.set_changes(changes);
+      for (bool done = false; !done; ++pages_) {
+        v1::ExportProblemResponse exported;
+        DECISION_RETURN_IF_ERROR(service_->ExportProblem(page, &exported));
+        done = exported.done();
+        *page.mutable_cursor() = exported.next();
+        *import.mutable_entries() = exported.entries();
+        if (changes) changes_ += exported.entries_size();
+        if (done && commit_state != nullptr) {
+          import.set_commit(true);
+          import.set_generator_state(*commit_state);
+        }
+        v1::ImportProblemResponse imported;
+        DECISION_RETURN_IF_ERROR(target_->ImportProblem(import, &imported));
+        import.set_first(false);
       }
-      v1::ImportProblemResponse imported;
-      DECISION_RETURN_IF_ERROR(target_->ImportProblem(import, &imported));
-      import.set_first(false);
+      return absl::OkStatus();
+    };
+    v1::BeginMoveResponse begun;
+    if (while_serving) {
+      begin.set_catch_up(true);
+      DECISION_RETURN_IF_ERROR(service_->BeginMove(begin, &begun));
+      DECISION_RETURN_IF_ERROR(copy(/*changes=*/false, nullptr));
+      while_serving();
+      begin.set_catch_up(false);
     }
-    return absl::OkStatus();
+    DECISION_RETURN_IF_ERROR(service_->BeginMove(begin, &begun));
+    return copy(/*changes=*/static_cast<bool>(while_serving), &begun.generator_state());
   }
   absl::Status EndMove(const std::string& problem, bool abort) {
     v1::EndMoveRequest end;
@@ -121,13 +138,17 @@ class MoveTest : public ServiceTest {
     PlayRounds("p", 400);
     ASSERT_TRUE(service_->RunMaintenance().ok());
     open_ = Choose("p", "open-decision");
+    open_features_ = last_features_;
   }
 
   std::string target_dir_;
   Metrics target_metrics_;
   std::unique_ptr<DecisionService> target_;
   v1::ChooseResponse open_;
+  std::vector<double> open_features_;
   int pages_ = 0;
+  int changes_ = 0;  // records of the catch-up
+  void ExpectTheSameFuture();
 };
 
 // The target serves the problem as the source would have: the same estimates, experts,
@@ -141,11 +162,52 @@ TEST_F(MoveTest, TheTargetDecidesAsTheSourceWouldHave) {
   EXPECT_GT(pages_, 10);  // 4 KB pages
   EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(), estimates);
   EXPECT_EQ(ExpertsOf(*target_, "p"), experts);
+  ExpectTheSameFuture();
+}
+
+// The same with the catch-up: the copy at a snapshot while the problem serves 300 more
+// rounds, gets a new expert (its record and backfill chunks), a divergence refresh and a
+// deletion of two events (records deleted, samples rewritten); the fence, then only what
+// changed since.
+TEST_F(MoveTest, WithTheCatchUpTheTargetDecidesAsTheSourceWouldHave) {
+  PlayedProblem();
+  Choose("p", "deleted-1");
+  ASSERT_TRUE(Reward("p", "deleted-1", 1.0).ok());
+  ASSERT_TRUE(Move("p", [&] {
+                PlayRounds("p", 300);
+                RegisterLinear("p", 2.0);
+                RunMaintenanceUntilActive("p");
+                v1::DeleteEventsRequest del;
+                del.set_problem_id("p");
+                del.add_event_ids("deleted-1");
+                v1::DeleteEventsResponse deleted;
+                ASSERT_TRUE(service_->DeleteEvents(del, &deleted).ok());
+                ASSERT_EQ(deleted.deleted(), 1);
+                PlayRounds("p", 100);
+              }).ok());
+  EXPECT_GT(changes_, 600);  // 400 rounds: an event and a sample each, and more
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(),
+            EstimatesOf(*service_, "p").SerializeAsString());
+  EXPECT_EQ(ExpertsOf(*target_, "p"), ExpertsOf(*service_, "p"));
+  EXPECT_EQ(EstimatesOf(*target_, "p").samples(), 801);
+  // The deleted event is gone on the target too.
+  v1::ExplainRequest explain;
+  explain.set_problem_id("p");
+  explain.set_event_id("deleted-1");
+  v1::Explanation why;
+  EXPECT_EQ(target_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
+  ExpectTheSameFuture();
+}
+
+// After a move (the source still fenced): the open decision has the same answer on the
+// target; then the move is aborted on the source, and both get the same 300 calls: the
+// same decisions, and the same estimates at the end, also after the target restarts.
+void MoveTest::ExpectTheSameFuture() {
   // The decision waiting for its reward moved with it: the same answer, then its reward.
   v1::ChooseRequest again;
   again.set_problem_id("p");
   again.set_event_id("open-decision");
-  again.mutable_features()->Assign(last_features_.begin(), last_features_.end());
+  again.mutable_features()->Assign(open_features_.begin(), open_features_.end());
   v1::ChooseResponse answer;
   ASSERT_TRUE(target_->Choose(again, &answer).ok());
   EXPECT_EQ(answer.SerializeAsString(), open_.SerializeAsString());
@@ -227,6 +289,37 @@ TEST_F(MoveTest, AFencedProblemRefusesChangesAndAnswersReads) {
   ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
   EXPECT_TRUE(Reward("p", "open-decision", 1.0).ok());
   EXPECT_EQ(EndMove("p", /*abort=*/true).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A move begun with catch_up serves until its fence; it has no changes to export before,
+// cannot end before, and an abort releases its snapshot (a new move can begin).
+TEST_F(MoveTest, ACatchUpMoveServesUntilItsFence) {
+  PlayedProblem();
+  v1::BeginMoveRequest begin;
+  begin.set_problem_id("p");
+  begin.set_to_replica("replica-b");
+  begin.set_catch_up(true);
+  v1::BeginMoveResponse begun;
+  ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
+  EXPECT_EQ(begun.samples(), 400);
+  EXPECT_TRUE(begun.generator_state().empty());  // the fence gives it
+  PlayRounds("p", 10);  // it serves
+  EXPECT_EQ(service_->BeginMove(begin, &begun).code(), absl::StatusCode::kFailedPrecondition);
+  begin.set_catch_up(false);
+  begin.set_to_replica("replica-c");
+  EXPECT_EQ(service_->BeginMove(begin, &begun).code(), absl::StatusCode::kFailedPrecondition);
+  v1::ExportProblemRequest page;
+  page.set_problem_id("p");
+  page.set_changes(true);
+  v1::ExportProblemResponse exported;
+  EXPECT_EQ(service_->ExportProblem(page, &exported).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(EndMove("p", /*abort=*/false).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
+  begin.set_catch_up(true);
+  ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
+  EXPECT_EQ(begun.samples(), 410);
+  ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
 }
 
 // EndMove leaves a stub: the source's records are deleted, and every call for the problem,
