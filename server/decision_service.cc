@@ -643,7 +643,9 @@ void DecisionService::Choose(const v1::ChooseRequest& request, v1::ChooseRespons
 }
 
 void DecisionService::Undeliver(const std::string& problem_id, const std::string& event_id) {
-  if (absl::StatusOr<Problem*> p = Find(problem_id); p.ok()) (*p)->Undeliver(event_id);
+  // Entered (it counts an undelivered answer): a moving problem keeps its counts as they
+  // were at the fence.
+  if (absl::StatusOr<EnteredProblem> p = Enter(problem_id); p.ok()) (*p)->Undeliver(event_id);
 }
 
 void DecisionService::Reward(const v1::RewardRequest& request, v1::RewardResponse* response,

@@ -256,67 +256,70 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
     return l;
   };
   ProblemMetrics m;
-  m.decisions = &decisions_.Add(labels);
-  m.rewards_learned = &rewards_.Add(with("outcome", "learned"));
-  m.rewards_late = &rewards_.Add(with("outcome", "late"));
-  m.rewards_duplicate = &rewards_.Add(with("outcome", "duplicate"));
-  m.reward_sum = &reward_sum_.Add(labels);
-  m.expired_default = &expired_.Add(with("handling", "default"));
-  m.expired_dropped = &expired_.Add(with("handling", "dropped"));
-  m.expired_never_activated = &expired_.Add(with("handling", "never_activated"));
-  m.expired_unlearned_slot = &expired_.Add(with("handling", "unlearned_slot"));
-  m.undelivered = &undelivered_.Add(labels);
-  m.batch_lag = &batch_lag_.Add(labels);
-  m.divergences_reestimated = &divergence_boundaries_.Add(with("divergences", "reestimated"));
-  m.divergences_kept = &divergence_boundaries_.Add(with("divergences", "kept"));
-  m.learning_lag = &learning_lag_.Add(labels);
-  m.learning_delay = &learning_delay_.Add(
-      labels, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
-                                                      0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10});
-  problem_failed_.Add(labels);  // 0: the problem loaded (ProblemFailed sets 1 otherwise)
-  m.pending = &pending_.Add(labels);
-  m.samples = &samples_.Add(labels);
-  m.retained_from = &retained_from_.Add(labels);
-  m.experts_unloaded = &experts_unloaded_.Add(labels);
+  m.decisions = AddFor(problem, decisions_, labels);
+  m.rewards_learned = AddFor(problem, rewards_, with("outcome", "learned"));
+  m.rewards_late = AddFor(problem, rewards_, with("outcome", "late"));
+  m.rewards_duplicate = AddFor(problem, rewards_, with("outcome", "duplicate"));
+  m.reward_sum = AddFor(problem, reward_sum_, labels);
+  m.expired_default = AddFor(problem, expired_, with("handling", "default"));
+  m.expired_dropped = AddFor(problem, expired_, with("handling", "dropped"));
+  m.expired_never_activated = AddFor(problem, expired_, with("handling", "never_activated"));
+  m.expired_unlearned_slot = AddFor(problem, expired_, with("handling", "unlearned_slot"));
+  m.undelivered = AddFor(problem, undelivered_, labels);
+  m.batch_lag = AddFor(problem, batch_lag_, labels);
+  m.divergences_reestimated =
+      AddFor(problem, divergence_boundaries_, with("divergences", "reestimated"));
+  m.divergences_kept = AddFor(problem, divergence_boundaries_, with("divergences", "kept"));
+  m.learning_lag = AddFor(problem, learning_lag_, labels);
+  m.learning_delay = AddFor(
+      problem, learning_delay_, labels,
+      prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                              0.1, 0.2, 0.5, 1, 2, 5, 10});
+  // 0: the problem loaded (ProblemFailed sets 1 otherwise).
+  AddFor(problem, problem_failed_, labels);
+  m.pending = AddFor(problem, pending_, labels);
+  m.samples = AddFor(problem, samples_, labels);
+  m.retained_from = AddFor(problem, retained_from_, labels);
+  m.experts_unloaded = AddFor(problem, experts_unloaded_, labels);
   for (int s = 0; s < v1::ExpertStatus_ARRAYSIZE; ++s) {
     if (s == v1::EXPERT_STATUS_UNSPECIFIED || !v1::ExpertStatus_IsValid(s)) continue;
     const std::string state = absl::AsciiStrToLower(absl::StripPrefix(
         v1::ExpertStatus_Name(static_cast<v1::ExpertStatus>(s)), "EXPERT_STATUS_"));
-    m.experts_by_state[s] = &experts_.Add(with("state", state.c_str()));
+    m.experts_by_state[s] = AddFor(problem, experts_, with("state", state.c_str()));
   }
-  m.estimated_regret = &regret_.Add(labels);
-  m.scoring_cost = &scoring_cost_.Add(labels);
-  m.memory_sample_log = &problem_memory_.Add(with("part", "sample_log"));
-  m.memory_estimator = &problem_memory_.Add(with("part", "estimator"));
-  m.memory_event_ids = &problem_memory_.Add(with("part", "event_ids"));
+  m.estimated_regret = AddFor(problem, regret_, labels);
+  m.scoring_cost = AddFor(problem, scoring_cost_, labels);
+  m.memory_sample_log = AddFor(problem, problem_memory_, with("part", "sample_log"));
+  m.memory_estimator = AddFor(problem, problem_memory_, with("part", "estimator"));
+  m.memory_event_ids = AddFor(problem, problem_memory_, with("part", "event_ids"));
   return m;
 }
 
 prometheus::Gauge& Metrics::ProblemFailed(const std::string& problem) {
-  return problem_failed_.Add({{"problem", problem}});
+  return *AddFor(problem, problem_failed_, {{"problem", problem}});
 }
 
 Metrics::ExpertMetrics Metrics::ForExpert(const std::string& problem, int expert) {
   const std::map<std::string, std::string> labels = {{"problem", problem},
                                                      {"expert", std::to_string(expert)}};
   ExpertMetrics m;
-  m.estimate = &expert_estimate_.Add(labels);
-  m.ucb = &expert_ucb_.Add(labels);
-  m.effective_sample_size = &expert_ess_.Add(labels);
+  m.estimate = AddFor(problem, expert_estimate_, labels);
+  m.ucb = AddFor(problem, expert_ucb_, labels);
+  m.effective_sample_size = AddFor(problem, expert_ess_, labels);
   const auto with = [&](const char* estimator) {
     std::map<std::string, std::string> l = labels;
     l["estimator"] = estimator;
-    return &expert_off_policy_.Add(l);
+    return AddFor(problem, expert_off_policy_, l);
   };
   m.off_policy_ips = with("ips");
   m.off_policy_ips_lower = with("ips_lower");
   m.off_policy_snips = with("snips");
   m.off_policy_clipped_ips = with("clipped_ips");
-  m.off_policy_ess = &expert_off_policy_ess_.Add(labels);
-  m.backfill_progress = &expert_backfill_.Add(labels);
-  m.selected = &expert_selected_.Add(labels);
-  m.failed = &expert_failed_.Add(labels);
-  m.score_cost = &expert_score_cost_.Add(labels);
+  m.off_policy_ess = AddFor(problem, expert_off_policy_ess_, labels);
+  m.backfill_progress = AddFor(problem, expert_backfill_, labels);
+  m.selected = AddFor(problem, expert_selected_, labels);
+  m.failed = AddFor(problem, expert_failed_, labels);
+  m.score_cost = AddFor(problem, expert_score_cost_, labels);
   return m;
 }
 
@@ -346,6 +349,21 @@ void Metrics::SetPairs(const std::string& problem, const std::vector<Pair>& pair
     divergence_sigma_.Remove(gauges.second);
   }
   current = std::move(next);
+}
+
+void Metrics::RemoveProblem(const std::string& problem) {
+  absl::MutexLock lock(&mu_);
+  if (auto it = problem_series_.find(problem); it != problem_series_.end()) {
+    for (auto& [metric, remove] : it->second) remove();
+    problem_series_.erase(it);
+  }
+  if (auto it = pairs_.find(problem); it != pairs_.end()) {
+    for (auto& [key, gauges] : it->second) {
+      divergence_m_.Remove(gauges.first);
+      divergence_sigma_.Remove(gauges.second);
+    }
+    pairs_.erase(it);
+  }
 }
 
 }  // namespace decision::server

@@ -8,10 +8,12 @@
 #define DECISION_SERVER_METRICS_H_
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -127,6 +129,11 @@ class Metrics {
   };
   void SetPairs(const std::string& problem, const std::vector<Pair>& pairs);
 
+  // Removes every series of the problem (ForProblem, ForExpert, ProblemFailed, SetPairs):
+  // it moved to another replica, which exports it from now on. REQUIRES: nothing uses the
+  // pointers ForProblem and ForExpert gave for it any more.
+  void RemoveProblem(const std::string& problem);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& rpc_latency_;
@@ -178,6 +185,18 @@ class Metrics {
   std::map<std::string,
            std::map<std::pair<int, int>, std::pair<prometheus::Gauge*, prometheus::Gauge*>>>
       pairs_ ABSL_GUARDED_BY(mu_);
+  // Each problem's series, and how to remove each (RemoveProblem).
+  std::map<std::string, std::map<const void*, std::function<void()>>> problem_series_
+      ABSL_GUARDED_BY(mu_);
+  // family.Add(labels, args...), noted as one of `problem`'s series (RemoveProblem).
+  template <typename T, typename... Args>
+  T* AddFor(const std::string& problem, prometheus::Family<T>& family,
+            const std::map<std::string, std::string>& labels, Args&&... args) {
+    T& metric = family.Add(labels, std::forward<Args>(args)...);
+    absl::MutexLock lock(&mu_);
+    problem_series_[problem][&metric] = [&family, &metric] { family.Remove(&metric); };
+    return &metric;
+  }
 };
 
 }  // namespace decision::server

@@ -374,6 +374,9 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
   problems_.erase(it);
   moving_.erase(request.problem_id());
   moved_away_[request.problem_id()] = {to, p->index()};
+  // Its new owner exports it now. Nothing touches these series any more: every call that
+  // could is refused by the fence, which stays, and the background rounds skip it.
+  metrics_->RemoveProblem(request.problem_id());
   return absl::OkStatus();
 }
 

@@ -327,8 +327,18 @@ TEST_F(MoveTest, ACatchUpMoveServesUntilItsFence) {
 TEST_F(MoveTest, TheSourceKeepsAStubNamingTheOwner) {
   PlayedProblem();
   ASSERT_EQ(StoredSamples(service_->store_for_testing(), 0), 400);
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // exports the problem's metrics
+  EXPECT_EQ(MetricValue("decision_samples", "problem", "p"), 400);
   ASSERT_TRUE(Move("p").ok());
   ASSERT_TRUE(EndMove("p", /*abort=*/false).ok());
+  // Its series leave the source's /metrics: the new owner exports them.
+  for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        EXPECT_FALSE(l.name == "problem" && l.value == "p") << f.name;
+      }
+    }
+  }
   ASSERT_TRUE(EndMove("p", /*abort=*/false).ok());  // a retry
   EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 0);
   for (int restart = 0; restart < 2; ++restart) {
