@@ -373,10 +373,12 @@ absl::StatusOr<v1::ImportProblemResponse> DecisionClient::ImportProblem(
       });
 }
 
-absl::Status DecisionClient::EndMove(const std::string& problem_id, bool abort) {
+absl::Status DecisionClient::EndMove(const std::string& problem_id, bool abort,
+                                     const std::string& to_replica) {
   v1::EndMoveRequest request;
   request.set_problem_id(problem_id);
   request.set_abort(abort);
+  request.set_to_replica(to_replica);
   return Unary<v1::EndMoveResponse>(options_.max_attempts, request,
                                     [&](grpc::ClientContext* ctx, v1::EndMoveResponse* r) {
                                       return stub_->EndMove(ctx, request, r);

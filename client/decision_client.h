@@ -135,7 +135,8 @@ class DecisionClient {
                                                   bool catch_up = false);
   absl::StatusOr<v1::ExportProblemResponse> ExportProblem(const v1::ExportProblemRequest& request);
   absl::StatusOr<v1::ImportProblemResponse> ImportProblem(const v1::ImportProblemRequest& request);
-  absl::Status EndMove(const std::string& problem_id, bool abort);
+  absl::Status EndMove(const std::string& problem_id, bool abort,
+                       const std::string& to_replica = "");
 
  private:
   template <typename Response, typename Call>

@@ -59,8 +59,10 @@
 //       on the source and deletes its copy. A failure before the switch aborts the move
 //       (the source serves again); a failed CMD leaves the source fenced, for end-move.
 //       Without --place_cmd it stops before the switch: switch, then run end-move.
-//   end-move PROBLEM [--abort]
-//       on --server (the source): the move's last step, or --abort to serve it there again
+//   end-move PROBLEM [--abort | --to_replica=NAME]
+//       on --server (the source): the move's last step, or --abort to serve it there again;
+//       with --to_replica, for a copy a restart left behind after the switch (the source
+//       restarted before its end-move): fences it and leaves the stub naming NAME
 //   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
@@ -1178,8 +1180,12 @@ int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& o
 }
 
 int EndMove(DecisionClient& c, const std::vector<char*>& args) {
-  if (args.size() != 1) return Usage("end-move PROBLEM [--abort]");
-  if (absl::Status s = c.EndMove(args[0], absl::GetFlag(FLAGS_abort)); !s.ok()) return Fail(s);
+  if (args.size() != 1) return Usage("end-move PROBLEM [--abort | --to_replica=NAME]");
+  if (absl::Status s = c.EndMove(args[0], absl::GetFlag(FLAGS_abort),
+                                 absl::GetFlag(FLAGS_to_replica));
+      !s.ok()) {
+    return Fail(s);
+  }
   std::printf(absl::GetFlag(FLAGS_abort) ? "move of %s aborted: this replica serves it\n"
                                          : "%s moved: this replica's copy is deleted\n",
               args[0]);

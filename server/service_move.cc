@@ -328,7 +328,7 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
   DECISION_RETURN_IF_ERROR(ValidateProblemId(request.problem_id()));
   Problem* p = nullptr;
   std::string to;
-  bool fenced = false, watched = false;
+  bool fenced = false, watched = false, forced = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = moving_.find(request.problem_id());
@@ -337,18 +337,50 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
         if (request.abort()) return MovedError(request.problem_id(), moved->second.to);
         return absl::OkStatus();  // a retry of an EndMove that succeeded
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "problem ", request.problem_id(), " is not moving from this replica (BeginMove)"));
+      if (request.abort() || request.to_replica().empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", request.problem_id(), " is not moving from this replica (BeginMove); "
+            "a copy left behind by a restart is ended with to_replica"));
+      }
+      // A copy left behind: this replica restarted after the switch and before EndMove.
+      // It is fenced here and now, then replaced with the stub like any other.
+      DECISION_RETURN_IF_ERROR(ValidateReplicaId(request.to_replica(), "to_replica"));
+      auto live = problems_.find(request.problem_id());
+      if (live == problems_.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("problem '", request.problem_id(), "' does not exist"));
+      }
+      p = live->second.get();
+      to = request.to_replica();
+      moving_[request.problem_id()] = {to, false, false, /*fencing=*/true};
+      forced = true;
+    } else {
+      if (it->second.fencing) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", request.problem_id(), " is being fenced by a BeginMove: end its "
+            "move once that returns"));
+      }
+      to = it->second.to;
+      fenced = it->second.fenced;
+      watched = it->second.watched;
+      p = problems_.at(request.problem_id()).get();
     }
-    if (it->second.fencing) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "problem ", request.problem_id(), " is being fenced by a BeginMove: end its move "
-          "once that returns"));
+  }
+  if (forced) {
+    absl::Status s = p->Fence(
+        absl::UnavailableError(absl::StrCat("problem ", p->id(), " moved to replica ", to)),
+        kFenceTimeout);
+    if (s.ok()) {
+      absl::MutexLock writes(&maintenance_mu_);
+      absl::MutexLock pool(&pool_mu_);
     }
-    to = it->second.to;
-    fenced = it->second.fenced;
-    watched = it->second.watched;
-    p = problems_.at(request.problem_id()).get();
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      moving_.erase(request.problem_id());
+      return s;
+    }
+    moving_[request.problem_id()].fencing = false;
+    fenced = true;
   }
   if (request.abort()) {
     if (watched) store_->UnwatchProblem(p->index());

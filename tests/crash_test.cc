@@ -7,6 +7,7 @@
 //   - the log has no duplicate event and its sequences are 0..n-1 without gaps;
 //   - a reward in flight at the kill is in the log at most once, with the value sent.
 // The reward wait time (60 s) is longer than the test, so nothing expires.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -572,6 +574,137 @@ TEST_F(TrainingCrashTest, AJobKilledWhileRunningIsResumedOrFailedNeverSilentlySh
               job.state() == v1::TRAINING_JOB_STATE_SUCCEEDED ? "SUCCEEDED" : "FAILED",
               job.expert_ids_size(), job.skipped_experts(), job.interruptions(),
               job.error().empty() ? "" : ": ", job.error().c_str());
+}
+
+// Moving a problem (server/service_move.cc) with a replica killed between the steps: every
+// acknowledged reward survives, an import that did not commit is dropped, and a source
+// killed after the placement switch and before its EndMove does not serve the problem
+// again (its map refuses it; end-move with to_replica leaves the stub).
+class MoveCrashTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    map_ = MakeTempDir() + "/placement.map";
+    Place("a");
+    dir_["a"] = MakeTempDir();
+    dir_["b"] = MakeTempDir();
+    ASSERT_NO_FATAL_FAILURE(Start("a"));
+    ASSERT_NO_FATAL_FAILURE(Start("b"));
+  }
+  void Place(const std::string& replica) {
+    std::ofstream(map_) << "p " << replica << "\n";
+  }
+  void Start(const std::string& replica, bool with_map = true) {
+    std::vector<std::string> flags = {"--replica_id=" + replica};
+    if (with_map) flags.push_back("--placement_map=" + map_);
+    auto process = DecisiondProcess::Start(dir_[replica], flags);
+    ASSERT_TRUE(process.ok()) << process.status();
+    process_[replica] = *std::move(process);
+    stub_[replica] = process_[replica]->NewStub();
+  }
+  void Restart(const std::string& replica, bool with_map = true) {
+    stub_.erase(replica);
+    process_[replica]->Kill();
+    process_.erase(replica);
+    ASSERT_NO_FATAL_FAILURE(Start(replica, with_map));
+  }
+  grpc::Status GetProblem(const std::string& replica, v1::Problem* problem) {
+    v1::GetProblemRequest request;
+    request.set_problem_id("p");
+    return Call(&Stub::GetProblem, stub_[replica].get(), request, problem);
+  }
+  int64_t Samples(const std::string& replica) {
+    v1::Problem problem;
+    EXPECT_GRPC_OK(GetProblem(replica, &problem));
+    return problem.samples();
+  }
+  grpc::Status BeginMove(bool catch_up, v1::BeginMoveResponse* begun) {
+    v1::BeginMoveRequest request;
+    request.set_problem_id("p");
+    request.set_to_replica("b");
+    request.set_catch_up(catch_up);
+    return Call(&Stub::BeginMove, stub_["a"].get(), request, begun);
+  }
+  // Export pages from a into b until done (or `max_pages`), the last one committing with
+  // `commit_state` if given.
+  void Copy(bool changes, bool first, const std::string* commit_state, int max_pages = 1000) {
+    v1::ExportProblemRequest page;
+    page.set_problem_id("p");
+    page.set_max_bytes(4096);
+    page.set_changes(changes);
+    v1::ImportProblemRequest import;
+    import.set_problem_id("p");
+    import.set_first(first);
+    for (bool done = false; !done && max_pages-- > 0;) {
+      v1::ExportProblemResponse exported;
+      ASSERT_GRPC_OK(Call(&Stub::ExportProblem, stub_["a"].get(), page, &exported));
+      done = exported.done();
+      *page.mutable_cursor() = exported.next();
+      *import.mutable_entries() = exported.entries();
+      if (done && commit_state != nullptr) {
+        import.set_commit(true);
+        import.set_generator_state(*commit_state);
+      }
+      v1::ImportProblemResponse imported;
+      ASSERT_GRPC_OK(Call(&Stub::ImportProblem, stub_["b"].get(), import, &imported));
+      import.set_first(false);
+    }
+  }
+
+  std::string map_;
+  std::map<std::string, std::string> dir_;
+  std::map<std::string, std::unique_ptr<DecisiondProcess>> process_;
+  std::map<std::string, std::unique_ptr<Stub>> stub_;
+};
+
+TEST_F(MoveCrashTest, KilledReplicasLoseNothingAndServeNoProblemTwice) {
+  ASSERT_GRPC_OK(CreateProblem(stub_["a"].get(), "p"));
+  ASSERT_NO_FATAL_FAILURE(PlayRounds(stub_["a"].get(), "p", 0, 300, 11));
+  // 1. The source dies in the middle of the copy: it serves again, with every reward.
+  v1::BeginMoveResponse begun;
+  ASSERT_GRPC_OK(BeginMove(/*catch_up=*/true, &begun));
+  ASSERT_NO_FATAL_FAILURE(Copy(/*changes=*/false, /*first=*/true, nullptr, /*max_pages=*/3));
+  ASSERT_NO_FATAL_FAILURE(Restart("a"));
+  EXPECT_EQ(Samples("a"), 300);
+  ASSERT_NO_FATAL_FAILURE(PlayRounds(stub_["a"].get(), "p", 300, 350, 12));
+  // 2. The target dies in the middle of the import: its restart drops it.
+  ASSERT_NO_FATAL_FAILURE(Restart("b"));
+  v1::Problem problem;
+  EXPECT_EQ(GetProblem("b", &problem).error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << "the map places p on a";
+  v1::ImportProblemRequest page;
+  page.set_problem_id("p");
+  v1::ImportProblemResponse imported;
+  EXPECT_EQ(Call(&Stub::ImportProblem, stub_["b"].get(), page, &imported).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);  // no import in progress
+  // 3. A whole move, the switch, then the source dies before its EndMove.
+  ASSERT_GRPC_OK(BeginMove(/*catch_up=*/true, &begun));
+  ASSERT_NO_FATAL_FAILURE(Copy(/*changes=*/false, /*first=*/true, nullptr));
+  ASSERT_GRPC_OK(BeginMove(/*catch_up=*/false, &begun));
+  ASSERT_NO_FATAL_FAILURE(Copy(/*changes=*/true, /*first=*/false, &begun.generator_state()));
+  EXPECT_EQ(Samples("b"), 350);  // b claims what it imported before its map says so
+  Place("b");
+  ASSERT_EQ(kill(process_["a"]->pid(), SIGHUP), 0);
+  ASSERT_EQ(kill(process_["b"]->pid(), SIGHUP), 0);
+  ASSERT_NO_FATAL_FAILURE(Restart("a"));  // before EndMove
+  const grpc::Status refused = GetProblem("a", &problem);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("placed on replica b"), std::string::npos)
+      << refused.error_message();
+  // The copy left behind is ended with to_replica, and stays ended without a map.
+  v1::EndMoveRequest end;
+  end.set_problem_id("p");
+  end.set_to_replica("b");
+  v1::EndMoveResponse ended;
+  ASSERT_GRPC_OK(Call(&Stub::EndMove, stub_["a"].get(), end, &ended));
+  ASSERT_NO_FATAL_FAILURE(Restart("a", /*with_map=*/false));
+  const grpc::Status moved = GetProblem("a", &problem);
+  EXPECT_EQ(moved.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(moved.error_message().find("moved to replica b"), std::string::npos)
+      << moved.error_message();
+  // 4. The new owner keeps serving, through a kill -9 of its own.
+  ASSERT_NO_FATAL_FAILURE(PlayRounds(stub_["b"].get(), "p", 350, 400, 13));
+  ASSERT_NO_FATAL_FAILURE(Restart("b"));
+  EXPECT_EQ(Samples("b"), 400);
 }
 
 INSTANTIATE_TEST_SUITE_P(DurableChoose, CrashTest, ::testing::Bool(),
