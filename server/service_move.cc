@@ -287,9 +287,9 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
     storage::v1::ProblemRecord& record = *import.record;
     record.clear_importing();
     record.clear_moved_to();
-    // The old stub goes first: a restart must never find two records of one problem.
-    if (stub.has_value()) s = store_->DeleteProblem(*stub);
-    if (s.ok()) s = store_->PutProblem(import.index, record);
+    // The old stub goes once the problem loads (a restart that finds both serves the
+    // problem: DecisionService::Find looks at the served problems first).
+    s = store_->PutProblem(import.index, record);
     if (s.ok()) {
       absl::StatusOr<std::unique_ptr<Problem>> p = Problem::Load(import.index, record,
                                                                  ProblemEnv());
@@ -304,11 +304,21 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   }
   if (!s.ok()) {
     // Nothing of the import is kept: the mover starts it again, or aborts the move.
+    {
+      absl::MutexLock lock(&mu_);
+      imports_.erase(id);
+    }
     if (absl::Status d = store_->DeleteProblem(import.index); !d.ok()) {
       std::fprintf(stderr, "decisiond: import of %s: its records stay until a restart: %s\n",
                    id.c_str(), d.ToString().c_str());
     }
     return s;
+  }
+  if (stub.has_value()) {
+    if (absl::Status d = store_->DeleteProblem(*stub); !d.ok()) {
+      std::fprintf(stderr, "decisiond: import of %s: the stub it replaces stays: %s\n",
+                   id.c_str(), d.ToString().c_str());
+    }
   }
   std::ostringstream state;
   state << generator;
@@ -318,6 +328,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   *response->mutable_problem() = loaded->Summary();
   *response->mutable_estimates() = loaded->GetEstimates();
   absl::MutexLock lock(&mu_);
+  imports_.erase(id);
   moved_away_.erase(id);
   problems_[id] = std::move(loaded);
   return absl::OkStatus();

@@ -416,7 +416,17 @@ TEST_F(MoveTest, ImportRefusesBadRecordsAndKeepsNothingOfAFailedCommit) {
   audit->set_family(8);  // the audit log is not a problem's
   audit->set_key("k");
   EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  // A bad page in the middle of an import ends it: nothing of it is kept.
   import.clear_entries();
+  ASSERT_TRUE(target_->ImportProblem(import, &imported).ok());  // started
+  import.set_first(false);
+  import.add_entries()->set_family(9);  // the training jobs are not a problem's
+  EXPECT_EQ(target_->ImportProblem(import, &imported).code(), absl::StatusCode::kInvalidArgument);
+  import.clear_entries();
+  const absl::Status ended = target_->ImportProblem(import, &imported);
+  EXPECT_EQ(ended.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ended.message(), HasSubstr("no import of problem p is in progress"));
+  import.set_first(true);
   v1::ProblemEntry* other = import.add_entries();
   other->set_family(0);
   storage::v1::ProblemRecord record;
