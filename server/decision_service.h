@@ -310,6 +310,10 @@ class DecisionService {
   absl::StatusOr<Problem*> Find(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Find for a call that may change the problem: UNAVAILABLE while it is fenced for a move.
   absl::StatusOr<EnteredProblem> Enter(const std::string& problem_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Problem::Fence for a move, then waits out a background round that took the problem
+  // before the fence (service_move.cc).
+  absl::Status FenceForMove(Problem* p, absl::Status why)
+      ABSL_LOCKS_EXCLUDED(maintenance_mu_, pool_mu_);
   // Why a call for a problem that moved away is refused (FAILED_PRECONDITION naming the
   // owner).
   static absl::Status MovedError(const std::string& problem_id, const std::string& to);

@@ -388,11 +388,12 @@ class Problem {
       ABSL_LOCKS_EXCLUDED(call_mu_, expert_writes_mu_);
   void Unfence() ABSL_LOCKS_EXCLUDED(call_mu_);
   bool fenced() const { return fenced_.load(std::memory_order_acquire); }
-  // The random generator's state (std::mt19937_64's text form), and setting it: a moved
-  // problem goes on drawing what its source would have drawn. INVALID_ARGUMENT for a state
-  // that does not parse.
+  // The random generator's state (std::mt19937_64's text form), its parse
+  // (INVALID_ARGUMENT for a text that is not one), and setting it: a moved problem goes on
+  // drawing what its source would have drawn.
   std::string GeneratorState() const ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status SetGeneratorState(const std::string& state) ABSL_LOCKS_EXCLUDED(mu_);
+  static absl::StatusOr<std::mt19937_64> ParseGeneratorState(const std::string& state);
+  void SetGenerator(const std::mt19937_64& generator) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the FAILED records of experts quarantined since the last call (a restart then
   // keeps them quarantined without loading their models). On a failure the rest wait.
   absl::Status PersistFailures() ABSL_LOCKS_EXCLUDED(mu_, expert_writes_mu_);

@@ -257,7 +257,7 @@ std::string Problem::GeneratorState() const {
   return out.str();
 }
 
-absl::Status Problem::SetGeneratorState(const std::string& state) {
+absl::StatusOr<std::mt19937_64> Problem::ParseGeneratorState(const std::string& state) {
   std::istringstream in(state);
   std::mt19937_64 gen;
   in >> gen;
@@ -265,9 +265,12 @@ absl::Status Problem::SetGeneratorState(const std::string& state) {
     return absl::InvalidArgumentError(
         "generator_state is not a std::mt19937_64 state (BeginMoveResponse.generator_state)");
   }
+  return gen;
+}
+
+void Problem::SetGenerator(const std::mt19937_64& generator) {
   absl::MutexLock lock(&mu_);
-  gen_ = gen;
-  return absl::OkStatus();
+  gen_ = generator;
 }
 
 // --------------------------------------------------------------------------- Log chunks

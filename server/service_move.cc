@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -39,6 +38,15 @@ constexpr int64_t kDefaultExportPageBytes = int64_t{1} << 20;
 constexpr int64_t kMaxExportPageBytes = int64_t{3} << 20;
 
 }  // namespace
+
+absl::Status DecisionService::FenceForMove(Problem* p, absl::Status why) {
+  DECISION_RETURN_IF_ERROR(p->Fence(std::move(why), kFenceTimeout));
+  // A round that took the problem before the fence finishes with it first; later rounds
+  // skip it (Problem::fenced).
+  absl::MutexLock writes(&maintenance_mu_);
+  absl::MutexLock pool(&pool_mu_);
+  return absl::OkStatus();
+}
 
 absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
                                         v1::BeginMoveResponse* response) {
@@ -72,16 +80,9 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
     response->set_samples(p->Summary().samples());
     return absl::OkStatus();
   }
-  absl::Status s = p->Fence(
-      absl::UnavailableError(absl::StrCat("problem ", p->id(), " is moving to replica ",
-                                          request.to_replica(), "; retry shortly")),
-      kFenceTimeout);
-  if (s.ok()) {
-    // A round that took the problem before the fence finishes with it first; later rounds
-    // skip it (Problem::fenced).
-    absl::MutexLock writes(&maintenance_mu_);
-    absl::MutexLock pool(&pool_mu_);
-  }
+  absl::Status s = FenceForMove(p, absl::UnavailableError(absl::StrCat(
+                                        "problem ", p->id(), " is moving to replica ",
+                                        request.to_replica(), "; retry shortly")));
   // As Shutdown: every decision answered and every reward acknowledged is written, learned
   // and in the checkpoint, so that the records are the whole problem.
   if (s.ok()) s = p->FlushDecisions();
@@ -99,13 +100,10 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
   }
   {
     absl::MutexLock lock(&mu_);
-    auto it = moving_.find(p->id());
-    if (it == moving_.end()) {
-      return absl::AbortedError(absl::StrCat("the move of problem ", p->id(),
-                                             " was aborted while it was being fenced"));
-    }
-    it->second.fencing = false;
-    it->second.fenced = true;
+    // Still there: EndMove refuses a move that is being fenced.
+    Moving& moving = moving_.at(p->id());
+    moving.fencing = false;
+    moving.fenced = true;
   }
   response->set_generator_state(p->GeneratorState());
   response->set_samples(p->Summary().samples());
@@ -187,12 +185,8 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   DECISION_RETURN_IF_ERROR(ValidateProblemId(id));
   std::mt19937_64 generator;
   if (request.commit()) {
-    std::istringstream in(request.generator_state());
-    in >> generator;
-    if (in.fail()) {
-      return absl::InvalidArgumentError(
-          "generator_state is not a std::mt19937_64 state (BeginMoveResponse.generator_state)");
-    }
+    DECISION_ASSIGN_OR_RETURN(generator,
+                              Problem::ParseGeneratorState(request.generator_state()));
   }
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("imports"));
   // Imports and creations one at a time: the id is checked and the index taken together.
@@ -320,9 +314,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
                    id.c_str(), d.ToString().c_str());
     }
   }
-  std::ostringstream state;
-  state << generator;
-  DECISION_RETURN_IF_ERROR(loaded->SetGeneratorState(state.str()));
+  loaded->SetGenerator(generator);
   response->set_entries(import.entries);
   response->set_bytes(import.bytes);
   *response->mutable_problem() = loaded->Summary();
@@ -378,13 +370,8 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
     }
   }
   if (forced) {
-    absl::Status s = p->Fence(
-        absl::UnavailableError(absl::StrCat("problem ", p->id(), " moved to replica ", to)),
-        kFenceTimeout);
-    if (s.ok()) {
-      absl::MutexLock writes(&maintenance_mu_);
-      absl::MutexLock pool(&pool_mu_);
-    }
+    absl::Status s = FenceForMove(
+        p, absl::UnavailableError(absl::StrCat("problem ", p->id(), " moved to replica ", to)));
     absl::MutexLock lock(&mu_);
     if (!s.ok()) {
       moving_.erase(request.problem_id());

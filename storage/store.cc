@@ -639,12 +639,16 @@ void Store::EndWatchesLocked() {
   }
 }
 
+int Store::ProblemFamilyOf(uint32_t column_family_id) const {
+  for (int f = 0; f < kProblemFamilies; ++f) {
+    if (handles_[f + 1]->GetID() == column_family_id) return f;
+  }
+  return -1;
+}
+
 void Store::NoteWatchedKey(uint32_t column_family_id, absl::string_view key) {
   if (key.size() < 4) return;
-  int family = -1;
-  for (int f = 0; f < kProblemFamilies; ++f) {
-    if (handles_[f + 1]->GetID() == column_family_id) family = f;
-  }
+  const int family = ProblemFamilyOf(column_family_id);
   if (family < 0) return;
   absl::MutexLock watches(&watches_mu_);
   auto it = watches_.find(ReadU32(key));
@@ -674,10 +678,7 @@ void Store::NoteWatchedWrites(rocksdb::WriteBatch* batch) {
     rocksdb::Status DeleteRangeCF(uint32_t cf, const rocksdb::Slice& begin,
                                   const rocksdb::Slice& end) override {
       if (begin.size() < 4) return rocksdb::Status::OK();
-      int family = -1;
-      for (int f = 0; f < kProblemFamilies; ++f) {
-        if (store_->handles_[f + 1]->GetID() == cf) family = f;
-      }
+      const int family = store_->ProblemFamilyOf(cf);
       if (family < 0) return rocksdb::Status::OK();
       const absl::string_view b(begin.data(), begin.size()), e(end.data(), end.size());
       absl::MutexLock watches(&store_->watches_mu_);

@@ -414,6 +414,9 @@ class Store {
   // watched problems. REQUIRES: watch_mu_ held shared, the write done.
   void NoteWatchedWrites(rocksdb::WriteBatch* batch);
   void NoteWatchedKey(uint32_t column_family_id, absl::string_view key);
+  // The kFamilyNames index of a column family that holds problems' records, or -1.
+  // REQUIRES: db_mu_ held.
+  int ProblemFamilyOf(uint32_t column_family_id) const;
   // REQUIRES: db_mu_ held exclusively. Releases every watch's snapshot.
   void EndWatchesLocked();
 
