@@ -8,7 +8,8 @@
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
 # (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
-# binary (A/B runs). The script prints decisiond's CPU time.
+# binary (A/B runs). The script prints decisiond's CPU time, per thread too, and what the
+# store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
@@ -30,4 +31,24 @@ while [[ "$(lag)" != "0" ]]; do sleep 1; done
 echo "schedule caught up $(echo "$(date +%s.%N) - $end" | bc) s later;" \
      "$($C jobs p | grep -c SUCCEEDED) training jobs succeeded, $($C list-experts p | tail -n +2 | wc -l) experts"
 awk -v hz="$(getconf CLK_TCK)" '{printf "decisiond CPU: %.1f s user, %.1f s system\n", $14 / hz, $15 / hz}' /proc/$pid/stat
+# Per thread (name: user + system seconds; threads of one name added up). A store merge
+# runs on the thread that started the store's compactor (maintenance's).
+for t in /proc/$pid/task/*; do cat "$t/stat"; done | awk -v hz="$(getconf CLK_TCK)" '
+  { match($0, /\(.*\)/); name = substr($0, RSTART + 1, RLENGTH - 2)
+    split(substr($0, RSTART + RLENGTH + 1), f, " "); cpu[name] += (f[12] + f[13]) / hz }
+  END { for (n in cpu) if (cpu[n] >= 0.1) printf "  thread %-16s %5.1f s\n", n, cpu[n] }' |
+  sort -k3 -n -r
+# What RocksDB wrote per family: memtables flushed, and compactions (RocksDB's and the
+# store's merges) with their output and CPU, from its LOG.
+awk '
+  match($0, /\[[a-z_]+\] \[JOB [0-9]+\]/) {
+    split(substr($0, RSTART + 1, RLENGTH - 2), w, /[] []+/); cf[w[3]] = w[1] }
+  /"event": "flush_started"/ { j = num("job"); flushed[cf[j]] += num("total_data_size") }
+  /"event": "compaction_finished"/ { j = num("job"); n[cf[j]]++
+    out[cf[j]] += num("total_output_size"); us[cf[j]] += num("compaction_time_cpu_micros") }
+  function num(key,   m) { m = match($0, "\"" key "\": [0-9]+"); if (!m) return 0
+    return substr($0, RSTART + length(key) + 4, RLENGTH - length(key) - 4) + 0 }
+  END { for (f in flushed) if (flushed[f] + out[f] > 1e6)
+    printf "  store %-13s %7.1f MB flushed, %3d compactions: %7.1f MB written, %.2f s CPU\n",
+           f, flushed[f] / 1e6, n[f], out[f] / 1e6, us[f] / 1e6 }' "$dir/LOG" | sort
 curl -s 127.0.0.1:9471/metrics | grep -E '^decision_(divergence_boundaries_total|problem_memory_bytes)' || true

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -1188,12 +1189,29 @@ void Store::CompactEventsSoon(uint32_t problem) {
 }
 
 namespace {
-// A record family is merged into one file once it has two while it holds under one table
-// file's worth (64 MiB): each flush at the WAL's cap or at a shutdown adds one to every
-// family, and one merge per flush keeps each at one file (the soak's descriptors followed
-// a sawtooth of six families at 1 to 3 files each before).
+// Whether a record family is merged into one file now. Each flush at the WAL's cap or at a
+// shutdown adds a file to every family (the soak's descriptors followed a sawtooth of six
+// families at 1 to 3 files each before merges), and a merge rewrites the whole family:
+// - under 1 MiB a merge costs nothing: merged at two files;
+// - larger (the experts' models, the checkpoints of large problems), merged once the files
+//   besides the largest add up to half of it, or at four files. Merging at every flush
+//   rewrote letter's models ten times over in one replay (312 MB written for 29 MB flushed,
+//   4.5 s of the one core's CPU: bench/README.md, "Merging the record families");
+// - from one table file's worth (64 MiB) on, RocksDB's own compactions look after it.
+constexpr uint64_t kCheapMergeBytes = uint64_t{1} << 20;
+constexpr uint64_t kMergeAtMostBytes = uint64_t{64} << 20;
+constexpr size_t kMergeAtFiles = 4;
+
 bool WantsMerge(const rocksdb::ColumnFamilyMetaData& meta) {
-  return meta.file_count > 1 && meta.size < (uint64_t{64} << 20);
+  if (meta.file_count < 2 || meta.size >= kMergeAtMostBytes) return false;
+  if (meta.size < kCheapMergeBytes || meta.file_count >= kMergeAtFiles) return true;
+  uint64_t largest = 0;
+  for (const rocksdb::LevelMetaData& level : meta.levels) {
+    for (const rocksdb::SstFileMetaData& file : level.files) {
+      largest = std::max<uint64_t>(largest, file.size);
+    }
+  }
+  return meta.size - largest >= largest / 2;
 }
 }  // namespace
 
@@ -1223,27 +1241,55 @@ void Store::CompactSmallFamilies() {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return;
   for (rocksdb::ColumnFamilyHandle* h : SmallFamiliesLocked()) {
+    if (compact_canceled_) return;
     rocksdb::ColumnFamilyMetaData meta;
     db_->GetColumnFamilyMetaData(h, &meta);
     if (!WantsMerge(meta)) continue;
-    rocksdb::CompactRangeOptions options;
-    // The bottom level too: that is where the files moved down whole sit.
-    options.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
-    options.exclusive_manual_compaction = false;
-    options.canceled = &compact_canceled_;
-    // A failure is RocksDB's background error too (Health()); the next call asks again.
-    db_->CompactRange(options, h, nullptr, nullptr).PermitUncheckedError();
+    // The table files as they are, into the deepest level among them. Not CompactRange: it
+    // flushes the family's memtable first, and the family that takes a record every few
+    // hundred ms (the checkpoints) then had a new file at every merge, merged again at the
+    // next call: about once a second in a letter replay. Bounded by WantsMerge's 64 MiB, a
+    // merge takes well under a second, which Close waits for.
+    std::vector<std::string> files;
+    int output_level = 0;
+    bool busy = false;
+    for (const rocksdb::LevelMetaData& level : meta.levels) {
+      for (const rocksdb::SstFileMetaData& file : level.files) {
+        busy |= file.being_compacted;
+        files.push_back(file.name);
+        output_level = level.level;
+      }
+    }
+    if (busy) continue;  // RocksDB's own compaction has some of them: the next call asks
+    // A failure (a RocksDB compaction took a file meanwhile) leaves the files as they were;
+    // the next call asks again. A write error is RocksDB's background error (Health()).
+    rocksdb::CompactionOptions options;
+    options.compression = rocksdb::kDisableCompressionOption;  // the family's own
+    db_->CompactFiles(options, h, files, output_level).PermitUncheckedError();
   }
 }
 
 void Store::WaitForEventCompactions() {
-  absl::MutexLock lock(&compact_mu_);
-  compact_mu_.Await(absl::Condition(
-      +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
-        return s->compact_stop_ ||
-               (s->compact_queue_.empty() && !s->compact_small_ && !s->compact_running_);
-      },
-      this));
+  {
+    absl::MutexLock lock(&compact_mu_);
+    compact_mu_.Await(absl::Condition(
+        +[](Store* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->compact_mu_) {
+          return s->compact_stop_ ||
+                 (s->compact_queue_.empty() && !s->compact_small_ && !s->compact_running_);
+        },
+        this));
+  }
+  // Then RocksDB's own: a flush that brings a level to its trigger schedules one.
+  for (;;) {
+    std::shared_lock<std::shared_mutex> lock(db_mu_);
+    if (db_ == nullptr) return;
+    uint64_t pending = 0, running = 0;
+    db_->GetIntProperty(rocksdb::DB::Properties::kCompactionPending, &pending);
+    db_->GetIntProperty(rocksdb::DB::Properties::kNumRunningCompactions, &running);
+    if (pending == 0 && running == 0) return;
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Store::EventCompactions Store::event_compactions() {

@@ -262,13 +262,15 @@ class Store {
   // shutdown, and their keys often come in order (audit sequences, job ids): RocksDB then
   // moves each small file down whole instead of merging it, and they pile up, an open file
   // descriptor and a probe per lookup each, for as long as the store lives. This asks the
-  // compaction thread to merge each such family that has two files or more while it
-  // holds under 64 MiB (one table file's worth) into one. Cheap to call often: it reads
-  // the families' metadata only. The log's families (events, samples, backfill, log
+  // compaction thread to merge such a family into one file: at two files while it holds
+  // under 1 MiB; larger, once its files besides the largest add up to half of it or at
+  // four files, so that a family of megabytes is not rewritten at every flush; from
+  // 64 MiB (one table file's worth) on, never. Cheap to call often: it reads the
+  // families' metadata only. The log's families (events, samples, backfill, log
   // chunks) are left alone: retention drops their files whole.
   void CompactSmallFamiliesSoon();
   // Blocks until no compaction asked for by CompactEventsSoon or CompactSmallFamiliesSoon
-  // is queued or running (tests).
+  // is queued or running, and then none of RocksDB's own is either (tests).
   void WaitForEventCompactions();
   // Event compactions finished, and failed or cancelled, since the store opened.
   struct EventCompactions {

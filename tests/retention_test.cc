@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 
@@ -237,6 +238,48 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
                   })
                   .ok());
   EXPECT_EQ(experts, 2);
+}
+
+// A family of megabytes (the experts' models) is not rewritten at every flush: merged once
+// the files besides its largest add up to half of it, or at four files.
+TEST(Store, AFamilyOfMegabytesIsMergedOnceItsNewFilesAddUp) {
+  const std::string dir = TempDir("large_family");
+  auto store = Store::Open(dir, StoreOptions());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::mt19937 gen(7);
+  uint32_t next_expert = 0;
+  // One expert of `bytes` incompressible model bytes, flushed into a file of its own.
+  const auto put_and_flush = [&](size_t bytes) {
+    v1::ExpertRecord expert;
+    expert.set_name(absl::StrCat("e", next_expert));
+    std::string* model = expert.mutable_model()->mutable_xgboost();
+    model->resize(bytes);
+    for (char& c : *model) c = static_cast<char>(gen());
+    ASSERT_TRUE((*store)->PutExpert(0, next_expert++, expert).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+    (*store)->WaitForEventCompactions();  // RocksDB's own, at four files in level 0
+    (*store)->CompactSmallFamiliesSoon();
+    (*store)->WaitForEventCompactions();
+  };
+  const auto files = [&] { return FamilyOf(**store, "experts").sst_files; };
+  put_and_flush(2 << 20);
+  ASSERT_EQ(files(), 1u);
+  put_and_flush(20 << 10);
+  EXPECT_EQ(files(), 2u);  // 20 KB besides 2 MiB: not worth rewriting 2 MiB
+  put_and_flush(20 << 10);
+  EXPECT_EQ(files(), 3u);
+  put_and_flush(20 << 10);
+  EXPECT_EQ(files(), 1u);  // four files
+  put_and_flush(1200 << 10);
+  EXPECT_EQ(files(), 1u);  // 1.2 MiB besides 2.1: more than half
+  int experts = 0;
+  ASSERT_TRUE((*store)
+                  ->ForEachExpert(0, [&](uint32_t, const v1::ExpertRecord&) {
+                    ++experts;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(experts, 5);
 }
 
 // The descriptors a store holds on its own directory (RocksDB's directory handles).
