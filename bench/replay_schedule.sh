@@ -51,4 +51,4 @@ awk '
   END { for (f in flushed) if (flushed[f] + out[f] > 1e6)
     printf "  store %-13s %7.1f MB flushed, %3d compactions: %7.1f MB written, %.2f s CPU\n",
            f, flushed[f] / 1e6, n[f], out[f] / 1e6, us[f] / 1e6 }' "$dir/LOG" | sort
-curl -s 127.0.0.1:9471/metrics | grep -E '^decision_(divergence_boundaries_total|problem_memory_bytes)' || true
+curl -s 127.0.0.1:9471/metrics | grep -E '^decision_(divergence_boundaries_total|problem_memory_bytes|checkpoints_total|checkpoint_bytes_total)' || true

@@ -56,6 +56,16 @@ Metrics::Metrics()
                     "experts already estimated: reestimated over the reservoir, or kept "
                     "(less than divergence_refresh_turnover of the reservoir had changed)")
               .Register(*registry_)),
+      checkpoints_(prometheus::BuildCounter()
+                       .Name("decision_checkpoints_total")
+                       .Help("Checkpoints written (the divergences, the reservoir and, when "
+                             "more than learning changed it, the estimators' state)")
+                       .Register(*registry_)),
+      checkpoint_bytes_(prometheus::BuildCounter()
+                            .Name("decision_checkpoint_bytes_total")
+                            .Help("Bytes of the checkpoints written, with the estimators' "
+                                  "state when it went along")
+                            .Register(*registry_)),
       undelivered_(prometheus::BuildCounter()
                        .Name("decision_undelivered_total")
                        .Help("Decisions whose Choose was cancelled or passed its deadline "
@@ -270,6 +280,8 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.divergences_reestimated =
       AddFor(problem, divergence_boundaries_, with("divergences", "reestimated"));
   m.divergences_kept = AddFor(problem, divergence_boundaries_, with("divergences", "kept"));
+  m.checkpoints = AddFor(problem, checkpoints_, labels);
+  m.checkpoint_bytes = AddFor(problem, checkpoint_bytes_, labels);
   m.learning_lag = AddFor(problem, learning_lag_, labels);
   m.learning_delay = AddFor(
       problem, learning_delay_, labels,

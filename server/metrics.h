@@ -80,6 +80,9 @@ class Metrics {
     // and those at which they were kept (too little of the reservoir changed).
     prometheus::Counter* divergences_reestimated;
     prometheus::Counter* divergences_kept;
+    // Checkpoints written, and their bytes with the estimators' state when it went along.
+    prometheus::Counter* checkpoints;
+    prometheus::Counter* checkpoint_bytes;
     prometheus::Gauge* learning_lag;   // samples written (acknowledged) and not yet learned
     prometheus::Histogram* learning_delay;  // acknowledgement to learning, per sample
     prometheus::Gauge* pending;
@@ -143,6 +146,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& reward_sum_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Counter>& divergence_boundaries_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
   prometheus::Family<prometheus::Counter>& undelivered_;
   prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& batch_lag_;

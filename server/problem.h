@@ -69,6 +69,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -77,6 +78,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/divergence.h"
 #include "core/expert.h"
 #include "core/policy.h"
@@ -711,6 +713,15 @@ class Problem {
   int RetiredInEstimatorLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A record retiring an estimated expert gets its estimate now (retired_mean/width).
   absl::Status WriteExpertRecord(int id, const storage::v1::ExpertRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // Several, in order, each applied as it is written (a failure stops there), then the
+  // experts frozen by them folded under one checkpoint.
+  absl::Status WriteExpertRecords(
+      absl::Span<const std::pair<int, storage::v1::ExpertRecord>> records)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  // One record written (its model's bytes read back from the store) and applied in
+  // memory; no fold.
+  absl::Status PutExpertRecord(int id, const storage::v1::ExpertRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(expert_writes_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   int SelectableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Expert k's estimate as reported: kept at its retirement for a frozen expert

@@ -121,6 +121,33 @@ int Problem::RetiredInEstimatorLocked() const {
 }
 
 absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& record) {
+  return WriteExpertRecords({{expert_id, record}});
+}
+
+absl::Status Problem::WriteExpertRecords(absl::Span<const std::pair<int, ExpertRecord>> records) {
+  absl::Status status;
+  for (const auto& [k, record] : records) {
+    status = PutExpertRecord(k, record);
+    if (!status.ok()) break;  // the ones written are applied; the caller's next round retries
+  }
+  // A frozen expert's row is freed now, and the state written with it: a restart then
+  // starts from the folded state, not from one that folds it later (a restart between a
+  // record and this checkpoint folds it at its load). One checkpoint for the records
+  // together: it carries the estimators' whole state, which a pass that retires several
+  // experts wrote once per expert before.
+  std::optional<CheckpointWrite> folded;
+  {
+    absl::MutexLock lock(&mu_);
+    if (FoldRetiredLocked()) folded = CheckpointLocked();
+  }
+  if (folded.has_value()) {
+    const absl::Status written = WriteCheckpoint(*folded);
+    if (status.ok()) status = written;
+  }
+  return status;
+}
+
+absl::Status Problem::PutExpertRecord(int expert_id, const ExpertRecord& record) {
   ExpertRecord updated = record;
   if (updated.status() == storage::v1::EXPERT_STATE_RETIRED && !updated.has_retired_mean()) {
     // Retired once estimated: its estimate now is the one kept (ExpertPool::Frozen).
@@ -146,22 +173,15 @@ absl::Status Problem::WriteExpertRecord(int expert_id, const ExpertRecord& recor
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));
   DropModelPayload(updated.mutable_model());
-  std::optional<CheckpointWrite> folded;
-  {
-    absl::MutexLock lock(&mu_);
-    experts_.at(expert_id).record = updated;
-    ++estimates_generation_;
-    if (expert_id < ducb_.num_experts()) {
-      ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
-                                         !updated.shadow() &&
-                                         experts_.at(expert_id).failure.empty());
-    }
-    ExportScoringCostLocked();
-    // A frozen expert's row is freed now, and the state written with it: a restart then
-    // starts from the folded state, not from one that folds it later.
-    if (FoldRetiredLocked()) folded = CheckpointLocked();
+  absl::MutexLock lock(&mu_);
+  experts_.at(expert_id).record = updated;
+  ++estimates_generation_;
+  if (expert_id < ducb_.num_experts()) {
+    ducb_.SetSelectable(expert_id, updated.status() == storage::v1::EXPERT_STATE_ACTIVE &&
+                                       !updated.shadow() &&
+                                       experts_.at(expert_id).failure.empty());
   }
-  if (folded.has_value()) return WriteCheckpoint(*folded);
+  ExportScoringCostLocked();
   return absl::OkStatus();
 }
 
@@ -188,8 +208,7 @@ absl::Status Problem::RetireToFitBudget(double cost_us) {
     // Retiring cannot make room: retire nothing, and the registration is refused.
     if (total > budget) return absl::OkStatus();
   }
-  for (const auto& [k, updated] : retire) DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
-  return absl::OkStatus();
+  return WriteExpertRecords(retire);
 }
 
 absl::StatusOr<v1::Expert> Problem::SetShadow(int expert_id, bool shadow) {
@@ -400,8 +419,7 @@ absl::Status Problem::RetireDominated(int max_active) {
     }
   }
   // Each write is applied as it succeeds; a failure leaves the rest for the next round.
-  for (const auto& [k, updated] : retire) DECISION_RETURN_IF_ERROR(WriteExpertRecord(k, updated));
-  return absl::OkStatus();
+  return WriteExpertRecords(retire);
 }
 
 absl::Status Problem::UnloadQuietExperts() {

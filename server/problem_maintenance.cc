@@ -184,6 +184,11 @@ absl::Status Problem::WriteCheckpoint(CheckpointWrite& w) {
   const absl::Status written = Timed([&] {
     return env_.store->PutCheckpoint(index_, w.checkpoint, w.state ? &*w.state : nullptr);
   });
+  if (written.ok()) {
+    metrics_.checkpoints->Increment();
+    metrics_.checkpoint_bytes->Increment(static_cast<double>(
+        w.checkpoint.ByteSizeLong() + (w.state.has_value() ? w.state->ByteSizeLong() : 0)));
+  }
   if (!w.state.has_value()) return written;
   absl::MutexLock lock(&mu_);
   if (w.state->state().capacity() > state_buffer_.capacity()) {

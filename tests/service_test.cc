@@ -1379,6 +1379,54 @@ TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNar
   EXPECT_TRUE(retired);
 }
 
+// A maintenance pass that retires several experts (here by the cap on active experts)
+// folds them under one checkpoint: it carries the estimators' whole state, and was written
+// once per retired expert before (bench/README.md, "Merging the record families").
+TEST_F(ServiceTest, RetiringSeveralExpertsAtOnceWritesOneCheckpoint) {
+  trainer_hooks_.before_expert = [](int64_t, int) {
+    return absl::CancelledError("this test trains no expert");
+  };
+  CreateProblem("p", /*wait_ms=*/1'000'000, /*drop=*/false, /*auto_train_max_active=*/1);
+  for (int i = 0; i < 4; ++i) {
+    const double p = 0.4 + 0.1 * i;
+    v1::RegisterExpertRequest r = TableRequest("p", {p, (1 - p) / 3, (1 - p) / 3, (1 - p) / 3});
+    r.set_name(absl::StrCat("table", i));
+    v1::Expert e;
+    ASSERT_TRUE(service_->RegisterExpert(r, &e).ok());
+  }
+  RunMaintenanceUntilActive("p");  // no sample yet: nothing is retired
+  PlayRounds("p", 5);
+  const auto count = [&](v1::ExpertStatus status) {
+    v1::ListExpertsRequest req;
+    req.set_problem_id("p");
+    v1::ListExpertsResponse resp;
+    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
+    int n = 0;
+    for (const v1::Expert& e : resp.experts()) n += e.status() == status;
+    return n;
+  };
+  ASSERT_EQ(count(v1::EXPERT_STATUS_ACTIVE), 5);
+  const double checkpoints = MetricValue("decision_checkpoints_total");
+  const double bytes = MetricValue("decision_checkpoint_bytes_total");
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(count(v1::EXPERT_STATUS_ACTIVE), 1);
+  EXPECT_EQ(count(v1::EXPERT_STATUS_RETIRED), 4);
+  // The fold's checkpoint, and at most one more for a batch boundary of the pass.
+  const double written = MetricValue("decision_checkpoints_total") - checkpoints;
+  EXPECT_GE(written, 1);
+  EXPECT_LE(written, 2);
+  EXPECT_GT(MetricValue("decision_checkpoint_bytes_total"), bytes);
+  // The retired experts keep their estimates across a restart that loads that checkpoint.
+  const v1::Estimates before = Estimates("p");
+  Reopen();
+  const v1::Estimates after = Estimates("p");
+  ASSERT_EQ(after.experts_size(), before.experts_size());
+  for (int k = 0; k < before.experts_size(); ++k) {
+    EXPECT_EQ(after.experts(k).status(), before.experts(k).status()) << k;
+    EXPECT_DOUBLE_EQ(after.experts(k).estimate(), before.experts(k).estimate()) << k;
+  }
+}
+
 // The promotion gate (auto_promote) of a problem that selects with c3 = 0.25 (the default)
 // waits, like retirement, for the paper's width: a shadow table whose lower bound passes the
 // best selectable estimate under the narrow width only stays in shadow, and is promoted
