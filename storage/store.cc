@@ -1279,8 +1279,10 @@ void Store::WaitForEventCompactions() {
         },
         this));
   }
-  // Then RocksDB's own: a flush that brings a level to its trigger schedules one.
-  for (;;) {
+  // Then RocksDB's own: a flush that brings a level to its trigger schedules one. At most
+  // a minute (a store with a background error keeps its compactions pending).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (std::chrono::steady_clock::now() < deadline) {
     std::shared_lock<std::shared_mutex> lock(db_mu_);
     if (db_ == nullptr) return;
     uint64_t pending = 0, running = 0;
