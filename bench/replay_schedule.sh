@@ -8,15 +8,16 @@
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
 # (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
-# binary (A/B runs). The script prints decisiond's CPU time, per thread too, and what the
-# store wrote per record family.
+# binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7). The script prints
+# decisiond's CPU time, per thread too, and what the store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
 arms=${3:-26} features=${4:-16}
 dir=$(mktemp -d)
+# shellcheck disable=SC2086
 taskset -c 0 "${DECISIOND:-build/server/decisiond}" --data_dir="$dir" --listen=127.0.0.1:50071 \
-  --metrics_listen=127.0.0.1:9471 2>"$dir.log" &
+  --metrics_listen=127.0.0.1:9471 ${DECISIOND_FLAGS:-} 2>"$dir.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50071"
