@@ -133,8 +133,8 @@ absl::Status Problem::WriteExpertRecords(absl::Span<const std::pair<int, ExpertR
   // A frozen expert's row is freed now, and the state written with it: a restart then
   // starts from the folded state, not from one that folds it later (a restart between a
   // record and this checkpoint folds it at its load). One checkpoint for the records
-  // together: it carries the estimators' whole state, which a pass that retires several
-  // experts wrote once per expert before.
+  // together: it carries the estimators' whole state (megabytes), so a pass that retires
+  // several experts writes it once.
   std::optional<CheckpointWrite> folded;
   {
     absl::MutexLock lock(&mu_);
