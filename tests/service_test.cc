@@ -1397,12 +1397,8 @@ TEST_F(ServiceTest, RetiringSeveralExpertsAtOnceWritesOneCheckpoint) {
   RunMaintenanceUntilActive("p");  // no sample yet: nothing is retired
   PlayRounds("p", 5);
   const auto count = [&](v1::ExpertStatus status) {
-    v1::ListExpertsRequest req;
-    req.set_problem_id("p");
-    v1::ListExpertsResponse resp;
-    EXPECT_TRUE(service_->ListExperts(req, &resp).ok());
     int n = 0;
-    for (const v1::Expert& e : resp.experts()) n += e.status() == status;
+    for (const v1::Expert& e : Experts("p")) n += e.status() == status;
     return n;
   };
   ASSERT_EQ(count(v1::EXPERT_STATUS_ACTIVE), 5);
