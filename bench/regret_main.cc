@@ -136,6 +136,8 @@ int main(int argc, char** argv) {
               result->progressive_loss.back(), result->progressive_loss.size(),
               result->num_experts, result->seconds, result->seconds_training,
               result->seconds_divergences);
+  std::printf("best available expert: %.4f (its most likely arm: %.4f)\n",
+              result->best_available_loss, result->best_available_argmax_loss);
   if (options.pool_experts > 0) {
     // The best expert of the pool (not the late one) over the rows played, and the regret
     // against it: rounds * its mean - the reward collected.

@@ -6,8 +6,9 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-
 #include <random>
+#include <utility>
+
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -151,6 +152,7 @@ class Simulation {
       training_.Add(data_.row(row), d.arm, reward, d.propensity);
       total_reward += reward;
       result.progressive_loss.push_back(1.0 - total_reward / t);
+      available_.resize(num_experts(), static_cast<size_t>(t - 1));
       if (progress) progress(t, result.progressive_loss.back());
     }
     if (!followed.empty()) result.late_expert_true_mean = late_sum / followed.size();
@@ -163,6 +165,7 @@ class Simulation {
       }
       result.true_means.push_back(mean / rounds);
     }
+    BestAvailable(&result);
     if (ducb_ != nullptr) {
       for (int e = 0; e < num_experts(); ++e) {
         result.estimates.push_back(ducb_->ducb().Estimate(e));
@@ -246,6 +249,49 @@ class Simulation {
     const double eta = smoothing_[e];
     for (int v = 0; v < k_; ++v) out[v] = std::max(0.0, (p[v] - eta / k_) / (1.0 - eta));
     RestrictToEligible(eligible, eta, out);
+  }
+
+  // Expert e's probability of the label at logged round t, and whether the label is its
+  // most likely arm.
+  std::pair<double, bool> LabelProbability(int e, size_t t, std::vector<double>& probs) const {
+    static const std::vector<int32_t> kAll;
+    const int row = logged_rows_[t];
+    Distribution(e, row, logged_eligible_.empty() ? kAll : logged_eligible_[t],
+                 absl::MakeSpan(probs));
+    const int label = data_.labels[row];
+    return {probs[label], std::max_element(probs.begin(), probs.end()) - probs.begin() == label};
+  }
+
+  // SimulationResult::best_available_loss and best_available_argmax_loss, from the logged
+  // rounds and the round from which each expert was available (available_).
+  void BestAvailable(SimulationResult* result) const {
+    const size_t rounds = logged_rows_.size();
+    const int n = num_experts();
+    std::vector<double> probs(k_);
+    std::vector<double> mean(n, 0.0);
+    std::vector<double> accuracy(n, 0.0);
+    for (int e = 0; e < n; ++e) {
+      for (size_t t = available_[e]; t < rounds; ++t) {
+        const auto [p, hit] = LabelProbability(e, t, probs);
+        mean[e] += p / static_cast<double>(rounds - available_[e]);
+        accuracy[e] += hit / static_cast<double>(rounds - available_[e]);
+      }
+    }
+    double reward = 0.0;
+    double argmax_reward = 0.0;
+    int best = 0;
+    int best_argmax = 0;
+    for (size_t t = 0, e = 0; t < rounds; ++t) {
+      // Experts are registered in id order: those available at t are a prefix.
+      for (; e < static_cast<size_t>(n) && available_[e] <= t; ++e) {
+        if (mean[e] > mean[best]) best = static_cast<int>(e);
+        if (accuracy[e] > accuracy[best_argmax]) best_argmax = static_cast<int>(e);
+      }
+      reward += LabelProbability(best, t, probs).first;
+      argmax_reward += LabelProbability(best_argmax, t, probs).second;
+    }
+    result->best_available_loss = 1.0 - reward / static_cast<double>(rounds);
+    result->best_available_argmax_loss = 1.0 - argmax_reward / static_cast<double>(rounds);
   }
 
   absl::Status AddTrainedExperts(int64_t t, SimulationResult* result) {
@@ -422,6 +468,7 @@ class Simulation {
   DUcbPolicy* ducb_ = nullptr;
   TrainingSet training_;
   std::vector<int> logged_rows_;
+  std::vector<size_t> available_;  // per expert: the first logged round it could decide
   std::vector<int> logged_arms_;
   std::vector<std::vector<int32_t>> logged_eligible_;  // per logged round; empty: never set
   int64_t last_full_refresh_ = 1;

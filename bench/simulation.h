@@ -88,6 +88,15 @@ struct SimulationResult {
   int64_t late_expert_rounds_to_90 = -1;
   double late_expert_regret = 0.0;
   double late_expert_true_mean = 0.0;  // over the rows played from its round on
+  // What the experts allow: the progressive loss of a policy that knows, at each round, which
+  // of the experts registered so far has the highest mean reward over the rounds after its
+  // registration, and follows it (the comparator of D-UCB's regret). `best_available_loss`
+  // samples its arm from that expert's distribution, as a stochastic expert does (the
+  // expected loss); `best_available_argmax_loss` plays the most likely arm of the expert
+  // with the best accuracy so defined. A policy far above the first chooses badly among its
+  // experts; one close to it is bounded by them.
+  double best_available_loss = 0.0;
+  double best_available_argmax_loss = 0.0;
 };
 
 // Called after each round with (round, progressive loss so far).

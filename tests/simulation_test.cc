@@ -87,7 +87,9 @@ TEST(ShortDataTest, TheDefaultRecipeLearnsVowelBetterThanThePapers) {
 
 // The suite's short form (issue 17): letter s1 and digits s1 with the default recipe, one
 // training thread, seed 1, against bounds a little above today's (0.546 and 0.536 at
-// 7711c91). A regression guard on learning, deterministic for the seed; about 45 s.
+// 7711c91). A regression guard on learning, deterministic for the seed; about 45 s. Also
+// that D-UCB stays close to the best expert available at each round (0.004 above it on
+// letter, 0.016 on digits, measured): what it loses beyond them is its choices' fault.
 TEST(RegretShortForm, LetterAndDigitsOrderOneStayBelowTheirBounds) {
   const std::string root = DECISION_SOURCE_DIR;
   for (const auto& [name, bound] : {std::pair<const char*, double>{"letter", 0.57},
@@ -104,6 +106,10 @@ TEST(RegretShortForm, LetterAndDigitsOrderOneStayBelowTheirBounds) {
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->progressive_loss.size(), data->size());
     EXPECT_LT(r->progressive_loss.back(), bound);
+    EXPECT_LT(r->progressive_loss.back(), r->best_available_loss + 0.04);
+    // The comparator is attainable: no policy of these experts beats it by much.
+    EXPECT_GT(r->progressive_loss.back(), r->best_available_loss - 0.03);
+    EXPECT_LT(r->best_available_argmax_loss, r->best_available_loss);
   }
 }
 
