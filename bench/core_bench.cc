@@ -796,6 +796,55 @@ void BM_ScoreXgboost(benchmark::State& state, std::string model, size_t batch) {
   }
 }
 
+// Training one tree expert (depth 6, 20 rounds, one thread) on the first `rows` rows of
+// letter logged under uniform play (a random arm, reward 1 if it is the label), with each
+// objective: the likelihood trains on every row, the importance-weighted classifier on
+// the ~1/26 rewarded ones. And the same on a log whose rows are all rewarded (as under a
+// policy that is always right), where both train on every row.
+void BM_TrainExpert(benchmark::State& state, TrainingObjective objective, bool all_rewarded) {
+  const int rows = static_cast<int>(state.range(0));
+  static const absl::StatusOr<bench::Dataset>* data = new absl::StatusOr<bench::Dataset>(
+      bench::LoadCsv(std::string(DECISION_SOURCE_DIR) + "/bench/data/letter.csv"));
+  if (!data->ok() || (*data)->size() < static_cast<size_t>(rows)) {
+    state.SkipWithError("bench/data/letter.csv is missing or short");
+    return;
+  }
+  const bench::Dataset& d = **data;
+  TrainingSet set;
+  set.num_features = d.num_features;
+  std::mt19937_64 gen(5);
+  for (int i = 0; i < rows; ++i) {
+    const int arm = all_rewarded ? d.labels[i]
+                                 : std::uniform_int_distribution<int>(0, d.num_classes - 1)(gen);
+    set.Add(d.row(i), arm, arm == d.labels[i] ? 1.0 : 0.0, 1.0 / d.num_classes);
+  }
+  XgboostTrainOptions o;
+  o.rounds = 20;
+  o.max_depth = 6;
+  o.colsample_bytree = 0.8;
+  o.seed = 7;
+  o.objective = objective;
+  for (auto _ : state) {
+    absl::StatusOr<std::string> model = TrainXgboostModel(set, d.num_classes, o);
+    if (!model.ok()) {
+      state.SkipWithError(std::string(model.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(model->data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+BENCHMARK_CAPTURE(BM_TrainExpert, importance_weighted/uniform_log,
+                  TrainingObjective::kImportanceWeighted, false)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainExpert, likelihood/uniform_log, TrainingObjective::kLikelihood, false)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainExpert, importance_weighted/all_rewarded,
+                  TrainingObjective::kImportanceWeighted, true)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainExpert, likelihood/all_rewarded, TrainingObjective::kLikelihood, true)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+
 enum class NewExpertForm { kEveryPair, kRetiredRows, kUnloaded };
 
 void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {

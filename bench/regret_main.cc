@@ -34,6 +34,9 @@ ABSL_FLAG(double, smoothing, 0.05, "expert smoothing eta");
 ABSL_FLAG(double, batch_multiplier, 7.0, "batch length = multiplier * sqrt(t)");
 ABSL_FLAG(int, tree_experts, 3, "tree experts trained per batch");
 ABSL_FLAG(int, linear_experts, 1, "gblinear experts trained per batch");
+ABSL_FLAG(std::string, objective, "likelihood",
+          "what trained experts are fitted to: likelihood (of every logged reward) or "
+          "importance_weighted (the paper: the rewarded arms as labels, weight r / p)");
 ABSL_FLAG(bool, bootstrap, false,
           "train each new expert on a bootstrap of the log (the paper) instead of all of it");
 ABSL_FLAG(double, eligible_share, 0.0,
@@ -92,6 +95,13 @@ int main(int argc, char** argv) {
   options.smoothing = absl::GetFlag(FLAGS_smoothing);
   options.batch.batch_multiplier = absl::GetFlag(FLAGS_batch_multiplier);
   options.bootstrap = absl::GetFlag(FLAGS_bootstrap);
+  const std::string objective = absl::GetFlag(FLAGS_objective);
+  if (objective == "importance_weighted") {
+    options.objective = TrainingObjective::kImportanceWeighted;
+  } else if (objective != "likelihood") {
+    std::fprintf(stderr, "regret: --objective must be likelihood or importance_weighted\n");
+    return 2;
+  }
   options.tree_experts_per_batch = absl::GetFlag(FLAGS_tree_experts);
   options.linear_experts_per_batch = absl::GetFlag(FLAGS_linear_experts);
   if (options.tree_experts_per_batch < 0 || options.linear_experts_per_batch < 0 ||

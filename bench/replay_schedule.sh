@@ -8,7 +8,8 @@
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
 # (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
-# binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7). The script prints
+# binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7); CLIENT_CPU moves the
+# replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs something else). The script prints
 # decisiond's CPU time, per thread too, and what the store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ taskset -c 0 "${DECISIOND:-build/server/decisiond}" --data_dir="$dir" --listen=1
   --metrics_listen=127.0.0.1:9471 ${DECISIOND_FLAGS:-} 2>"$dir.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50071"
+C="taskset -c ${CLIENT_CPU:-1} build/client/decisionctl --server=127.0.0.1:50071"
 until $C health >/dev/null 2>&1; do sleep 0.2; done
 $C create-problem p --arms="$arms" --features="$features" --auto_train ${CREATE_FLAGS:-} >/dev/null
 start=$(date +%s.%N)

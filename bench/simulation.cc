@@ -301,10 +301,11 @@ class Simulation {
     const int old_n = num_experts();
     const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;
     for (int i = 0; i < count; ++i) {
-      const XgboostTrainOptions train =
+      XgboostTrainOptions train =
           SampleExpertOptions(i >= o_.tree_experts_per_batch, o_.train_threads, gen_);
+      train.objective = o_.objective;
       absl::StatusOr<std::string> model =
-          o_.bootstrap ? TrainXgboostModel(Bootstrap(training_, gen_), k_, train)
+          o_.bootstrap ? TrainXgboostModel(Bootstrap(training_, o_.objective, gen_), k_, train)
                        : TrainXgboostModel(training_, k_, train);
       if (absl::IsFailedPrecondition(model.status())) {
         ++result->experts_rejected;  // diverged: skip this expert, keep the run going
@@ -383,13 +384,7 @@ class Simulation {
         rows.size(), std::max<size_t>(k_, static_cast<size_t>(share * rows.size())));
     TrainingSet out;
     out.num_features = set.num_features;
-    for (size_t i = 0; i < m; ++i) {
-      const size_t r = rows[i];
-      out.rows.insert(out.rows.end(), set.rows.begin() + r * set.num_features,
-                      set.rows.begin() + (r + 1) * set.num_features);
-      out.labels.push_back(set.labels[r]);
-      out.weights.push_back(set.weights[r]);
-    }
+    for (size_t i = 0; i < m; ++i) out.AddFrom(set, rows[i]);
     return out;
   }
 

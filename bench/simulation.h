@@ -20,6 +20,7 @@
 #include "core/estimator.h"
 #include "core/expert.h"
 #include "core/policy.h"
+#include "core/xgboost_trainer.h"
 
 namespace decision::bench {
 
@@ -38,6 +39,9 @@ struct SimulationOptions {
   // Each new expert trains on a bootstrap of the log (the paper's recipe) instead of the
   // whole log (the service's default, AutoTrainConfig.training_sample).
   bool bootstrap = false;
+  // What each trained expert is fitted to (core/xgboost_trainer.h); the paper's is
+  // kImportanceWeighted.
+  TrainingObjective objective = TrainingObjective::kLikelihood;
   double smoothing = kDefaultSmoothing;
   double epsilon = 0.05;  // epsilon-greedy
   int64_t max_rounds = 0;  // 0: every row of the order

@@ -8,7 +8,8 @@
 //                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
 //                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
 //                  [--slate_learning=every_slot|first_slot] [--c2=X] [--c3=X] [--big_c=X]
-//                  [--auto_train [--training_sample=whole_log|bootstrap]]
+//                  [--auto_train [--training_sample=whole_log|bootstrap]
+//                                [--training_objective=likelihood|importance_weighted]]
 //   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
 //       what the store keeps of the problem's history (0: no limit; both 0: keep all)
 //   delete-events PROBLEM EVENT_ID...
@@ -120,6 +121,10 @@ ABSL_FLAG(bool, auto_promote, false,
 ABSL_FLAG(std::string, training_sample, "whole_log",
           "create-problem: what each trained expert learns from: whole_log or bootstrap (a "
           "resample per expert, the paper's recipe)");
+ABSL_FLAG(std::string, training_objective, "likelihood",
+          "create-problem: what each trained expert is fitted to: likelihood (of every "
+          "logged reward) or importance_weighted (the paper's: the rewarded arms as labels, "
+          "weight reward / propensity)");
 ABSL_FLAG(double, c2, 0.0,
           "create-problem: median-of-means group constant c2 (0: the server's default, 4)");
 ABSL_FLAG(double, c3, 0.0,
@@ -328,6 +333,15 @@ int CreateProblem(DecisionClient& c, const std::vector<char*>& args) {
     config.mutable_auto_train()->set_training_sample(v1::TRAINING_SAMPLE_BOOTSTRAP);
   } else {
     return Usage("--training_sample must be whole_log or bootstrap");
+  }
+  const std::string training_objective = absl::GetFlag(FLAGS_training_objective);
+  if (training_objective == "likelihood") {
+    config.mutable_auto_train()->set_training_objective(v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  } else if (training_objective == "importance_weighted") {
+    config.mutable_auto_train()->set_training_objective(
+        v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+  } else {
+    return Usage("--training_objective must be likelihood or importance_weighted");
   }
   config.set_scoring_budget_us(absl::GetFlag(FLAGS_scoring_budget_us));
   if (const double turnover = absl::GetFlag(FLAGS_divergence_refresh_turnover); turnover >= 0) {

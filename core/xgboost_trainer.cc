@@ -2,11 +2,14 @@
 
 #include <xgboost/c_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "core/xgboost_expert.h"
 
 namespace decision {
@@ -26,28 +29,100 @@ absl::Status XgbError(const char* what) {
   return absl::InternalError(absl::StrCat("xgboost ", what, " failed: ", XGBGetLastError()));
 }
 
+// Gradient boosting on the likelihood loss (xgboost_trainer.h), with the model's own
+// softmax: each round predicts p(. | x) on the training rows (XGBoost keeps these
+// predictions cached for its training matrix) and boosts one tree per arm on the loss's
+// gradient in the margins f, with a diagonal curvature. Per sample (x, a, r) of weight
+// w = 1 / propensity:
+//   r part, -log p_a:            g_c = p_c - [c = a],          h_c = 2 p_c (1 - p_c);
+//   1 - r part, -log(1 - p_a):   g_a = p_a,                    h_a = 2 p_a (1 - p_a),
+//                                g_c = -p_a p_c / (1 - p_a),   h_c = 2 p_c (1 - p_c) p_a / (1 - p_a)
+// (c != a). The first is XGBoost's own multi:softprob gradient, whose factor 2 on the
+// curvature keeps Newton steps short; the second's curvature off a is scaled like its
+// gradient.
+absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
+                               const TrainingSet& set, int num_arms, int rounds) {
+  static constexpr char kProbabilities[] =
+      "{\"type\": 0, \"training\": true, \"iteration_begin\": 0, \"iteration_end\": 0, "
+      "\"strict_shape\": false}";
+  static constexpr float kMinHessian = 1e-6f;
+  const size_t n = set.size();
+  const size_t k = static_cast<size_t>(num_arms);
+  std::vector<float> grad(n * k);
+  std::vector<float> hess(n * k);
+  for (int round = 0; round < rounds; ++round) {
+    const bst_ulong* shape = nullptr;
+    bst_ulong dims = 0;
+    const float* p = nullptr;
+    if (XGBoosterPredictFromDMatrix(booster, matrix, kProbabilities, &shape, &dims, &p) != 0) {
+      return XgbError("predicting the training rows");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t a = static_cast<size_t>(set.labels[i]);
+      const float w = 1.0f / set.propensities[i];
+      const float r = set.rewards[i];
+      const float* pi = p + i * k;
+      const float pa = pi[a];
+      const float odds = pa / std::max(1.0f - pa, kMinHessian);  // p_a / (1 - p_a)
+      for (size_t c = 0; c < k; ++c) {
+        const float curvature = 2.0f * pi[c] * (1.0f - pi[c]);
+        float g, h;
+        if (c == a) {
+          g = r * (pa - 1.0f) + (1.0f - r) * pa;
+          h = curvature;
+        } else {
+          g = r * pi[c] - (1.0f - r) * pi[c] * odds;
+          h = r * curvature + (1.0f - r) * curvature * odds;
+        }
+        grad[i * k + c] = w * g;
+        hess[i * k + c] = std::max(w * h, kMinHessian);
+      }
+    }
+    if (XGBoosterBoostOneIter(booster, matrix, grad.data(), hess.data(), n * k) != 0) {
+      return XgbError("training");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void TrainingSet::Add(absl::Span<const double> x, int arm, double reward, double propensity) {
-  if (!(reward > 0.0)) return;
   for (double v : x) rows.push_back(XgboostFeature(v));
   labels.push_back(static_cast<float>(arm));
-  weights.push_back(static_cast<float>(reward / propensity));
+  rewards.push_back(static_cast<float>(reward));
+  propensities.push_back(static_cast<float>(propensity));
 }
 
-TrainingSet Bootstrap(const TrainingSet& set, absl::BitGenRef gen) {
+void TrainingSet::AddFrom(const TrainingSet& from, size_t i) {
+  const auto row = from.rows.begin() + static_cast<std::ptrdiff_t>(i * from.num_features);
+  rows.insert(rows.end(), row, row + from.num_features);
+  labels.push_back(from.labels[i]);
+  rewards.push_back(from.rewards[i]);
+  propensities.push_back(from.propensities[i]);
+}
+
+void TrainingSet::DropOldest(size_t n) {
+  n = std::min(n, size());
+  const auto drop = static_cast<std::ptrdiff_t>(n);
+  rows.erase(rows.begin(), rows.begin() + drop * num_features);
+  labels.erase(labels.begin(), labels.begin() + drop);
+  rewards.erase(rewards.begin(), rewards.begin() + drop);
+  propensities.erase(propensities.begin(), propensities.begin() + drop);
+}
+
+TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
+                      absl::BitGenRef gen) {
+  std::vector<size_t> pool;
+  pool.reserve(set.size());
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (objective == TrainingObjective::kLikelihood || set.rewards[i] > 0) pool.push_back(i);
+  }
   TrainingSet out;
   out.num_features = set.num_features;
-  const size_t n = set.size();
-  out.rows.reserve(set.rows.size());
-  out.labels.reserve(n);
-  out.weights.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    const size_t pick = absl::Uniform<size_t>(gen, 0, n);
-    out.rows.insert(out.rows.end(), set.rows.begin() + pick * set.num_features,
-                    set.rows.begin() + (pick + 1) * set.num_features);
-    out.labels.push_back(set.labels[pick]);
-    out.weights.push_back(set.weights[pick]);
+  out.rows.reserve(pool.size() * set.num_features);
+  for (size_t i = 0; i < pool.size(); ++i) {
+    out.AddFrom(set, pool[absl::Uniform<size_t>(gen, 0, pool.size())]);
   }
   return out;
 }
@@ -76,21 +151,25 @@ XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRe
 
 absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
                                               const XgboostTrainOptions& o) {
-  if (set.size() == 0) {
-    return absl::InvalidArgumentError("training set is empty (no sample with reward > 0)");
-  }
   if (num_arms < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("training needs at least 2 arms, got ", num_arms));
   }
   if (set.num_features < 1 || set.rows.size() != set.size() * set.num_features ||
-      set.weights.size() != set.size()) {
-    return absl::InvalidArgumentError("training set rows, labels and weights disagree in size");
+      set.rewards.size() != set.size() || set.propensities.size() != set.size()) {
+    return absl::InvalidArgumentError(
+        "training set rows, labels, rewards and propensities disagree in size");
   }
-  for (float label : set.labels) {
-    if (!(label >= 0 && label < num_arms)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("training label ", label, " is not an arm in [0, ", num_arms, ")"));
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (!(set.labels[i] >= 0 && set.labels[i] < num_arms)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training label ", set.labels[i], " is not an arm in [0, ", num_arms, ")"));
+    }
+    if (!(set.rewards[i] >= 0 && set.rewards[i] <= 1) ||
+        !(set.propensities[i] > 0 && set.propensities[i] <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "training sample ", i, " has reward ", set.rewards[i], " and propensity ",
+          set.propensities[i], "; they must be in [0, 1] and (0, 1]"));
     }
   }
   if (o.rounds < 1 || o.max_depth < 1 || !(o.learning_rate > 0) || o.threads < 1 ||
@@ -98,13 +177,32 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
       !(o.subsample > 0 && o.subsample <= 1) || !(o.l1 >= 0) || !(o.l2 >= 0)) {
     return absl::InvalidArgumentError("invalid xgboost training options");
   }
+  const bool likelihood = o.objective == TrainingObjective::kLikelihood;
+  // The matrix's rows: every sample for the likelihood; the rewarded ones, weighted
+  // r / p, for the importance-weighted classifier.
+  TrainingSet rewarded;
+  std::vector<float> weights;
+  if (!likelihood) {
+    rewarded.num_features = set.num_features;
+    for (size_t i = 0; i < set.size(); ++i) {
+      if (!(set.rewards[i] > 0)) continue;
+      rewarded.AddFrom(set, i);
+      weights.push_back(set.rewards[i] / set.propensities[i]);
+    }
+  }
+  const TrainingSet& train = likelihood ? set : rewarded;
+  if (train.size() == 0) {
+    return absl::InvalidArgumentError(likelihood ? "training set is empty"
+                                                 : "training set has no sample with reward > 0");
+  }
   Handles h;
-  if (XGDMatrixCreateFromMat(set.rows.data(), set.size(), set.num_features, NAN, &h.matrix) !=
-      0) {
+  if (XGDMatrixCreateFromMat(train.rows.data(), train.size(), train.num_features, NAN,
+                             &h.matrix) != 0) {
     return XgbError("DMatrix creation");
   }
-  if (XGDMatrixSetFloatInfo(h.matrix, "label", set.labels.data(), set.size()) != 0 ||
-      XGDMatrixSetFloatInfo(h.matrix, "weight", set.weights.data(), set.size()) != 0) {
+  if (XGDMatrixSetFloatInfo(h.matrix, "label", train.labels.data(), train.size()) != 0 ||
+      (!likelihood &&
+       XGDMatrixSetFloatInfo(h.matrix, "weight", weights.data(), train.size()) != 0)) {
     return XgbError("setting labels and weights");
   }
   if (XGBoosterCreate(&h.matrix, 1, &h.booster) != 0) return XgbError("booster creation");
@@ -132,8 +230,12 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
       return XgbError("setting a parameter");
     }
   }
-  for (int i = 0; i < o.rounds; ++i) {
-    if (XGBoosterUpdateOneIter(h.booster, i, h.matrix) != 0) return XgbError("training");
+  if (likelihood) {
+    DECISION_RETURN_IF_ERROR(BoostByLikelihood(h.booster, h.matrix, train, num_arms, o.rounds));
+  } else {
+    for (int i = 0; i < o.rounds; ++i) {
+      if (XGBoosterUpdateOneIter(h.booster, i, h.matrix) != 0) return XgbError("training");
+    }
   }
   // A booster can diverge (gblinear on large unscaled features): refuse a model that does
   // not give finite probabilities on its own training rows.
@@ -147,7 +249,7 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
     if (XGBoosterPredictFromDMatrix(h.booster, h.matrix, kPredict, &shape, &dims, &out) != 0) {
       return XgbError("checking the trained model");
     }
-    const size_t values = set.size() * static_cast<size_t>(num_arms);
+    const size_t values = train.size() * static_cast<size_t>(num_arms);
     for (size_t i = 0; i < values; ++i) {
       if (!std::isfinite(out[i])) {
         return absl::FailedPreconditionError(

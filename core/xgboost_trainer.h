@@ -1,9 +1,14 @@
-// Trains stochastic experts from the joined log as importance-weighted multiclass
-// classifiers (the paper's Algorithm 2, "cost-sensitive classification experts"):
-// example (x, a) with label a = the arm played and weight y / propensity. Samples with
-// reward 0 have weight 0 and are left out. The result is XGBoost model bytes (UBJSON) for
-// MakeXgboostExpert: a `multi:softprob` tree booster or a `gblinear` booster (the logistic-
-// regression expert).
+// Trains stochastic experts from the joined log: multiclass `multi:softprob` tree boosters
+// or `gblinear` boosters (the logistic-regression expert), as XGBoost model bytes (UBJSON)
+// for MakeXgboostExpert. Two training objectives (TrainingObjective):
+//   - kLikelihood (the default): the model's distribution p(. | x) is fitted by maximum
+//     likelihood to what the log observed. A sample (x, a, r) says "arm a was right" with
+//     probability r, "arm a was wrong" with 1 - r: its loss is
+//       -r log p(a | x) - (1 - r) log(1 - p(a | x)),
+//     importance-weighted by 1 / propensity. Every sample counts, the unrewarded ones too.
+//   - kImportanceWeighted: the paper's Algorithm 2 ("cost-sensitive classification
+//     experts"): a multiclass classifier on (x, label a) with weight r / propensity; samples
+//     with reward 0 have weight 0 and are left out.
 //
 // Thread safety: TrainXgboostModel is reentrant; each call owns its booster.
 #ifndef DECISION_CORE_XGBOOST_TRAINER_H_
@@ -19,15 +24,25 @@
 
 namespace decision {
 
-// A weighted multiclass training set, row-major.
+// Logged samples to train on, row-major: the context, the arm played, its reward in
+// [0, 1] and the propensity it was played with.
 struct TrainingSet {
   int num_features = 0;
-  std::vector<float> rows;     // size() * num_features
-  std::vector<float> labels;   // the arm, 0..K-1
-  std::vector<float> weights;  // reward / propensity, > 0
+  std::vector<float> rows;          // size() * num_features
+  std::vector<float> labels;        // the arm played, 0..K-1
+  std::vector<float> rewards;       // in [0, 1]
+  std::vector<float> propensities;  // in (0, 1]
   size_t size() const { return labels.size(); }
-  // Adds one logged sample; samples with reward 0 are skipped (weight 0).
   void Add(absl::Span<const double> x, int arm, double reward, double propensity);
+  // Appends `from`'s sample i.
+  void AddFrom(const TrainingSet& from, size_t i);
+  // Drops the oldest n samples.
+  void DropOldest(size_t n);
+};
+
+enum class TrainingObjective {
+  kLikelihood,          // every sample: the likelihood of its reward (the default)
+  kImportanceWeighted,  // the rewarded samples as labels, weight r / p (the paper's)
 };
 
 struct XgboostTrainOptions {
@@ -41,16 +56,21 @@ struct XgboostTrainOptions {
   double l1 = 0.0;  // alpha
   int threads = 1;
   uint64_t seed = 0;
+  TrainingObjective objective = TrainingObjective::kLikelihood;
 };
 
-// Trains on `set`. Returns INVALID_ARGUMENT for an empty set, labels outside [0, K) or bad
-// options, FAILED_PRECONDITION if training diverged (non-finite probabilities on the
-// training rows), and INTERNAL if libxgboost fails.
+// Trains on `set` with options.objective. Returns INVALID_ARGUMENT for a set with nothing
+// to train on (no sample; with kImportanceWeighted, no rewarded sample), labels outside
+// [0, K), rewards outside [0, 1], propensities outside (0, 1] or bad options,
+// FAILED_PRECONDITION if training diverged (non-finite probabilities on the training rows),
+// and INTERNAL if libxgboost fails.
 absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
                                               const XgboostTrainOptions& options);
 
-// A bootstrap resample of `set` (size() draws with replacement).
-TrainingSet Bootstrap(const TrainingSet& set, absl::BitGenRef gen);
+// A bootstrap resample of the samples of `set` that `objective` trains on (all of them;
+// with kImportanceWeighted, the rewarded ones), as many draws as there are such samples.
+TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
+                      absl::BitGenRef gen);
 
 // The varied hyper-parameters of one expert of a batch, after the paper's recipe (trees of
 // depth 3, 6 or 10 with 10, 20 or 40 boosting rounds and column sampling 0.6 or 0.8; or a

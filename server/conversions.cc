@@ -153,6 +153,9 @@ v1::ProblemConfig ConfigFromRecord(const rec::ProblemRecord& r) {
   at->set_linear_experts(r.auto_train_linear());
   at->set_training_sample(r.train_on_whole_log() ? v1::TRAINING_SAMPLE_WHOLE_LOG
                                                  : v1::TRAINING_SAMPLE_BOOTSTRAP);
+  at->set_training_objective(r.train_by_likelihood()
+                                 ? v1::TRAINING_OBJECTIVE_LIKELIHOOD
+                                 : v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
   at->set_max_active_experts(r.max_active_experts());
   c.set_scoring_budget_us(r.scoring_budget_us());
   c.set_auto_promote(r.auto_promote());

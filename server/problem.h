@@ -102,6 +102,12 @@ namespace decision::server {
 std::string RandomEventId();
 
 inline constexpr size_t kMaxTrainingSamples = 200'000;
+
+// How a problem's experts are fitted (AutoTrainConfig.training_objective).
+inline TrainingObjective TrainingObjectiveOf(const storage::v1::ProblemRecord& r) {
+  return r.train_by_likelihood() ? TrainingObjective::kLikelihood
+                                 : TrainingObjective::kImportanceWeighted;
+}
 // A checkpoint writes the estimators' state when this many samples were learned since it
 // was last written, whatever else changed: what a restart learns again at most.
 inline constexpr int64_t kMaxReplaySamples = int64_t{1} << 20;
@@ -337,9 +343,9 @@ class Problem {
                          const std::function<absl::Status(const v1::LoggedSample&)>& fn)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Training support (the trainer's thread): the joined samples with a positive reward, as
-  // an importance-weighted training set (label: the arm, weight: reward / propensity); at
-  // most the newest kMaxTrainingSamples, of the first `samples` joined ones (0: all).
+  // Training support (the trainer's thread): the joined samples to train the problem's
+  // experts on (TrainingObjectiveOf: every one, or those with a positive reward); at most
+  // the newest kMaxTrainingSamples, of the first `samples` joined ones (0: all).
   // FAILED_PRECONDITION if there is none.
   absl::StatusOr<TrainingSet> TrainingSetFromLog(int64_t samples = 0) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -526,32 +526,36 @@ absl::Status Problem::WriteLogChunksLocked() {
 absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   TrainingSet set;
   set.num_features = record_.num_features();
+  // The importance-weighted objective trains on the rewarded samples only.
+  const bool rewarded_only =
+      TrainingObjectiveOf(record_) == TrainingObjective::kImportanceWeighted;
   // The samples retention kept, of the first `samples` (0: all).
   const absl::Status enough = absl::CancelledError("the first samples are read");
   absl::Status read = env_.store->ForEachSample(
       index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) {
         if (samples > 0 && seq >= samples) return enough;
         if (s.redacted()) return absl::OkStatus();  // its context was deleted (DeleteEvents)
+        if (rewarded_only && !(s.reward() > 0)) return absl::OkStatus();
         if (s.features_size() != set.num_features) {
           return absl::DataLossError(absl::StrCat("problem ", id(), ": a stored sample has ",
                                                   s.features_size(), " features"));
         }
         set.Add(absl::MakeConstSpan(s.features().data(), s.features_size()), s.arm(),
                 s.reward(), s.propensity());
+        // The newest kMaxTrainingSamples are kept: memory stays within twice that.
+        if (set.size() >= 2 * kMaxTrainingSamples) {
+          set.DropOldest(set.size() - kMaxTrainingSamples);
+        }
         return absl::OkStatus();
       });
   if (read.ok() || read == enough) read = absl::OkStatus();
   DECISION_RETURN_IF_ERROR(read);
   if (set.size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "problem ", id(), " has no joined sample with a positive reward to train on"));
+    return absl::FailedPreconditionError(absl::StrCat("problem ", id(), " has no joined sample",
+                                                      rewarded_only ? " with a positive reward" : "",
+                                                      " to train on"));
   }
-  if (set.size() > kMaxTrainingSamples) {
-    const size_t drop = set.size() - kMaxTrainingSamples;
-    set.labels.erase(set.labels.begin(), set.labels.begin() + drop);
-    set.weights.erase(set.weights.begin(), set.weights.begin() + drop);
-    set.rows.erase(set.rows.begin(), set.rows.begin() + drop * set.num_features);
-  }
+  if (set.size() > kMaxTrainingSamples) set.DropOldest(set.size() - kMaxTrainingSamples);
   return set;
 }
 

@@ -170,11 +170,12 @@ absl::Status Trainer::Run(const Job& job) {
       return absl::OkStatus();
     }
     const bool linear = i >= r.tree_experts();
-    const XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
+    XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
+    options.objective = TrainingObjectiveOf(p.record());
     absl::StatusOr<std::string> model =
         p.record().train_on_whole_log()
             ? TrainXgboostModel(*set, num_arms, options)
-            : TrainXgboostModel(Bootstrap(*set, gen_), num_arms, options);
+            : TrainXgboostModel(Bootstrap(*set, options.objective, gen_), num_arms, options);
     if (absl::IsFailedPrecondition(model.status())) {  // diverged: skip this one
       skip(i, "training diverged");
       continue;

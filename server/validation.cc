@@ -200,6 +200,12 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
         "; it must be TRAINING_SAMPLE_WHOLE_LOG (1) or TRAINING_SAMPLE_BOOTSTRAP (2), or "
         "unset (the whole log)"));
   }
+  if (!v1::TrainingObjective_IsValid(at.training_objective())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.auto_train.training_objective is ", at.training_objective(),
+        "; it must be TRAINING_OBJECTIVE_LIKELIHOOD (1) or "
+        "TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED (2), or unset (the likelihood)"));
+  }
   storage::v1::ProblemRecord r;
   r.set_problem_id(problem_id);
   r.set_retention_max_samples(c.retention().max_samples());
@@ -210,6 +216,8 @@ absl::StatusOr<storage::v1::ProblemRecord> ProblemRecordFromConfig(const std::st
   r.set_auto_train_linear(default_counts ? 1 : at.linear_experts());
   r.set_max_active_experts(at.max_active_experts() == 0 ? 32 : at.max_active_experts());
   r.set_train_on_whole_log(at.training_sample() != v1::TRAINING_SAMPLE_BOOTSTRAP);
+  r.set_train_by_likelihood(at.training_objective() !=
+                            v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
   r.set_num_arms(c.num_arms());
   r.set_num_features(c.num_features());
   *r.mutable_estimator() = EstimatorRecordOf(o);

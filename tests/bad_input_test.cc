@@ -602,6 +602,12 @@ std::vector<BadCase> BadCases(const Suite& suite) {
          c->mutable_auto_train()->set_training_sample(static_cast<v1::TrainingSample>(9));
        })),
        kInvalid, {"config.auto_train.training_sample is 9", "TRAINING_SAMPLE_BOOTSTRAP (2)"}},
+      {"CreateProblem/training_objective_5",
+       create(BadConfig([](auto* c) {
+         c->mutable_auto_train()->set_training_objective(static_cast<v1::TrainingObjective>(5));
+       })),
+       kInvalid,
+       {"config.auto_train.training_objective is 5", "TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED (2)"}},
       {"CreateProblem/estimator_grouping_contiguous",
        create(BadConfig([](auto* c) {
          c->mutable_estimator()->set_grouping(v1::MEDIAN_OF_MEANS_GROUPING_CONTIGUOUS);

@@ -1511,6 +1511,52 @@ TEST_F(ServiceTest, TrainingSampleIsTheWholeLogUnlessTheBootstrapIsAskedForOrSto
             v1::TRAINING_SAMPLE_BOOTSTRAP);
 }
 
+// AutoTrainConfig.training_objective: new problems fit their experts by the likelihood
+// unless they ask for the paper's importance-weighted classifiers; a problem stored before
+// the setting existed keeps the importance weights it was trained with, through restarts.
+TEST_F(ServiceTest, TrainingObjectiveIsTheLikelihoodUnlessImportanceWeightsAreAskedForOrStored) {
+  auto create = [&](const std::string& id, v1::TrainingObjective objective) {
+    v1::CreateProblemRequest req;
+    req.set_problem_id(id);
+    req.mutable_config()->set_num_arms(kArms);
+    req.mutable_config()->set_num_features(kFeatures);
+    req.mutable_config()->mutable_auto_train()->set_training_objective(objective);
+    v1::Problem created;
+    EXPECT_TRUE(service_->CreateProblem(req, &created).ok());
+    return created.config().auto_train().training_objective();
+  };
+  EXPECT_EQ(create("unset", v1::TRAINING_OBJECTIVE_UNSPECIFIED), v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  EXPECT_EQ(create("likelihood", v1::TRAINING_OBJECTIVE_LIKELIHOOD), v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  EXPECT_EQ(create("weighted", v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED), v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+  Reopen();
+  EXPECT_EQ(GetProblem("likelihood").config().auto_train().training_objective(),
+            v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  EXPECT_EQ(GetProblem("weighted").config().auto_train().training_objective(),
+            v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+  // "unset" as an older version stored it: without the field.
+  ASSERT_TRUE(service_->Shutdown().ok());
+  service_.reset();
+  {
+    auto store = storage::Store::Open(dir_, {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    int rewritten = 0;
+    ASSERT_TRUE((*store)
+                    ->ForEachProblem([&](uint32_t index, const storage::v1::ProblemRecord& r) {
+                      if (r.problem_id() != "unset") return absl::OkStatus();
+                      storage::v1::ProblemRecord old = r;
+                      old.clear_train_by_likelihood();
+                      ++rewritten;
+                      return (*store)->PutProblem(index, old);
+                    })
+                    .ok());
+    ASSERT_EQ(rewritten, 1);
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  Open();
+  EXPECT_EQ(GetProblem("unset").config().auto_train().training_objective(),
+            v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+}
+
 // SLATE_LEARNING_FIRST_SLOT: every slot is decided and stored, but only slot 0 is learned.
 // The other slots' rewards are refused (before and after a restart, and after their expiry:
 // the same error, never "late"), and their expiry drops them, counted.

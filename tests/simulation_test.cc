@@ -72,6 +72,7 @@ TEST(ShortDataTest, TheDefaultRecipeLearnsVowelBetterThanThePapers) {
       o.train_threads = 1;
       if (paper_recipe) {
         o.bootstrap = true;
+        o.objective = TrainingObjective::kImportanceWeighted;
         o.estimator.constants = EstimatorConstants::Practical();
       }
       auto r = Simulate(*data, *order, o);
@@ -86,14 +87,15 @@ TEST(ShortDataTest, TheDefaultRecipeLearnsVowelBetterThanThePapers) {
 }
 
 // The suite's short form (issue 17): letter s1 and digits s1 with the default recipe, one
-// training thread, seed 1, against bounds a little above today's (0.546 and 0.536 at
-// 7711c91). A regression guard on learning, deterministic for the seed; about 45 s. Also
-// that D-UCB stays close to the best expert available at each round (0.004 above it on
-// letter, 0.016 on digits, measured): what it loses beyond them is its choices' fault.
+// training thread, seed 1, against bounds a little above today's (0.347 and 0.317 with
+// experts fitted by the likelihood; 0.546 and 0.536 with the paper's importance-weighted
+// classifiers). A regression guard on learning, deterministic for the seed; about 75 s.
+// Also that D-UCB stays close to the best expert available at each round (0.005 above it
+// on letter, 0.016 on digits, measured): what it loses beyond them is its choices' fault.
 TEST(RegretShortForm, LetterAndDigitsOrderOneStayBelowTheirBounds) {
   const std::string root = DECISION_SOURCE_DIR;
-  for (const auto& [name, bound] : {std::pair<const char*, double>{"letter", 0.57},
-                                    std::pair<const char*, double>{"digits", 0.56}}) {
+  for (const auto& [name, bound] : {std::pair<const char*, double>{"letter", 0.40},
+                                    std::pair<const char*, double>{"digits", 0.37}}) {
     SCOPED_TRACE(name);
     auto data = LoadCsv(absl::StrCat(root, "/bench/data/", name, ".csv"));
     ASSERT_TRUE(data.ok()) << data.status();
