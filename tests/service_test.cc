@@ -1465,29 +1465,41 @@ TEST_F(ServiceTest, ThePromotionGateWaitsForThePapersWidth) {
   EXPECT_TRUE(promoted);
 }
 
-// AutoTrainConfig.training_sample: new problems train on the whole log unless they ask for
-// the paper's bootstrap; a problem stored before the setting existed keeps the bootstrap it
-// was trained with, through restarts.
-TEST_F(ServiceTest, TrainingSampleIsTheWholeLogUnlessTheBootstrapIsAskedForOrStored) {
-  auto create = [&](const std::string& id, v1::TrainingSample sample) {
+// AutoTrainConfig.training_sample and training_objective: new problems train on the whole
+// log and fit the likelihood unless they ask for the paper's bootstrap or importance
+// weights; a problem stored before the settings existed keeps the recipe it was trained
+// with (bootstrap, importance weights), through restarts.
+TEST_F(ServiceTest, AutoTrainingRecipeIsTheDefaultsUnlessAskedForOrStoredBeforeThem) {
+  auto create = [&](const std::string& id, v1::TrainingSample sample,
+                    v1::TrainingObjective objective) {
     v1::CreateProblemRequest req;
     req.set_problem_id(id);
     req.mutable_config()->set_num_arms(kArms);
     req.mutable_config()->set_num_features(kFeatures);
     req.mutable_config()->mutable_auto_train()->set_training_sample(sample);
+    req.mutable_config()->mutable_auto_train()->set_training_objective(objective);
     v1::Problem created;
     EXPECT_TRUE(service_->CreateProblem(req, &created).ok());
-    return created.config().auto_train().training_sample();
+    return created.config().auto_train();
   };
-  EXPECT_EQ(create("unset", v1::TRAINING_SAMPLE_UNSPECIFIED), v1::TRAINING_SAMPLE_WHOLE_LOG);
-  EXPECT_EQ(create("whole", v1::TRAINING_SAMPLE_WHOLE_LOG), v1::TRAINING_SAMPLE_WHOLE_LOG);
-  EXPECT_EQ(create("boot", v1::TRAINING_SAMPLE_BOOTSTRAP), v1::TRAINING_SAMPLE_BOOTSTRAP);
+  auto expect = [](const v1::AutoTrainConfig& at, v1::TrainingSample sample,
+                   v1::TrainingObjective objective) {
+    EXPECT_EQ(at.training_sample(), sample);
+    EXPECT_EQ(at.training_objective(), objective);
+  };
+  expect(create("unset", v1::TRAINING_SAMPLE_UNSPECIFIED, v1::TRAINING_OBJECTIVE_UNSPECIFIED),
+         v1::TRAINING_SAMPLE_WHOLE_LOG, v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  expect(create("boot", v1::TRAINING_SAMPLE_BOOTSTRAP, v1::TRAINING_OBJECTIVE_LIKELIHOOD),
+         v1::TRAINING_SAMPLE_BOOTSTRAP, v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  expect(create("weighted", v1::TRAINING_SAMPLE_WHOLE_LOG,
+                v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED),
+         v1::TRAINING_SAMPLE_WHOLE_LOG, v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
   Reopen();
-  EXPECT_EQ(GetProblem("whole").config().auto_train().training_sample(),
-            v1::TRAINING_SAMPLE_WHOLE_LOG);
-  EXPECT_EQ(GetProblem("boot").config().auto_train().training_sample(),
-            v1::TRAINING_SAMPLE_BOOTSTRAP);
-  // "unset" as an older version stored it: without the field.
+  expect(GetProblem("boot").config().auto_train(), v1::TRAINING_SAMPLE_BOOTSTRAP,
+         v1::TRAINING_OBJECTIVE_LIKELIHOOD);
+  expect(GetProblem("weighted").config().auto_train(), v1::TRAINING_SAMPLE_WHOLE_LOG,
+         v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+  // "unset" as an older version stored it: without either field.
   ASSERT_TRUE(service_->Shutdown().ok());
   service_.reset();
   {
@@ -1499,51 +1511,6 @@ TEST_F(ServiceTest, TrainingSampleIsTheWholeLogUnlessTheBootstrapIsAskedForOrSto
                       if (r.problem_id() != "unset") return absl::OkStatus();
                       storage::v1::ProblemRecord old = r;
                       old.clear_train_on_whole_log();
-                      ++rewritten;
-                      return (*store)->PutProblem(index, old);
-                    })
-                    .ok());
-    ASSERT_EQ(rewritten, 1);
-    ASSERT_TRUE((*store)->Close().ok());
-  }
-  Open();
-  EXPECT_EQ(GetProblem("unset").config().auto_train().training_sample(),
-            v1::TRAINING_SAMPLE_BOOTSTRAP);
-}
-
-// AutoTrainConfig.training_objective: new problems fit their experts by the likelihood
-// unless they ask for the paper's importance-weighted classifiers; a problem stored before
-// the setting existed keeps the importance weights it was trained with, through restarts.
-TEST_F(ServiceTest, TrainingObjectiveIsTheLikelihoodUnlessImportanceWeightsAreAskedForOrStored) {
-  auto create = [&](const std::string& id, v1::TrainingObjective objective) {
-    v1::CreateProblemRequest req;
-    req.set_problem_id(id);
-    req.mutable_config()->set_num_arms(kArms);
-    req.mutable_config()->set_num_features(kFeatures);
-    req.mutable_config()->mutable_auto_train()->set_training_objective(objective);
-    v1::Problem created;
-    EXPECT_TRUE(service_->CreateProblem(req, &created).ok());
-    return created.config().auto_train().training_objective();
-  };
-  EXPECT_EQ(create("unset", v1::TRAINING_OBJECTIVE_UNSPECIFIED), v1::TRAINING_OBJECTIVE_LIKELIHOOD);
-  EXPECT_EQ(create("likelihood", v1::TRAINING_OBJECTIVE_LIKELIHOOD), v1::TRAINING_OBJECTIVE_LIKELIHOOD);
-  EXPECT_EQ(create("weighted", v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED), v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
-  Reopen();
-  EXPECT_EQ(GetProblem("likelihood").config().auto_train().training_objective(),
-            v1::TRAINING_OBJECTIVE_LIKELIHOOD);
-  EXPECT_EQ(GetProblem("weighted").config().auto_train().training_objective(),
-            v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
-  // "unset" as an older version stored it: without the field.
-  ASSERT_TRUE(service_->Shutdown().ok());
-  service_.reset();
-  {
-    auto store = storage::Store::Open(dir_, {});
-    ASSERT_TRUE(store.ok()) << store.status();
-    int rewritten = 0;
-    ASSERT_TRUE((*store)
-                    ->ForEachProblem([&](uint32_t index, const storage::v1::ProblemRecord& r) {
-                      if (r.problem_id() != "unset") return absl::OkStatus();
-                      storage::v1::ProblemRecord old = r;
                       old.clear_train_by_likelihood();
                       ++rewritten;
                       return (*store)->PutProblem(index, old);
@@ -1553,8 +1520,8 @@ TEST_F(ServiceTest, TrainingObjectiveIsTheLikelihoodUnlessImportanceWeightsAreAs
     ASSERT_TRUE((*store)->Close().ok());
   }
   Open();
-  EXPECT_EQ(GetProblem("unset").config().auto_train().training_objective(),
-            v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
+  expect(GetProblem("unset").config().auto_train(), v1::TRAINING_SAMPLE_BOOTSTRAP,
+         v1::TRAINING_OBJECTIVE_IMPORTANCE_WEIGHTED);
 }
 
 // SLATE_LEARNING_FIRST_SLOT: every slot is decided and stored, but only slot 0 is learned.
