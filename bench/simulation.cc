@@ -296,7 +296,9 @@ class Simulation {
 
   absl::Status AddTrainedExperts(int64_t t, SimulationResult* result) {
     // The uniform policy ignores experts: training them would only cost time.
-    if (training_.size() == 0 || o_.policy == "uniform") return absl::OkStatus();
+    if (training_.TrainedOn(o_.objective) == 0 || o_.policy == "uniform") {
+      return absl::OkStatus();
+    }
     const auto train_start = Clock::now();
     const int old_n = num_experts();
     const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;

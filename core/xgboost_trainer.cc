@@ -111,6 +111,12 @@ void TrainingSet::DropOldest(size_t n) {
   propensities.erase(propensities.begin(), propensities.begin() + drop);
 }
 
+size_t TrainingSet::TrainedOn(TrainingObjective objective) const {
+  if (objective == TrainingObjective::kLikelihood) return size();
+  return static_cast<size_t>(
+      std::count_if(rewards.begin(), rewards.end(), [](float r) { return r > 0; }));
+}
+
 TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
                       absl::BitGenRef gen) {
   std::vector<size_t> pool;

@@ -24,6 +24,11 @@
 
 namespace decision {
 
+enum class TrainingObjective {
+  kLikelihood,          // every sample: the likelihood of its reward (the default)
+  kImportanceWeighted,  // the rewarded samples as labels, weight r / p (the paper's)
+};
+
 // Logged samples to train on, row-major: the context, the arm played, its reward in
 // [0, 1] and the propensity it was played with.
 struct TrainingSet {
@@ -38,11 +43,8 @@ struct TrainingSet {
   void AddFrom(const TrainingSet& from, size_t i);
   // Drops the oldest n samples.
   void DropOldest(size_t n);
-};
-
-enum class TrainingObjective {
-  kLikelihood,          // every sample: the likelihood of its reward (the default)
-  kImportanceWeighted,  // the rewarded samples as labels, weight r / p (the paper's)
+  // How many samples `objective` trains on: all of them, or the rewarded ones.
+  size_t TrainedOn(TrainingObjective objective) const;
 };
 
 struct XgboostTrainOptions {

@@ -170,6 +170,8 @@ TEST(XgboostTrainer, RejectsBadTrainingSets) {
   zero.num_features = 1;
   zero.Add(std::vector<double>{1.0}, 0, 0.0, 0.5);
   EXPECT_EQ(zero.size(), 1u);
+  EXPECT_EQ(zero.TrainedOn(TrainingObjective::kLikelihood), 1u);
+  EXPECT_EQ(zero.TrainedOn(TrainingObjective::kImportanceWeighted), 0u);
 }
 
 }  // namespace
