@@ -31,21 +31,13 @@ absl::Status XgbError(const char* what) {
 
 // Gradient boosting on the likelihood loss (xgboost_trainer.h), with the model's own
 // softmax: each round predicts p(. | x) on the training rows (XGBoost keeps these
-// predictions cached for its training matrix) and boosts one tree per arm on the loss's
-// gradient in the margins f, with a diagonal curvature. Per sample (x, a, r) of weight
-// w = 1 / propensity:
-//   r part, -log p_a:            g_c = p_c - [c = a],          h_c = 2 p_c (1 - p_c);
-//   1 - r part, -log(1 - p_a):   g_a = p_a,                    h_a = 2 p_a (1 - p_a),
-//                                g_c = -p_a p_c / (1 - p_a),   h_c = 2 p_c (1 - p_c) p_a / (1 - p_a)
-// (c != a). The first is XGBoost's own multi:softprob gradient, whose factor 2 on the
-// curvature keeps Newton steps short; the second's curvature off a is scaled like its
-// gradient.
+// predictions cached for its training matrix) and boosts one tree per arm on
+// LikelihoodGradient.
 absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
                                const TrainingSet& set, int num_arms, int rounds) {
   static constexpr char kProbabilities[] =
       "{\"type\": 0, \"training\": true, \"iteration_begin\": 0, \"iteration_end\": 0, "
       "\"strict_shape\": false}";
-  static constexpr float kMinHessian = 1e-6f;
   const size_t n = set.size();
   const size_t k = static_cast<size_t>(num_arms);
   std::vector<float> grad(n * k);
@@ -58,25 +50,9 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
       return XgbError("predicting the training rows");
     }
     for (size_t i = 0; i < n; ++i) {
-      const size_t a = static_cast<size_t>(set.labels[i]);
-      const float w = 1.0f / set.propensities[i];
-      const float r = set.rewards[i];
-      const float* pi = p + i * k;
-      const float pa = pi[a];
-      const float odds = pa / std::max(1.0f - pa, kMinHessian);  // p_a / (1 - p_a)
-      for (size_t c = 0; c < k; ++c) {
-        const float curvature = 2.0f * pi[c] * (1.0f - pi[c]);
-        float g, h;
-        if (c == a) {
-          g = r * (pa - 1.0f) + (1.0f - r) * pa;
-          h = curvature;
-        } else {
-          g = r * pi[c] - (1.0f - r) * pi[c] * odds;
-          h = r * curvature + (1.0f - r) * curvature * odds;
-        }
-        grad[i * k + c] = w * g;
-        hess[i * k + c] = std::max(w * h, kMinHessian);
-      }
+      LikelihoodGradient(absl::MakeConstSpan(p + i * k, k), static_cast<int>(set.labels[i]),
+                         set.rewards[i], 1.0f / set.propensities[i],
+                         absl::MakeSpan(&grad[i * k], k), absl::MakeSpan(&hess[i * k], k));
     }
     if (XGBoosterBoostOneIter(booster, matrix, grad.data(), hess.data(), n * k) != 0) {
       return XgbError("training");
@@ -115,6 +91,28 @@ size_t TrainingSet::TrainedOn(TrainingObjective objective) const {
   if (objective == TrainingObjective::kLikelihood) return size();
   return static_cast<size_t>(
       std::count_if(rewards.begin(), rewards.end(), [](float r) { return r > 0; }));
+}
+
+void LikelihoodGradient(absl::Span<const float> p, int arm, float reward, float weight,
+                        absl::Span<float> grad, absl::Span<float> hess) {
+  static constexpr float kMinHessian = 1e-6f;
+  const size_t a = static_cast<size_t>(arm);
+  const float r = reward;
+  const float pa = p[a];
+  const float odds = pa / std::max(1.0f - pa, kMinHessian);  // p_a / (1 - p_a)
+  for (size_t c = 0; c < p.size(); ++c) {
+    const float curvature = 2.0f * p[c] * (1.0f - p[c]);
+    float g, h;
+    if (c == a) {
+      g = r * (pa - 1.0f) + (1.0f - r) * pa;
+      h = curvature;
+    } else {
+      g = r * p[c] - (1.0f - r) * p[c] * odds;
+      h = r * curvature + (1.0f - r) * curvature * odds;
+    }
+    grad[c] = weight * g;
+    hess[c] = std::max(weight * h, kMinHessian);
+  }
 }
 
 TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,

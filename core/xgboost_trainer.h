@@ -69,6 +69,16 @@ struct XgboostTrainOptions {
 absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_arms,
                                               const XgboostTrainOptions& options);
 
+// The likelihood objective's gradient and curvature in the margins f (p = softmax(f)) for
+// one sample: arm a, reward r, weight w (1 / propensity), K = p.size() arms. The loss is
+// w (-r log p_a - (1 - r) log(1 - p_a)); its gradient:
+//   g_a = w (r (p_a - 1) + (1 - r) p_a),   g_c = w (r p_c - (1 - r) p_a p_c / (1 - p_a)).
+// The curvature is diagonal: 2 p_c (1 - p_c) for the first term (XGBoost's own
+// multi:softprob curvature, whose factor 2 keeps Newton steps short), the same times
+// p_a / (1 - p_a) off a for the second (scaled like its gradient); at least 1e-6.
+void LikelihoodGradient(absl::Span<const float> p, int arm, float reward, float weight,
+                        absl::Span<float> grad, absl::Span<float> hess);
+
 // A bootstrap resample of the samples of `set` that `objective` trains on (all of them;
 // with kImportanceWeighted, the rewarded ones), as many draws as there are such samples.
 TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,

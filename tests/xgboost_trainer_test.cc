@@ -4,6 +4,7 @@
 // from the unrewarded samples that the paper's importance-weighted one leaves out.
 #include "core/xgboost_trainer.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -111,6 +112,41 @@ TEST(XgboostTrainer, BanditFeedbackExpertBeatsUniform) {
   EXPECT_GT(accuracy[0], 0.4);
   // The ~1070 samples with reward 0 each say which arm a row is not (measured: 0.83).
   EXPECT_GT(accuracy[1], accuracy[0]);
+}
+
+// The likelihood's gradient in the margins against central differences of the loss itself,
+// w (-r log p_a - (1 - r) log(1 - p_a)) with p = softmax(f), for rewards 0, 1 and between;
+// the curvature is positive.
+TEST(XgboostTrainer, LikelihoodGradientMatchesTheLossesDerivative) {
+  const std::vector<double> f = {0.3, -1.2, 0.8, 0.1};
+  auto softmax = [](std::vector<double> m) {
+    double sum = 0;
+    for (double& v : m) sum += v = std::exp(v);
+    for (double& v : m) v /= sum;
+    return m;
+  };
+  for (const double r : {0.0, 1.0, 0.3}) {
+    for (int a = 0; a < 4; ++a) {
+      const double w = 2.5;
+      auto loss = [&](const std::vector<double>& m) {
+        const double pa = softmax(m)[a];
+        return w * (-r * std::log(pa) - (1 - r) * std::log(1 - pa));
+      };
+      const std::vector<double> p = softmax(f);
+      const std::vector<float> pf(p.begin(), p.end());
+      std::vector<float> g(4), h(4);
+      LikelihoodGradient(pf, a, static_cast<float>(r), static_cast<float>(w),
+                         absl::MakeSpan(g), absl::MakeSpan(h));
+      for (int c = 0; c < 4; ++c) {
+        std::vector<double> up = f, down = f;
+        up[c] += 1e-5;
+        down[c] -= 1e-5;
+        EXPECT_NEAR(g[c], (loss(up) - loss(down)) / 2e-5, 1e-4)
+            << "r " << r << " a " << a << " c " << c;
+        EXPECT_GT(h[c], 0.0f);
+      }
+    }
+  }
 }
 
 // Samples with reward 0 only: the paper's objective has nothing to train on; the likelihood
