@@ -49,6 +49,12 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
     if (XGBoosterPredictFromDMatrix(booster, matrix, kProbabilities, &shape, &dims, &p) != 0) {
       return XgbError("predicting the training rows");
     }
+    bst_ulong values = 1;
+    for (bst_ulong d = 0; d < dims; ++d) values *= shape[d];
+    if (values != n * k) {
+      return absl::InternalError(absl::StrCat("xgboost predicted ", values,
+                                              " values for the training rows, not ", n * k));
+    }
     for (size_t i = 0; i < n; ++i) {
       LikelihoodGradient(absl::MakeConstSpan(p + i * k, k), static_cast<int>(set.labels[i]),
                          set.rewards[i], 1.0f / set.propensities[i],
