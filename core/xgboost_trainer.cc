@@ -189,18 +189,24 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
   }
   const bool likelihood = o.objective == TrainingObjective::kLikelihood;
   // The matrix's rows: every sample for the likelihood; the rewarded ones, weighted
-  // r / p, for the importance-weighted classifier.
+  // r / p, for the importance-weighted classifier. A set of rewarded samples only (what
+  // the server reads for that objective, and its bootstraps) is used as it is.
   TrainingSet rewarded;
-  std::vector<float> weights;
-  if (!likelihood) {
+  const bool copy = !likelihood && set.TrainedOn(o.objective) < set.size();
+  if (copy) {
     rewarded.num_features = set.num_features;
     for (size_t i = 0; i < set.size(); ++i) {
-      if (!(set.rewards[i] > 0)) continue;
-      rewarded.AddFrom(set, i);
-      weights.push_back(set.rewards[i] / set.propensities[i]);
+      if (set.rewards[i] > 0) rewarded.AddFrom(set, i);
     }
   }
-  const TrainingSet& train = likelihood ? set : rewarded;
+  const TrainingSet& train = copy ? rewarded : set;
+  std::vector<float> weights;
+  if (!likelihood) {
+    weights.reserve(train.size());
+    for (size_t i = 0; i < train.size(); ++i) {
+      weights.push_back(train.rewards[i] / train.propensities[i]);
+    }
+  }
   if (train.size() == 0) {
     return absl::InvalidArgumentError(likelihood ? "training set is empty"
                                                  : "training set has no sample with reward > 0");
