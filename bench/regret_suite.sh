@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# regret_suite.sh: runs build/bench/regret over data sets x policies x orders, one run at a
-# time, and summarises the final progressive losses against Vowpal Wabbit's best bandit
+# regret_suite.sh: runs build/bench/regret over data sets x policies x orders, --jobs runs at
+# a time, and summarises the final progressive losses against Vowpal Wabbit's best bandit
 # result per data set (bench/data/README.md).
 #
 # Usage (from anywhere; the script works from the repository root):
 #   bench/regret_suite.sh [--datasets=letter,satimage] [--orders=1,2,3] \
 #       [--policies="d-ucb:median_of_means d-ucb:clipped ucb1 epsilon-greedy exp4 uniform"] \
 #       [--out=bench/results] [--rounds=N] [--train_threads=1] [--seed=1] \
-#       [--bin=build/bench/regret] [--eligible_share=0.5] [--regret_flags="--bootstrap --c3=2"]
+#       [--bin=build/bench/regret] [--eligible_share=0.5] [--regret_flags="--bootstrap --c3=2"] \
+#       [--jobs=N]
 #   bench/regret_suite.sh --summarize-only [--out=DIR] [--prune-curves]
 #
+# --jobs: runs at once (default: the CPUs / --train_threads). A run's result depends on its
+# seed and --train_threads only, not on what runs beside it; its time in runs.csv does.
 # Policies are `NAME` or `NAME:ESTIMATOR` (the estimator only matters for d-ucb).
 # --eligible_share passes per-round eligibility to every run (regret --eligible_share: that
 # share of the arms eligible each round, the label always among them); VW's column in the
@@ -53,6 +56,7 @@ eligible_share=""
 regret_flags=""
 summarize_only=0
 prune_curves=0
+jobs=""
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$self"; }
 die() { echo "regret_suite: $*" >&2; exit 1; }
@@ -69,6 +73,7 @@ for arg in "$@"; do
     --bin=*) bin="${arg#*=}" ;;
     --eligible_share=*) eligible_share="${arg#*=}" ;;
     --regret_flags=*) regret_flags="${arg#*=}" ;;
+    --jobs=*) jobs="${arg#*=}" ;;
     --summarize-only) summarize_only=1 ;;
     --prune-curves) prune_curves=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -76,6 +81,11 @@ for arg in "$@"; do
   esac
 done
 [[ -n "$out" ]] || die "--out must not be empty"
+[[ "$train_threads" =~ ^[1-9][0-9]*$ ]] || die "--train_threads must be a positive integer"
+# Runs at once: by default as many as the CPUs hold at --train_threads each. Each run is
+# deterministic for a given seed and --train_threads, so this changes the wall time only.
+if [[ -z "$jobs" ]]; then jobs=$(( $(nproc) / train_threads )); (( jobs >= 1 )) || jobs=1; fi
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive integer"
 
 # VW 9.11.2's best one-pass bandit result per data set (bench/data/README.md).
 vw_best() {
@@ -100,6 +110,51 @@ runs_csv="$out/runs.csv"
 runs_header="dataset,policy,order,final_loss,experts,seconds,rounds"
 
 # ---------------------------------------------------------------------------- runs
+# One run: its log, curve and row of runs.csv. Prints one line when it ends (runs in
+# parallel print in the order they end). Exits non-zero if the run failed.
+one_run() {
+  local d=$1 p=$2 o=$3 n=$4 total=$5
+  local name="${p%%:*}" est="median_of_means"
+  [[ "$p" == *:* ]] && est="${p#*:}"
+  local tag="${p//:/_}"
+  local curve="$out/curves/$d.$tag.s$o.csv" log="$out/logs/$d.$tag.s$o.log"
+  local args=(--data="bench/data/$d.csv" --order="bench/data/orders/$d.s$o.perm.txt"
+              --policy="$name" --estimator="$est" --train_threads="$train_threads"
+              --curve_csv="$curve" --report_every=0)
+  [[ -n "$rounds" ]] && args+=(--rounds="$rounds")
+  [[ -n "$seed" ]] && args+=(--seed="$seed")
+  [[ -n "$eligible_share" ]] && args+=(--eligible_share="$eligible_share")
+  # shellcheck disable=SC2206  # split at spaces on purpose
+  [[ -n "$regret_flags" ]] && args+=($regret_flags)
+  rm -f "$curve" "$curve.gz"
+  local t0=$SECONDS status=0
+  "$bin" "${args[@]}" > "$log" 2>&1 || status=$?
+  local final
+  final="$(grep '^final progressive loss' "$log" | tail -n1 || true)"
+  if [[ $status -ne 0 || -z "$final" || ! -s "$curve" ]]; then
+    echo "[$n/$total] $d $p s$o FAILED"
+    echo "regret_suite: run failed: dataset $d, policy $p, order s$o (exit status $status)" >&2
+    echo "regret_suite: command: $bin ${args[*]}" >&2
+    echo "regret_suite: last lines of $log:" >&2
+    tail -n 5 "$log" | sed 's/^/  /' >&2
+    return 1
+  fi
+  # final progressive loss X after N rounds; E experts; T s (training A s, divergences B s)
+  local row
+  row="$(awk -v d="$d" -v p="$p" -v o="s$o" '{
+      printf "%s,%s,%s,%s,%s,%s,%s\n", d, p, o, $4, $8, $10, $6 }' <<< "$final")"
+  # Replace this run's row if it was run before, keep everything else; one writer at a
+  # time (runs in parallel end at any moment).
+  (
+    flock 9
+    awk -F, -v d="$d" -v p="$p" -v o="s$o" 'NR == 1 || !($1 == d && $2 == p && $3 == o)' \
+      "$runs_csv" > "$runs_csv.tmp"
+    echo "$row" >> "$runs_csv.tmp"
+    mv "$runs_csv.tmp" "$runs_csv"
+  ) 9> "$out/.runs.lock"
+  echo "[$n/$total] $d $p s$o: loss $(cut -d, -f4 <<< "$row"), $(cut -d, -f5 <<< "$row") experts, $(cut -d, -f6 <<< "$row") s (wall $((SECONDS - t0)) s)"
+}
+
 run_all() {
   [[ -x "$bin" ]] || die "$bin is missing or not executable; build it with:
   cmake -S . -B build -G Ninja && ninja -C build regret"
@@ -117,49 +172,23 @@ run_all() {
 
   local total=0 n=0 start_all=$SECONDS
   for d in $datasets; do for p in $policies; do for o in $orders; do total=$((total + 1)); done; done; done
+  # Runs in flight are killed if one fails or the suite is interrupted.
+  trap 'kill $(jobs -pr) 2>/dev/null || true' EXIT
   for d in $datasets; do
     for p in $policies; do
-      local name="${p%%:*}" est="median_of_means"
-      [[ "$p" == *:* ]] && est="${p#*:}"
-      local tag="${p//:/_}"
       for o in $orders; do
         n=$((n + 1))
-        local curve="$out/curves/$d.$tag.s$o.csv" log="$out/logs/$d.$tag.s$o.log"
-        local args=(--data="bench/data/$d.csv" --order="bench/data/orders/$d.s$o.perm.txt"
-                    --policy="$name" --estimator="$est" --train_threads="$train_threads"
-                    --curve_csv="$curve" --report_every=0)
-        [[ -n "$rounds" ]] && args+=(--rounds="$rounds")
-        [[ -n "$seed" ]] && args+=(--seed="$seed")
-        [[ -n "$eligible_share" ]] && args+=(--eligible_share="$eligible_share")
-        # shellcheck disable=SC2206  # split at spaces on purpose
-        [[ -n "$regret_flags" ]] && args+=($regret_flags)
-        printf '[%d/%d] %s %s s%s ... ' "$n" "$total" "$d" "$p" "$o"
-        rm -f "$curve" "$curve.gz"
-        local t0=$SECONDS status=0
-        "$bin" "${args[@]}" > "$log" 2>&1 || status=$?
-        local final
-        final="$(grep '^final progressive loss' "$log" | tail -n1 || true)"
-        if [[ $status -ne 0 || -z "$final" || ! -s "$curve" ]]; then
-          echo "FAILED"
-          echo "regret_suite: run failed: dataset $d, policy $p, order s$o (exit status $status)" >&2
-          echo "regret_suite: command: $bin ${args[*]}" >&2
-          echo "regret_suite: last lines of $log:" >&2
-          tail -n 5 "$log" | sed 's/^/  /' >&2
-          exit 1
+        if [[ $jobs -le 1 ]]; then
+          one_run "$d" "$p" "$o" "$n" "$total"
+        else
+          while [[ $(jobs -pr | wc -l) -ge $jobs ]]; do wait -n; done
+          one_run "$d" "$p" "$o" "$n" "$total" &
         fi
-        # final progressive loss X after N rounds; E experts; T s (training A s, divergences B s)
-        local row
-        row="$(awk -v d="$d" -v p="$p" -v o="s$o" '{
-            printf "%s,%s,%s,%s,%s,%s,%s\n", d, p, o, $4, $8, $10, $6 }' <<< "$final")"
-        # Replace this run's row if it was run before, keep everything else.
-        awk -F, -v d="$d" -v p="$p" -v o="s$o" 'NR == 1 || !($1 == d && $2 == p && $3 == o)' \
-          "$runs_csv" > "$runs_csv.tmp"
-        echo "$row" >> "$runs_csv.tmp"
-        mv "$runs_csv.tmp" "$runs_csv"
-        echo "loss $(cut -d, -f4 <<< "$row"), $(cut -d, -f5 <<< "$row") experts, $(cut -d, -f6 <<< "$row") s (wall $((SECONDS - t0)) s)"
       done
     done
   done
+  while [[ $(jobs -pr | wc -l) -gt 0 ]]; do wait -n; done
+  trap - EXIT
   echo "regret_suite: $n runs in $((SECONDS - start_all)) s"
 }
 
