@@ -75,7 +75,8 @@ struct ServiceOptions {
   // throttle: boundaries closer than this in wall time merge into one, so fewer batches are
   // trained than the paper's schedule has. Ignored with inline_maintenance.
   int64_t min_refresh_interval_ms = 0;
-  // Threads each XGBoost training job uses.
+  // Experts of a training job trained at once, one XGBoost thread each; the models do not
+  // depend on it (Trainer).
   int training_threads = 1;
   // How often the expert-pool thread gives the memory glibc's allocator holds free back to
   // the operating system (malloc_trim). Memory that RocksDB's compactions, scans and

@@ -61,7 +61,9 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "run expiry, backfill, divergence refresh and training synchronously after each "
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
-ABSL_FLAG(int, training_threads, 1, "threads of each XGBoost training job");
+ABSL_FLAG(int, training_threads, 1,
+          "experts of a training job trained at once, one thread each (the models are the "
+          "same at any value)");
 ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
           "how often the memory the allocator holds free goes back to the operating system "
           "(glibc's malloc_trim; 0: never)");

@@ -2,7 +2,11 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <random>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -161,33 +165,77 @@ absl::Status Trainer::Run(const Job& job) {
   // model over the scoring budget may retire their least useful experts to fit.
   Problem::RegisterOptions register_options;
   register_options.retire_to_fit = p.record().auto_train();
-  // From the first expert not yet trained: a resumed job continues where it stopped.
-  for (int i = r.expert_ids_size() + r.skipped_experts(); i < total; ++i) {
-    // Stopping: the record stays RUNNING, and the next start resumes the job.
-    if (Stopping()) return absl::OkStatus();
-    if (hooks_ != nullptr && hooks_->before_expert &&
-        !hooks_->before_expert(r.job_id(), i).ok()) {
-      return absl::OkStatus();
+  const TrainingObjective objective = TrainingObjectiveOf(p.record());
+  // The experts train on up to threads_per_job_ threads at once, one XGBoost thread each,
+  // and register in their order: each expert's recipe is drawn from gen_ in that order
+  // before it starts, so the models do not depend on the thread count. Expert i starts
+  // once expert i - threads_per_job_ is registered (with one thread: after the previous
+  // one, in this thread).
+  struct Training {
+    bool linear = false;
+    absl::StatusOr<std::string> model;
+    std::thread thread;
+  };
+  std::vector<Training> training(static_cast<size_t>(total));
+  auto train = [&](int i, XgboostTrainOptions options, uint64_t bootstrap_seed) {
+    Training& t = training[static_cast<size_t>(i)];
+    if (p.record().train_on_whole_log()) {
+      t.model = TrainXgboostModel(*set, num_arms, options);
+    } else {
+      std::mt19937_64 resample(bootstrap_seed);
+      t.model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, options);
     }
-    const bool linear = i >= r.tree_experts();
-    XgboostTrainOptions options = SampleExpertOptions(linear, threads_per_job_, gen_);
-    options.objective = TrainingObjectiveOf(p.record());
-    absl::StatusOr<std::string> model =
-        p.record().train_on_whole_log()
-            ? TrainXgboostModel(*set, num_arms, options)
-            : TrainXgboostModel(Bootstrap(*set, options.objective, gen_), num_arms, options);
-    if (absl::IsFailedPrecondition(model.status())) {  // diverged: skip this one
+  };
+  // Waits for the experts in training; what they trained is dropped (a resumed job trains
+  // them again).
+  auto join_all = [&] {
+    for (Training& t : training) {
+      if (t.thread.joinable()) t.thread.join();
+    }
+  };
+  const int parallel = std::max(1, threads_per_job_);
+  // From the first expert not yet trained: a resumed job continues where it stopped.
+  int next_start = r.expert_ids_size() + r.skipped_experts();
+  for (int i = next_start; i < total; ++i) {
+    // Start the experts up to i + parallel - 1 (i itself included), in order.
+    for (; next_start < total && next_start < i + parallel; ++next_start) {
+      // Stopping: the record stays RUNNING, and the next start resumes the job.
+      if (Stopping()) {
+        join_all();
+        return absl::OkStatus();
+      }
+      if (hooks_ != nullptr && hooks_->before_expert &&
+          !hooks_->before_expert(r.job_id(), next_start).ok()) {
+        join_all();
+        return absl::OkStatus();
+      }
+      Training& t = training[static_cast<size_t>(next_start)];
+      t.linear = next_start >= r.tree_experts();
+      XgboostTrainOptions options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
+      options.objective = objective;
+      const uint64_t bootstrap_seed = p.record().train_on_whole_log() ? 0 : gen_();
+      if (parallel == 1) {
+        train(next_start, options, bootstrap_seed);
+      } else {
+        t.thread = std::thread(train, next_start, options, bootstrap_seed);
+      }
+    }
+    Training& t = training[static_cast<size_t>(i)];
+    if (t.thread.joinable()) t.thread.join();
+    if (absl::IsFailedPrecondition(t.model.status())) {  // diverged: skip this one
       skip(i, "training diverged");
       continue;
     }
-    if (!model.ok()) {
+    if (!t.model.ok()) {
+      join_all();
       return fail(absl::StrCat("training expert ", i + 1, " of ", total, ": ",
-                               model.status().message()));
+                               t.model.status().message()));
     }
     storage::v1::ExpertModelRecord record;
-    record.set_xgboost(*std::move(model));
-    const std::string name =
-        TrainedExpertName(r.job_id(), linear, r.samples() > 0 ? r.samples() : p.Summary().samples());
+    record.set_xgboost(*std::move(t.model));
+    t.model = absl::CancelledError("registered");  // its bytes are in the record now
+    const std::string name = TrainedExpertName(r.job_id(), t.linear,
+                                               r.samples() > 0 ? r.samples() : p.Summary().samples());
     absl::StatusOr<v1::Expert> e =
         p.RegisterExpert(name, std::move(record), p.record().smoothing(), register_options);
     if (IsOverScoringBudget(e.status())) {  // the budget cannot hold it: skip this one
@@ -195,6 +243,7 @@ absl::Status Trainer::Run(const Job& job) {
       continue;
     }
     if (!e.ok()) {
+      join_all();
       return fail(absl::StrCat("registering expert ", i + 1, " of ", total, " (",
                                r.expert_ids_size(), " registered): ", e.status().message()));
     }

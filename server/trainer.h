@@ -14,6 +14,13 @@
 // (--max_experts_per_problem, retired experts included) or a training error fails the job. A job interrupted by Stop or a crash stays QUEUED or RUNNING on disk, and the next start queues
 // it again for the experts it has not trained yet (DecisionService::ResumeTrainingJobs).
 //
+// A job trains up to `threads_per_job` of its experts at once, each on a thread of its own
+// with one XGBoost thread, and registers them in order. Each expert's recipe
+// (SampleExpertOptions, and the seed of its bootstrap resample) is drawn from the trainer's
+// generator in the experts' order before it starts, so the models are the same at any
+// thread count (XGBoost's own threads would change them: gblinear's updates race, and
+// histogram sums are added in another order).
+//
 // Thread safety: every method may be called from any thread. Jobs run one at a time
 // (run_mu_), whether on the trainer's thread or in callers of RunPending.
 #ifndef DECISION_SERVER_TRAINER_H_
@@ -38,8 +45,10 @@ namespace decision::server {
 // Testing seam (as ProblemHooks): called, when set, by the job's thread with run_mu_ held
 // and no other lock. Null in production.
 struct TrainerHooks {
-  // Before the training of expert `expert` (0-based) of job `job_id`. A non-OK status
-  // abandons the job there with its record as it stands, as a crash would.
+  // Before the training of expert `expert` (0-based) of job `job_id` starts (with one
+  // training thread, after the previous expert is registered). A non-OK status abandons the
+  // job there with its record as it stands, as a crash would: experts trained but not yet
+  // registered are dropped.
   std::function<absl::Status(int64_t job_id, int expert)> before_expert;
 };
 
@@ -77,7 +86,7 @@ class Trainer {
   // Runs the queued jobs in the caller's thread. A job's failure is in its record, not
   // here: returns an error only if a queued job is not in the book (a bug).
   absl::Status RunPending();
-  // Stops the thread after the expert in training; queued jobs are dropped from memory and
+  // Stops the thread after the experts in training; queued jobs are dropped from memory and
   // stay QUEUED (or RUNNING) on disk, to be resumed at the next start.
   void Stop();
 

@@ -241,6 +241,46 @@ TEST_F(TrainingJobTest, AJobThatCannotBeRecordedIsRefusedAndNotQueued) {
   EXPECT_EQ(WaitForEnd(1).state(), v1::TRAINING_JOB_STATE_SUCCEEDED);
 }
 
+// A job trains its experts side by side on --training_threads threads, one XGBoost thread
+// each, every recipe drawn in the experts' order: the same log gives the same models, byte
+// for byte, on one thread or three.
+TEST_F(TrainingJobTest, AJobTrainsTheSameModelsOnAnyNumberOfThreads) {
+  std::vector<std::string> models[2];
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    dir_ = testing::MakeTempDir();
+    training_threads_ = run == 0 ? 1 : 3;
+    gen_.seed(42);  // the same contexts, so the same log
+    Open();
+    SetUpProblem();
+    ASSERT_TRUE(Train(3, 2).ok());
+    const v1::TrainingJob job = WaitForEnd(1);
+    ASSERT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.error();
+    ASSERT_EQ(job.expert_ids_size(), 5) << job.ShortDebugString();
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    {
+      auto store = storage::Store::Open(dir_, storage::StoreOptions());
+      ASSERT_TRUE(store.ok()) << store.status();
+      for (int id : job.expert_ids()) {
+        absl::StatusOr<storage::v1::ExpertRecord> r =
+            (*store)->GetExpert(0, static_cast<uint32_t>(id));
+        ASSERT_TRUE(r.ok()) << r.status();
+        ASSERT_FALSE(r->model().xgboost().empty()) << id;
+        models[run].push_back(r->model().xgboost());
+      }
+    }
+    Open();
+  }
+  ASSERT_EQ(models[0].size(), 5u);
+  for (size_t i = 0; i < models[0].size(); ++i) {
+    EXPECT_TRUE(models[0][i] == models[1][i]) << "expert " << i << " differs";
+  }
+  // The experts differ from one another (each draws its own recipe and seed).
+  EXPECT_NE(models[0][0], models[0][1]);
+}
+
 TEST_F(TrainingJobTest, PollingErrorsNameWhatIsWrong) {
   SetUpProblem();
   EXPECT_EQ(Job(1).status().code(), absl::StatusCode::kNotFound);
