@@ -9,7 +9,9 @@
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
 # (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
 # binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7); CLIENT_CPU moves the
-# replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs something else). The script prints
+# replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs something else); SERVER_CPUS moves
+# decisiond off CPU 0 (a taskset list: SERVER_CPUS=0,1 CLIENT_CPU=0,1 runs both unpinned on a
+# 2-core machine). The script prints
 # decisiond's CPU time, per thread too, and what the store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt
 arms=${3:-26} features=${4:-16}
 dir=$(mktemp -d)
 # shellcheck disable=SC2086
-taskset -c 0 "${DECISIOND:-build/server/decisiond}" --data_dir="$dir" --listen=127.0.0.1:50071 \
+taskset -c "${SERVER_CPUS:-0}" "${DECISIOND:-build/server/decisiond}" --data_dir="$dir" --listen=127.0.0.1:50071 \
   --metrics_listen=127.0.0.1:9471 ${DECISIOND_FLAGS:-} 2>"$dir.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
