@@ -21,7 +21,9 @@ ABSL_FLAG(std::string, policy, "d-ucb", "d-ucb, ucb1, epsilon-greedy, exp4 or un
 ABSL_FLAG(std::string, estimator, "median_of_means", "median_of_means or clipped");
 ABSL_FLAG(int64_t, rounds, 0, "stop after this many rounds (0: the whole order)");
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
-ABSL_FLAG(int, train_threads, 2, "threads for XGBoost training");
+ABSL_FLAG(int, train_threads, 2,
+          "experts of a batch trained at once, one thread each (the result is the same at any "
+          "value; --pool_experts: XGBoost's threads)");
 ABSL_FLAG(std::string, curve_csv, "", "write the progressive-loss curve to this CSV file");
 ABSL_FLAG(std::string, grouping, "round_robin",
           "median-of-means grouping: contiguous (the paper) or round_robin");

@@ -7,7 +7,9 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -302,13 +304,31 @@ class Simulation {
     const auto train_start = Clock::now();
     const int old_n = num_experts();
     const int count = o_.tree_experts_per_batch + o_.linear_experts_per_batch;
+    // As decisiond's trainer: the batch's experts train side by side on up to train_threads
+    // threads, one XGBoost thread each, their recipes (and resamples) drawn in order first,
+    // so a run's result does not depend on train_threads.
+    std::vector<XgboostTrainOptions> recipes;
+    std::vector<TrainingSet> resamples;
     for (int i = 0; i < count; ++i) {
-      XgboostTrainOptions train =
-          SampleExpertOptions(i >= o_.tree_experts_per_batch, o_.train_threads, gen_);
-      train.objective = o_.objective;
-      absl::StatusOr<std::string> model =
-          o_.bootstrap ? TrainXgboostModel(Bootstrap(training_, o_.objective, gen_), k_, train)
-                       : TrainXgboostModel(training_, k_, train);
+      recipes.push_back(SampleExpertOptions(i >= o_.tree_experts_per_batch, 1, gen_));
+      recipes.back().objective = o_.objective;
+      if (o_.bootstrap) resamples.push_back(Bootstrap(training_, o_.objective, gen_));
+    }
+    std::vector<absl::StatusOr<std::string>> models(static_cast<size_t>(count));
+    auto train = [&](int i) {
+      models[i] = TrainXgboostModel(o_.bootstrap ? resamples[i] : training_, k_, recipes[i]);
+    };
+    const int parallel = std::clamp(o_.train_threads, 1, std::max(count, 1));
+    for (int first = 0; first < count; first += parallel) {
+      std::vector<std::thread> threads;
+      for (int i = first + 1; i < std::min(count, first + parallel); ++i) {
+        threads.emplace_back(train, i);
+      }
+      train(first);
+      for (std::thread& thread : threads) thread.join();
+    }
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<std::string>& model = models[i];
       if (absl::IsFailedPrecondition(model.status())) {
         ++result->experts_rejected;  // diverged: skip this expert, keep the run going
         continue;
