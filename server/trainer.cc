@@ -177,9 +177,12 @@ absl::Status Trainer::Run(const Job& job) {
     std::thread thread;
   };
   std::vector<Training> training(static_cast<size_t>(total));
+  const bool whole_log = p.record().train_on_whole_log();  // read here, not in the threads
+  // Training takes a copy of the training set per expert in training (XGBoost's matrix and
+  // buffers): memory grows with threads_per_job_.
   auto train = [&](int i, XgboostTrainOptions options, uint64_t bootstrap_seed) {
     Training& t = training[static_cast<size_t>(i)];
-    if (p.record().train_on_whole_log()) {
+    if (whole_log) {
       t.model = TrainXgboostModel(*set, num_arms, options);
     } else {
       std::mt19937_64 resample(bootstrap_seed);
@@ -213,7 +216,7 @@ absl::Status Trainer::Run(const Job& job) {
       t.linear = next_start >= r.tree_experts();
       XgboostTrainOptions options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
       options.objective = objective;
-      const uint64_t bootstrap_seed = p.record().train_on_whole_log() ? 0 : gen_();
+      const uint64_t bootstrap_seed = whole_log ? 0 : gen_();
       if (parallel == 1) {
         train(next_start, options, bootstrap_seed);
       } else {
