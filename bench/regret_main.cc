@@ -23,7 +23,7 @@ ABSL_FLAG(int64_t, rounds, 0, "stop after this many rounds (0: the whole order)"
 ABSL_FLAG(uint64_t, seed, 1, "random seed");
 ABSL_FLAG(int, train_threads, 2,
           "experts of a batch trained at once, one thread each (the result is the same at any "
-          "value; --pool_experts: XGBoost's threads)");
+          "value)");
 ABSL_FLAG(std::string, curve_csv, "", "write the progressive-loss curve to this CSV file");
 ABSL_FLAG(std::string, grouping, "round_robin",
           "median-of-means grouping: contiguous (the paper) or round_robin");

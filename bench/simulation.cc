@@ -364,7 +364,7 @@ class Simulation {
     std::shuffle(good.begin(), good.end(), gen_);
     for (bool g : good) {
       XgboostTrainOptions train;
-      train.threads = o_.train_threads;
+      train.threads = 1;  // XGBoost's threads would change the models (histogram sums)
       train.seed = gen_();
       train.max_depth = g ? 4 : absl::Uniform<int>(absl::IntervalClosed, gen_, 1, 3);
       train.rounds = g ? 15 : absl::Uniform<int>(absl::IntervalClosed, gen_, 2, 6);
@@ -385,7 +385,7 @@ class Simulation {
       prefix.Add(data_.row(order_[i]), data_.labels[order_[i]], 1.0, 1.0);
     }
     XgboostTrainOptions train;
-    train.threads = o_.train_threads;
+    train.threads = 1;  // as the pool's
     train.seed = gen_();
     train.max_depth = 8;
     train.rounds = 60;

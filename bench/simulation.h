@@ -45,8 +45,8 @@ struct SimulationOptions {
   double smoothing = kDefaultSmoothing;
   double epsilon = 0.05;  // epsilon-greedy
   int64_t max_rounds = 0;  // 0: every row of the order
-  // Experts of a batch trained at once, one XGBoost thread each (the pool experts: XGBoost's
-  // threads). A batch's experts, and so the run, are the same at any value.
+  // Experts of a batch trained at once, one XGBoost thread each (a fixed pool and the late
+  // expert train on one thread). A run is the same at any value.
   int train_threads = 2;
   uint64_t seed = 1;
   // Per-round eligibility (0: off): each round, round(share * K) arms are eligible, the
