@@ -12,7 +12,7 @@
 #   bench/regret_suite.sh --summarize-only [--out=DIR] [--prune-curves]
 #
 # --jobs: runs at once (default: the CPUs / --train_threads). A run's result depends on its
-# seed and --train_threads only, not on what runs beside it; its time in runs.csv does.
+# seed only (not on --train_threads, nor on what runs beside it); its time in runs.csv does.
 # Policies are `NAME` or `NAME:ESTIMATOR` (the estimator only matters for d-ucb).
 # --eligible_share passes per-round eligibility to every run (regret --eligible_share: that
 # share of the arms eligible each round, the label always among them); VW's column in the
@@ -83,7 +83,7 @@ done
 [[ -n "$out" ]] || die "--out must not be empty"
 [[ "$train_threads" =~ ^[1-9][0-9]*$ ]] || die "--train_threads must be a positive integer"
 # Runs at once: by default as many as the CPUs hold at --train_threads each. Each run is
-# deterministic for a given seed and --train_threads, so this changes the wall time only.
+# deterministic for a given seed, so this changes the wall time only.
 if [[ -z "$jobs" ]]; then jobs=$(( $(nproc) / train_threads )); (( jobs >= 1 )) || jobs=1; fi
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive integer"
 
