@@ -1285,8 +1285,14 @@ void Store::WaitForEventCompactions() {
   while (std::chrono::steady_clock::now() < deadline) {
     std::shared_lock<std::shared_mutex> lock(db_mu_);
     if (db_ == nullptr) return;
+    // A compaction is pending per family (the property without a family is the default
+    // family's): a flush of another family can have scheduled one not yet running.
     uint64_t pending = 0, running = 0;
-    db_->GetIntProperty(rocksdb::DB::Properties::kCompactionPending, &pending);
+    for (rocksdb::ColumnFamilyHandle* family : handles_) {
+      uint64_t family_pending = 0;
+      db_->GetIntProperty(family, rocksdb::DB::Properties::kCompactionPending, &family_pending);
+      pending += family_pending;
+    }
     db_->GetIntProperty(rocksdb::DB::Properties::kNumRunningCompactions, &running);
     if (pending == 0 && running == 0) return;
     lock.unlock();
