@@ -551,9 +551,9 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
   if (read.ok() || read == enough) read = absl::OkStatus();
   DECISION_RETURN_IF_ERROR(read);
   if (set.size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("problem ", id(), " has no joined sample",
-                                                      rewarded_only ? " with a positive reward" : "",
-                                                      " to train on"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("problem ", id(), " has no joined sample",
+                     rewarded_only ? " with a positive reward" : "", " to train on"));
   }
   if (set.size() > kMaxTrainingSamples) set.DropOldest(set.size() - kMaxTrainingSamples);
   return set;

@@ -237,8 +237,8 @@ absl::Status Trainer::Run(const Job& job) {
     storage::v1::ExpertModelRecord record;
     record.set_xgboost(*std::move(t.model));
     t.model = absl::CancelledError("registered");  // its bytes are in the record now
-    const std::string name = TrainedExpertName(r.job_id(), t.linear,
-                                               r.samples() > 0 ? r.samples() : p.Summary().samples());
+    const int64_t at = r.samples() > 0 ? r.samples() : p.Summary().samples();
+    const std::string name = TrainedExpertName(r.job_id(), t.linear, at);
     absl::StatusOr<v1::Expert> e =
         p.RegisterExpert(name, std::move(record), p.record().smoothing(), register_options);
     if (IsOverScoringBudget(e.status())) {  // the budget cannot hold it: skip this one
