@@ -157,6 +157,15 @@ class EnteredProblem {
   Problem* p_;
 };
 
+// A record of a problem being imported (ImportProblem) that arrives in parts
+// (v1::ProblemEntry.value_size): its value so far.
+struct ImportPart {
+  int family = 0;
+  std::string key;
+  std::string value;
+  int64_t size = 0;  // of the whole value
+};
+
 // Store faults. While the store cannot write (storage::Store::Health), every call that
 // would write is refused with UNAVAILABLE before it does anything: Choose ("the store cannot
 // write: ...; decisions are refused until it recovers": with deferred decisions a Choose
@@ -397,6 +406,7 @@ class DecisionService {
     int64_t entries = 0;
     int64_t bytes = 0;
     std::optional<storage::v1::ProblemRecord> record;  // its problems-family entry
+    std::optional<ImportPart> part;  // a record arriving in parts
   };
   absl::flat_hash_map<std::string, Import> imports_ ABSL_GUARDED_BY(mu_);
   // The Problem objects of problems that moved away: calls that found one before it moved

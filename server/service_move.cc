@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/decision_service.h"
@@ -32,10 +33,55 @@ namespace {
 
 // The longest a fence waits for the calls in flight to be answered.
 constexpr absl::Duration kFenceTimeout = absl::Seconds(30);
-// An export page, by default and at most (a record larger than that still makes a page
-// of its own).
+// An export page's keys and values, by default and at most (a larger record comes in
+// parts): the most leaves room for the entries' framing under the default 4 MiB
+// --max_message_bytes of the target.
 constexpr int64_t kDefaultExportPageBytes = int64_t{1} << 20;
 constexpr int64_t kMaxExportPageBytes = int64_t{3} << 20;
+// The largest record an import puts together from parts (it holds the parts in memory).
+constexpr int64_t kMaxImportRecordBytes = int64_t{256} << 20;
+
+absl::Status IncompletePart(const ImportPart& part, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      why, " before the record of family ", part.family, " and key '",
+      absl::CHexEscape(part.key), "' is whole (", part.value.size(), " of its ", part.size,
+      " bytes came): a record's parts come in order, one after the other"));
+}
+
+// Adds entries[i], a part of a record (ProblemEntry.value_size), to `part`: the first
+// starts it, each next one continues it where the last ended.
+absl::Status AddImportPart(int i, const v1::ProblemEntry& e,
+                           std::optional<ImportPart>* part) {
+  const std::string what = absl::StrCat("entries[", i, "] (a part: value_offset ",
+                                        e.value_offset(), ", value_size ", e.value_size(), ")");
+  if (e.deleted() || e.range()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a deletion has no value to part"));
+  }
+  if (e.value_size() > kMaxImportRecordBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": a record of ", e.value_size(), " bytes is larger than the ",
+        kMaxImportRecordBytes, " an import puts together"));
+  }
+  if (e.value_offset() < 0 || e.value().empty() ||
+      e.value_offset() + static_cast<int64_t>(e.value().size()) > e.value_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": its ", e.value().size(), " bytes must be non-empty and within the value"));
+  }
+  if (e.value_offset() == 0) {
+    if (part->has_value()) return IncompletePart(**part, what + " starts another record");
+    *part = ImportPart{e.family(), e.key(), e.value(), e.value_size()};
+    return absl::OkStatus();
+  }
+  if (!part->has_value() || (*part)->family != e.family() || (*part)->key != e.key() ||
+      (*part)->size != e.value_size() ||
+      static_cast<int64_t>((*part)->value.size()) != e.value_offset()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": it does not continue a record of that family, key and size where its last "
+        "part ended (parts come in order, the first at value_offset 0)"));
+  }
+  (*part)->value.append(e.value());
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -141,40 +187,40 @@ absl::Status DecisionService::ExportProblem(const v1::ExportProblemRequest& requ
   cursor.family = request.cursor().family();
   cursor.started = request.cursor().started();
   cursor.after = request.cursor().after();
+  cursor.offset = request.cursor().offset();
   if (cursor.family < 0 || cursor.family >= storage::kProblemFamilies) {
     return absl::InvalidArgumentError(absl::StrCat("cursor.family is ", cursor.family,
                                                    "; it must be in [0, ",
                                                    storage::kProblemFamilies, ")"));
   }
-  absl::StatusOr<bool> more;
-  if (request.changes()) {
-    more = store_->ExportProblemChanges(
-        p->index(), &cursor, max_bytes, [response](const storage::Store::ProblemEntry& e) {
-          v1::ProblemEntry* out = response->add_entries();
-          out->set_family(e.family);
-          out->set_key(e.key);
-          out->set_value(e.value);
-          out->set_deleted(e.op == storage::Store::ProblemEntry::kDelete);
-          if (e.op == storage::Store::ProblemEntry::kDeleteRange) {
-            out->set_range(true);
-            out->set_range_end(e.range_end);
-          }
-        });
-  } else {
-    more = store_->ExportProblemPage(
-        p->index(), &cursor, max_bytes,
-        [response](int f, absl::string_view key, absl::string_view value) {
-          v1::ProblemEntry* e = response->add_entries();
-          e->set_family(f);
-          e->set_key(std::string(key));
-          e->set_value(std::string(value));
-        },
-        /*at_snapshot=*/moving.watched);
+  if (cursor.offset < 0 || (cursor.offset > 0 && !cursor.started)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cursor.offset is ", cursor.offset, "; it must be >= 0, and 0 unless started (it "
+        "is where the record at cursor.after continues)"));
   }
+  const auto add = [response](const storage::Store::ProblemEntry& e) {
+    v1::ProblemEntry* out = response->add_entries();
+    out->set_family(e.family);
+    out->set_key(e.key);
+    out->set_value(e.value);
+    out->set_deleted(e.op == storage::Store::ProblemEntry::kDelete);
+    if (e.op == storage::Store::ProblemEntry::kDeleteRange) {
+      out->set_range(true);
+      out->set_range_end(e.range_end);
+    }
+    out->set_value_offset(e.value_offset);
+    out->set_value_size(e.value_size);
+  };
+  absl::StatusOr<bool> more =
+      request.changes()
+          ? store_->ExportProblemChanges(p->index(), &cursor, max_bytes, add)
+          : store_->ExportProblemPage(p->index(), &cursor, max_bytes, add,
+                                      /*at_snapshot=*/moving.watched);
   if (!more.ok()) return more.status();
   response->mutable_next()->set_family(std::min(cursor.family, storage::kProblemFamilies - 1));
   response->mutable_next()->set_started(cursor.started);
   response->mutable_next()->set_after(cursor.after);
+  response->mutable_next()->set_offset(cursor.offset);
   response->set_done(!*more);
   return absl::OkStatus();
 }
@@ -218,7 +264,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
           "no import of problem ", id, " is in progress on this replica: its first page "
           "sets first"));
     } else {
-      import = it->second;
+      import = std::move(it->second);  // imports run one at a time (create_mu_)
     }
   }
   // The import's state is written back (or dropped) below, on every path.
@@ -234,9 +280,25 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
   std::vector<storage::Store::ProblemEntry> entries;
   for (int i = 0; s.ok() && i < request.entries_size(); ++i) {
     const v1::ProblemEntry& e = request.entries(i);
+    import.bytes += static_cast<int64_t>(e.key().size() + e.value().size());
+    std::string value;
+    if (e.value_offset() != 0 || e.value_size() != 0) {
+      s = AddImportPart(i, e, &import.part);
+      if (!s.ok() || import.part->value.size() < static_cast<size_t>(import.part->size)) {
+        continue;  // the record is not whole yet
+      }
+      value = std::move(import.part->value);
+      import.part.reset();
+    } else if (import.part.has_value()) {
+      s = IncompletePart(*import.part, absl::StrCat("entries[", i, "] is another record"));
+      break;
+    } else {
+      value = e.value();
+    }
+    ++import.entries;  // a record in parts counts once
     if (e.family() == 0 && !e.deleted() && !e.range()) {
       storage::v1::ProblemRecord record;
-      if (!e.key().empty() || !record.ParseFromString(e.value()) || record.problem_id() != id) {
+      if (!e.key().empty() || !record.ParseFromString(value) || record.problem_id() != id) {
         s = absl::InvalidArgumentError(absl::StrCat(
             "entries[", i, "]: not the problem record of ", id, " (an empty key and a "
             "ProblemRecord naming it)"));
@@ -248,7 +310,7 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
     storage::Store::ProblemEntry entry;
     entry.family = e.family();
     entry.key = e.key();
-    entry.value = e.value();
+    entry.value = std::move(value);
     if (e.range()) {
       entry.op = storage::Store::ProblemEntry::kDeleteRange;
       entry.range_end = e.range_end();
@@ -256,10 +318,11 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
       entry.op = storage::Store::ProblemEntry::kDelete;
     }
     entries.push_back(std::move(entry));
-    import.bytes += static_cast<int64_t>(e.key().size() + e.value().size());
   }
   if (s.ok() && !entries.empty()) s = store_->ImportProblemEntries(import.index, entries);
-  import.entries += request.entries_size();
+  if (s.ok() && request.commit() && import.part.has_value()) {
+    s = IncompletePart(*import.part, "the import commits");
+  }
   if (s.ok() && !request.commit()) {
     response->set_entries(import.entries);
     response->set_bytes(import.bytes);

@@ -109,6 +109,44 @@ absl::Status CheckDirectory(const std::string& path, bool create) {
   return absl::OkStatus();
 }
 
+// How much of a record's value an export page gives, from `offset`, when it holds `bytes`
+// of `max_bytes` already: the rest if the record fits; nothing if it does not (it starts
+// the next page); a part of a page if it is larger than a page on its own.
+std::optional<int64_t> ExportedLength(size_t key_size, size_t value_size, int64_t offset,
+                                      int64_t bytes, int64_t max_bytes) {
+  const int64_t rest = static_cast<int64_t>(value_size) - offset;
+  const int64_t key = static_cast<int64_t>(key_size);
+  if (bytes + key + rest <= max_bytes) return rest;
+  if (bytes > 0) return std::nullopt;
+  return std::min(rest, std::max<int64_t>(1, max_bytes - key));
+}
+
+// Gives `fn` `length` bytes of `value` from `offset` as the record `key` of `family` (a
+// part if that is not the whole value), and moves the cursor past them.
+void GiveExported(int family, absl::string_view key, absl::string_view value, int64_t offset,
+                  int64_t length, Store::ExportCursor* cursor,
+                  const std::function<void(const Store::ProblemEntry&)>& fn) {
+  Store::ProblemEntry e;
+  e.family = family;
+  e.key.assign(key.data(), key.size());
+  e.value.assign(value.data() + offset, static_cast<size_t>(length));
+  const bool whole = offset == 0 && length == static_cast<int64_t>(value.size());
+  if (!whole) {
+    e.value_offset = offset;
+    e.value_size = static_cast<int64_t>(value.size());
+  }
+  fn(e);
+  cursor->family = family;
+  cursor->started = true;
+  cursor->after = e.key;
+  cursor->offset = offset + length < static_cast<int64_t>(value.size()) ? offset + length : 0;
+}
+
+absl::Status PartGone() {
+  return absl::AbortedError(
+      "storage: the record being exported in parts changed or is gone since its first part");
+}
+
 }  // namespace
 
 // RocksDB's background errors as Store::Health() reports them. Written by the listener
@@ -569,8 +607,7 @@ Store::WriteGroup::~WriteGroup() = default;
 
 absl::StatusOr<bool> Store::ExportProblemPage(
     uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
-    const std::function<void(int, absl::string_view, absl::string_view)>& fn,
-    bool at_snapshot) {
+    const std::function<void(const ProblemEntry&)>& fn, bool at_snapshot) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return NotOpen();
   const std::string prefix = Key32(problem);
@@ -587,20 +624,30 @@ absl::StatusOr<bool> Store::ExportProblemPage(
   }
   int64_t bytes = 0;
   for (; cursor->family >= 0 && cursor->family < kProblemFamilies;
-       ++cursor->family, cursor->started = false, cursor->after.clear()) {
+       ++cursor->family, cursor->started = false, cursor->after.clear(), cursor->offset = 0) {
     const std::string start = absl::StrCat(prefix, cursor->after);
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read, handles_[cursor->family + 1]));
     it->Seek(start);
-    if (cursor->started && it->Valid() && it->key() == start) it->Next();
-    for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      if (bytes >= max_bytes) return true;
+    int64_t offset = 0;  // into the first record's value: the rest of a record given in part
+    const bool at_after = cursor->started && it->Valid() && it->key() == start;
+    if (cursor->offset > 0) {
+      if (!at_after || cursor->offset >= static_cast<int64_t>(it->value().size())) {
+        return PartGone();
+      }
+      offset = cursor->offset;
+    } else if (at_after) {
+      it->Next();
+    }
+    for (; it->Valid() && it->key().starts_with(prefix); it->Next(), offset = 0) {
       const absl::string_view key(it->key().data() + prefix.size(),
                                   it->key().size() - prefix.size());
       const absl::string_view value(it->value().data(), it->value().size());
-      fn(cursor->family, key, value);
-      cursor->started = true;
-      cursor->after.assign(key.data(), key.size());
-      bytes += static_cast<int64_t>(key.size() + value.size());
+      const std::optional<int64_t> length =
+          ExportedLength(key.size(), value.size(), offset, bytes, max_bytes);
+      if (!length.has_value()) return true;
+      GiveExported(cursor->family, key, value, offset, *length, cursor, fn);
+      if (cursor->offset > 0) return true;
+      bytes += static_cast<int64_t>(key.size()) + *length;
     }
     if (absl::Status s = FromRocks(it->status(), "problem export"); !s.ok()) return s;
   }
@@ -726,8 +773,11 @@ absl::StatusOr<bool> Store::ExportProblemChanges(
         ranges.push_back(std::move(e));
       }
     }
-    auto k = cursor->started ? it->second.keys.upper_bound({cursor->family, cursor->after})
-                             : it->second.keys.lower_bound({cursor->family, std::string()});
+    // A record given in part is next again, for its rest.
+    const std::pair<int, std::string> after{cursor->family, cursor->after};
+    auto k = !cursor->started     ? it->second.keys.lower_bound({cursor->family, std::string()})
+             : cursor->offset > 0 ? it->second.keys.lower_bound(after)
+                                  : it->second.keys.upper_bound(after);
     int64_t bytes = 0;
     for (; k != it->second.keys.end() && bytes < max_bytes; ++k) {
       keys.push_back(*k);
@@ -737,24 +787,37 @@ absl::StatusOr<bool> Store::ExportProblemChanges(
   for (ProblemEntry& e : ranges) fn(e);
   const std::string prefix = Key32(problem);
   int64_t bytes = 0;
-  size_t given = 0;
-  for (; given < keys.size() && bytes < max_bytes; ++given) {
+  for (size_t given = 0; given < keys.size(); ++given) {
     const auto& [family, key] = keys[given];
-    ProblemEntry e;
-    e.family = family;
-    e.key = key;
+    const int64_t offset = given == 0 ? cursor->offset : 0;
+    std::string value;
     const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handles_[family + 1],
-                                       absl::StrCat(prefix, key), &e.value);
+                                       absl::StrCat(prefix, key), &value);
     if (s.IsNotFound()) {
+      if (offset > 0) return PartGone();
+      if (bytes > 0 && bytes + static_cast<int64_t>(key.size()) > max_bytes) break;
+      ProblemEntry e;
       e.op = ProblemEntry::kDelete;
-    } else if (!s.ok()) {
-      return FromRocks(s, "problem changes");
+      e.family = family;
+      e.key = key;
+      fn(e);
+      cursor->family = family;
+      cursor->started = true;
+      cursor->after = key;
+      bytes += static_cast<int64_t>(key.size());
+      continue;
     }
-    bytes += static_cast<int64_t>(e.key.size() + e.value.size());
-    fn(e);
-    cursor->family = family;
-    cursor->started = true;
-    cursor->after = key;
+    if (!s.ok()) return FromRocks(s, "problem changes");
+    if (offset > 0 && (family != cursor->family || key != cursor->after ||
+                       offset >= static_cast<int64_t>(value.size()))) {
+      return PartGone();
+    }
+    const std::optional<int64_t> length =
+        ExportedLength(key.size(), value.size(), offset, bytes, max_bytes);
+    if (!length.has_value()) break;
+    GiveExported(family, key, value, offset, *length, cursor, fn);
+    if (cursor->offset > 0) return true;
+    bytes += static_cast<int64_t>(key.size()) + *length;
   }
   absl::MutexLock watches(&watches_mu_);
   auto it = watches_.find(problem);

@@ -324,23 +324,30 @@ class Store {
     Op op = kPut;
     // kDeleteRange: to this key, excluded; empty: to the end of the problem's keys.
     std::string range_end;
+    // A part of a value larger than an export page (kPut only): `value` is the bytes from
+    // `value_offset` of a value of `value_size` bytes. 0 and 0 for a whole value.
+    int64_t value_offset = 0;
+    int64_t value_size = 0;
   };
   // Where an export page starts: in `family`, after the key `after` if `started` (a key
-  // may be empty: the problem and checkpoint records'), else from its first record.
+  // may be empty: the problem and checkpoint records'), else from its first record; with
+  // `offset` > 0, at that byte of the value of `after`, of which a part was given.
   struct ExportCursor {
     int family = 0;
     bool started = false;
     std::string after;
+    int64_t offset = 0;
   };
-  // `problem`'s records after the cursor in (family, key) order, until fn has been given at
-  // least `max_bytes` of keys and values (at least one record); moves the cursor past the
-  // last one given. Returns whether records may remain. The caller keeps the problem from
-  // changing between pages (a fenced problem does not).
+  // `problem`'s records after the cursor in (family, key) order, as many whole records as
+  // fit in `max_bytes` of keys and values, or, when the next one is larger than a page on
+  // its own, a part of it of `max_bytes` (ProblemEntry::value_offset); moves the cursor
+  // past what was given. Returns whether records may remain. The caller keeps the problem
+  // from changing between pages (a fenced problem does not).
   // With `at_snapshot`, the records as they were at WatchProblem.
-  absl::StatusOr<bool> ExportProblemPage(
-      uint32_t problem, ExportCursor* cursor, int64_t max_bytes,
-      const std::function<void(int family, absl::string_view key, absl::string_view value)>& fn,
-      bool at_snapshot = false);
+  absl::StatusOr<bool> ExportProblemPage(uint32_t problem, ExportCursor* cursor,
+                                         int64_t max_bytes,
+                                         const std::function<void(const ProblemEntry&)>& fn,
+                                         bool at_snapshot = false);
   // A move with a catch-up: from this call on the store notes every key of `problem` that
   // is written (puts, deletions, range deletions) and keeps a snapshot, atomically: each
   // write is in the snapshot or noted. The copy reads at the snapshot while the problem

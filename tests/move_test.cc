@@ -1,6 +1,7 @@
 // Moving a problem between replicas (server/service_move.cc): two services in one process,
 // the fixture's as the source and a second one, with another seed and store, as the
 // target. The records are copied page by page as decisionctl move-problem copies them.
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/status_macros.h"
+#include "core/xgboost_trainer.h"
 #include "tests/service_fixture.h"
 
 namespace decision::server {
@@ -55,6 +57,8 @@ class MoveTest : public ServiceTest {
     import.set_first(true);
     pages_ = 0;
     changes_ = 0;
+    parts_ = 0;
+    max_page_bytes_ = 0;
     auto copy = [&](bool changes, const std::string* commit_state) -> absl::Status {
       v1::ExportProblemRequest page;
       page.set_problem_id(problem);
@@ -67,6 +71,12 @@ class MoveTest : public ServiceTest {
         *page.mutable_cursor() = exported.next();
         *import.mutable_entries() = exported.entries();
         if (changes) changes_ += exported.entries_size();
+        int64_t page_bytes = 0;
+        for (const v1::ProblemEntry& e : exported.entries()) {
+          page_bytes += static_cast<int64_t>(e.key().size() + e.value().size());
+          parts_ += e.value_size() > 0;
+        }
+        max_page_bytes_ = std::max(max_page_bytes_, page_bytes);
         if (done && commit_state != nullptr) {
           import.set_commit(true);
           import.set_generator_state(*commit_state);
@@ -148,6 +158,8 @@ class MoveTest : public ServiceTest {
   std::vector<double> open_features_;
   int pages_ = 0;
   int changes_ = 0;  // records of the catch-up
+  int parts_ = 0;    // entries that were parts of a record larger than a page
+  int64_t max_page_bytes_ = 0;  // of keys and values
   void ExpectTheSameFuture();
 };
 
@@ -197,6 +209,71 @@ TEST_F(MoveTest, WithTheCatchUpTheTargetDecidesAsTheSourceWouldHave) {
   v1::Explanation why;
   EXPECT_EQ(target_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
   ExpectTheSameFuture();
+}
+
+// An XGBoost expert (80 trees) of many 4 KB pages: its record comes in parts, every
+// page stays within its 4 KB, and the target serves the same model. In the copy at the
+// snapshot, and in the catch-up's changes (a second one registered while serving).
+TEST_F(MoveTest, ARecordLargerThanAPageMovesInParts) {
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  TrainingSet set;
+  set.num_features = kFeatures;
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<double> x(kFeatures);
+    for (double& v : x) v = unit(gen);
+    set.Add(x, static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin()), 1.0, 1.0);
+  }
+  XgboostTrainOptions options;
+  options.rounds = 20;
+  options.max_depth = 4;
+  options.seed = 1;
+  const absl::StatusOr<std::string> model = TrainXgboostModel(set, kArms, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_GT(model->size(), 3 * 4096);
+  const auto register_trees = [&](const std::string& name) {
+    v1::RegisterExpertRequest req;
+    req.set_problem_id("p");
+    req.set_name(name);
+    req.mutable_model()->mutable_xgboost()->set_model(*model);
+    v1::Expert e;
+    ASSERT_TRUE(service_->RegisterExpert(req, &e).ok());
+    RunMaintenanceUntilActive("p");
+  };
+  PlayedProblem();
+  register_trees("trees");
+  ASSERT_TRUE(Move("p", [&] {
+                register_trees("trees-2");
+                PlayRounds("p", 100);
+              }).ok());
+  EXPECT_GE(parts_, 2 * 3);  // the second model's record, in the changes
+  EXPECT_LE(max_page_bytes_, 4096);
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(),
+            EstimatesOf(*service_, "p").SerializeAsString());
+  EXPECT_EQ(ExpertsOf(*target_, "p"), ExpertsOf(*service_, "p"));
+  // The target scores with the models it put together as the source does.
+  ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
+  for (int i = 0; i < 50; ++i) {
+    const v1::ChooseRequest req = ChooseRequestAt("p", i);
+    v1::ChooseResponse on_source, on_target;
+    ASSERT_TRUE(service_->Choose(req, &on_source).ok());
+    ASSERT_TRUE(target_->Choose(req, &on_target).ok());
+    ASSERT_EQ(on_target.SerializeAsString(), on_source.SerializeAsString()) << "decision " << i;
+  }
+  // And restarts with them.
+  ReopenTarget();
+  EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(),
+            EstimatesOf(*service_, "p").SerializeAsString());
+  v1::ListExpertsRequest list;
+  list.set_problem_id("p");
+  v1::ListExpertsResponse listed;
+  ASSERT_TRUE(target_->ListExperts(list, &listed).ok());
+  int trees = 0;
+  for (const v1::Expert& e : listed.experts()) {
+    EXPECT_EQ(e.status(), v1::EXPERT_STATUS_ACTIVE) << e.name();
+    trees += e.kind() == "xgboost";
+  }
+  EXPECT_EQ(trees, 2);
 }
 
 // After a move (the source still fenced): the open decision has the same answer on the
@@ -457,6 +534,90 @@ TEST_F(MoveTest, ImportRefusesBadRecordsAndKeepsNothingOfAFailedCommit) {
   import.set_generator_state(state.str());
   import.clear_entries();
   EXPECT_EQ(service_->ImportProblem(import, &imported).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// A record in parts is put together only from parts in order, the first at offset 0, and
+// only up to 256 MiB; an import that commits, or sends another record, before a record is
+// whole is refused. Each refusal ends the import.
+TEST_F(MoveTest, ImportRefusesPartsOutOfOrder) {
+  const auto part = [](int64_t offset, int64_t size, const std::string& value,
+                       const std::string& key = "k") {
+    v1::ProblemEntry e;
+    e.set_family(1);
+    e.set_key(key);
+    e.set_value(value);
+    e.set_value_offset(offset);
+    e.set_value_size(size);
+    return e;
+  };
+  // Each case: a first page with one part, then a page with `next`.
+  const auto refused = [&](const v1::ProblemEntry& next, bool commit) {
+    v1::ImportProblemRequest import;
+    import.set_problem_id("p");
+    import.set_first(true);
+    *import.add_entries() = part(0, 10, "abcd");
+    v1::ImportProblemResponse imported;
+    EXPECT_TRUE(target_->ImportProblem(import, &imported).ok());
+    import.set_first(false);
+    import.clear_entries();
+    if (next.family() != 0) *import.add_entries() = next;
+    if (commit) {
+      std::ostringstream state;
+      state << std::mt19937_64(5);
+      import.set_commit(true);
+      import.set_generator_state(state.str());
+    }
+    const absl::Status s = target_->ImportProblem(import, &imported);
+    // The import is over.
+    import.clear_entries();
+    import.set_commit(false);
+    EXPECT_EQ(target_->ImportProblem(import, &imported).code(),
+              absl::StatusCode::kInvalidArgument);
+    return s;
+  };
+  absl::Status s = refused(part(6, 10, "efgh"), false);  // a gap
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("does not continue"));
+  EXPECT_EQ(refused(part(4, 10, "efgh", "other"), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(part(4, 11, "efgh"), false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(part(4, 10, "efghijk"), false).code(),  // past its size
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(part(4, 10, ""), false).code(), absl::StatusCode::kInvalidArgument);
+  s = refused(part(0, 10, "abcd", "other"), false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("starts another record"));
+  v1::ProblemEntry whole;
+  whole.set_family(1);
+  whole.set_key("w");
+  whole.set_value("v");
+  s = refused(whole, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("4 of its 10 bytes came"));
+  s = refused(v1::ProblemEntry(), /*commit=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the import commits before the record"));
+  // Larger than an import puts together: refused before anything is held.
+  s = refused(part(0, (int64_t{256} << 20) + 1, "a"), false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  v1::ListProblemsResponse list;
+  ASSERT_TRUE(target_->ListProblems(v1::ListProblemsRequest(), &list).ok());
+  EXPECT_EQ(list.problems_size(), 0);
+  // The export refuses a cursor that continues a record it has not started.
+  PlayedProblem();
+  v1::BeginMoveRequest begin;
+  begin.set_problem_id("p");
+  begin.set_to_replica("replica-b");
+  v1::BeginMoveResponse begun;
+  ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
+  v1::ExportProblemRequest page;
+  page.set_problem_id("p");
+  page.mutable_cursor()->set_offset(5);
+  v1::ExportProblemResponse exported;
+  EXPECT_EQ(service_->ExportProblem(page, &exported).code(), absl::StatusCode::kInvalidArgument);
+  page.mutable_cursor()->set_started(true);
+  page.mutable_cursor()->set_after("no such key");
+  EXPECT_EQ(service_->ExportProblem(page, &exported).code(), absl::StatusCode::kAborted);
 }
 
 }  // namespace
