@@ -113,6 +113,16 @@ class MoveTest : public ServiceTest {
     for (int f = 0; f < kFeatures; ++f) req.add_features(((i * 7 + f * 3) % 10) / 10.0);
     return req;
   }
+  // The same Choose (ChooseRequestAt("p", i)) on the source and the target: the same
+  // answer, which it returns.
+  v1::ChooseResponse ChooseOnBoth(int i) {
+    const v1::ChooseRequest req = ChooseRequestAt("p", i);
+    v1::ChooseResponse on_source, on_target;
+    EXPECT_TRUE(service_->Choose(req, &on_source).ok());
+    EXPECT_TRUE(target_->Choose(req, &on_target).ok());
+    EXPECT_EQ(on_target.SerializeAsString(), on_source.SerializeAsString()) << "decision " << i;
+    return on_source;
+  }
   static v1::Estimates EstimatesOf(DecisionService& s, const std::string& problem) {
     v1::GetEstimatesRequest req;
     req.set_problem_id(problem);
@@ -253,13 +263,7 @@ TEST_F(MoveTest, ARecordLargerThanAPageMovesInParts) {
   EXPECT_EQ(ExpertsOf(*target_, "p"), ExpertsOf(*service_, "p"));
   // The target scores with the models it put together as the source does.
   ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
-  for (int i = 0; i < 50; ++i) {
-    const v1::ChooseRequest req = ChooseRequestAt("p", i);
-    v1::ChooseResponse on_source, on_target;
-    ASSERT_TRUE(service_->Choose(req, &on_source).ok());
-    ASSERT_TRUE(target_->Choose(req, &on_target).ok());
-    ASSERT_EQ(on_target.SerializeAsString(), on_source.SerializeAsString()) << "decision " << i;
-  }
+  for (int i = 0; i < 50 && !HasFailure(); ++i) ChooseOnBoth(i);
   // And restarts with them.
   ReopenTarget();
   EXPECT_EQ(EstimatesOf(*target_, "p").SerializeAsString(),
@@ -299,14 +303,11 @@ void MoveTest::ExpectTheSameFuture() {
     ASSERT_TRUE(s->Reward(reward, &rewarded).ok());
   }
   for (int i = 0; i < 300; ++i) {
-    const v1::ChooseRequest req = ChooseRequestAt("p", i);
-    v1::ChooseResponse on_source, on_target;
-    ASSERT_TRUE(service_->Choose(req, &on_source).ok());
-    ASSERT_TRUE(target_->Choose(req, &on_target).ok());
-    ASSERT_EQ(on_target.SerializeAsString(), on_source.SerializeAsString()) << "decision " << i;
+    const v1::ChooseResponse on_source = ChooseOnBoth(i);
+    if (HasFailure()) return;
     v1::RewardRequest reward;
     reward.set_problem_id("p");
-    reward.set_event_id(req.event_id());
+    reward.set_event_id(ChooseRequestAt("p", i).event_id());
     reward.set_value(on_source.arm() == i % kArms ? 1.0 : 0.0);
     v1::RewardResponse rewarded;
     ASSERT_TRUE(service_->Reward(reward, &rewarded).ok());
