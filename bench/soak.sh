@@ -7,6 +7,8 @@
 #   e.g. bench/soak.sh build/server/decisiond bench/results/soak              # 10 minutes
 #        bench/soak.sh build/server/decisiond /tmp/soak-smoke --duration_s=60 \
 #            --warm_up_s=20                                                    # smoke run
+# A copy of decisiond needs decision_model_probe beside it (decisiond looks for the probe in
+# its own directory): copy both (`cp build/server/{decisiond,decision_model_probe} DIR/`).
 # Environment: SOAK_BIN (default build/bench/decision_soak); PIN=0 to run unpinned (by
 # default decisiond runs on CPU 0 and the soak client on CPU 1, as the other load
 # benchmarks do on this 2-core machine).
@@ -14,7 +16,7 @@
 # decision_soak's status (non-zero if a check failed), after plotting either way.
 set -uo pipefail
 if (($# < 2)); then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
