@@ -49,9 +49,7 @@ class MoveTest : public ServiceTest {
   // Returns the first error.
   absl::Status Move(const std::string& problem,
                     const std::function<void()>& while_serving = nullptr) {
-    v1::BeginMoveRequest begin;
-    begin.set_problem_id(problem);
-    begin.set_to_replica("replica-b");
+    v1::BeginMoveRequest begin = BeginMoveOf(problem);
     v1::ImportProblemRequest import;
     import.set_problem_id(problem);
     import.set_first(true);
@@ -112,6 +110,13 @@ class MoveTest : public ServiceTest {
     req.set_event_id(absl::StrCat("after-", i));
     for (int f = 0; f < kFeatures; ++f) req.add_features(((i * 7 + f * 3) % 10) / 10.0);
     return req;
+  }
+  // BeginMove of `problem` to replica-b (the fence; with catch_up set, the snapshot).
+  static v1::BeginMoveRequest BeginMoveOf(const std::string& problem) {
+    v1::BeginMoveRequest begin;
+    begin.set_problem_id(problem);
+    begin.set_to_replica("replica-b");
+    return begin;
   }
   // The same Choose (ChooseRequestAt("p", i)) on the source and the target: the same
   // answer, which it returns.
@@ -335,9 +340,7 @@ TEST_F(MoveTest, AFencedProblemRefusesChangesAndAnswersReads) {
   v1::ExportProblemResponse exported;
   EXPECT_EQ(service_->ExportProblem(page, &exported).code(),
             absl::StatusCode::kFailedPrecondition);
-  v1::BeginMoveRequest begin;
-  begin.set_problem_id("p");
-  begin.set_to_replica("replica-b");
+  v1::BeginMoveRequest begin = BeginMoveOf("p");
   v1::BeginMoveResponse begun;
   ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
   EXPECT_EQ(begun.samples(), 400);
@@ -373,9 +376,7 @@ TEST_F(MoveTest, AFencedProblemRefusesChangesAndAnswersReads) {
 // cannot end before, and an abort releases its snapshot (a new move can begin).
 TEST_F(MoveTest, ACatchUpMoveServesUntilItsFence) {
   PlayedProblem();
-  v1::BeginMoveRequest begin;
-  begin.set_problem_id("p");
-  begin.set_to_replica("replica-b");
+  v1::BeginMoveRequest begin = BeginMoveOf("p");
   begin.set_catch_up(true);
   v1::BeginMoveResponse begun;
   ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
@@ -449,9 +450,7 @@ TEST_F(MoveTest, TheSourceKeepsAStubNamingTheOwner) {
 // An import that never committed is not served, and a restart deletes its records.
 TEST_F(MoveTest, AnImportThatDidNotCommitIsDeletedAtRestart) {
   PlayedProblem();
-  v1::BeginMoveRequest begin;
-  begin.set_problem_id("p");
-  begin.set_to_replica("replica-b");
+  v1::BeginMoveRequest begin = BeginMoveOf("p");
   v1::BeginMoveResponse begun;
   ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
   v1::ImportProblemRequest import;
@@ -606,9 +605,7 @@ TEST_F(MoveTest, ImportRefusesPartsOutOfOrder) {
   EXPECT_EQ(list.problems_size(), 0);
   // The export refuses a cursor that continues a record it has not started.
   PlayedProblem();
-  v1::BeginMoveRequest begin;
-  begin.set_problem_id("p");
-  begin.set_to_replica("replica-b");
+  v1::BeginMoveRequest begin = BeginMoveOf("p");
   v1::BeginMoveResponse begun;
   ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
   v1::ExportProblemRequest page;

@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -16,11 +17,19 @@
 namespace decision::bench {
 namespace {
 
+// A data set of bench/data, and its fixed row order s.
+absl::StatusOr<Dataset> Data(const std::string& name) {
+  return LoadCsv(absl::StrCat(DECISION_SOURCE_DIR, "/bench/data/", name, ".csv"));
+}
+absl::StatusOr<std::vector<int>> Order(const std::string& name, int s, size_t rows) {
+  return LoadOrder(
+      absl::StrCat(DECISION_SOURCE_DIR, "/bench/data/orders/", name, ".s", s, ".perm.txt"), rows);
+}
+
 TEST(SharingTest, DUcbFollowsAStrongExpertAddedMidRunAndBeatsTheBaselines) {
-  const std::string root = DECISION_SOURCE_DIR;
-  auto data = LoadCsv(root + "/bench/data/digits.csv");
+  auto data = Data("digits");
   ASSERT_TRUE(data.ok()) << data.status();
-  auto order = LoadOrder(root + "/bench/data/orders/digits.s1.perm.txt", data->size());
+  auto order = Order("digits", 1, data->size());
   ASSERT_TRUE(order.ok()) << order.status();
   std::map<std::string, SimulationResult> results;
   for (const char* policy : {"d-ucb", "ucb1", "epsilon-greedy", "exp4"}) {
@@ -57,10 +66,9 @@ TEST(SharingTest, DUcbFollowsAStrongExpertAddedMidRunAndBeatsTheBaselines) {
 // run at one and at three threads is the same, round by round (with XGBoost's own threads
 // it was not: gblinear's updates race). Digits s1, its first 600 rounds (7 batches).
 TEST(TrainThreadsTest, ARunIsTheSameAtAnyNumberOfTrainingThreads) {
-  const std::string root = DECISION_SOURCE_DIR;
-  auto data = LoadCsv(root + "/bench/data/digits.csv");
+  auto data = Data("digits");
   ASSERT_TRUE(data.ok()) << data.status();
-  auto order = LoadOrder(root + "/bench/data/orders/digits.s1.perm.txt", data->size());
+  auto order = Order("digits", 1, data->size());
   ASSERT_TRUE(order.ok()) << order.status();
   std::vector<double> curves[2];
   for (int run = 0; run < 2; ++run) {
@@ -82,14 +90,12 @@ TEST(TrainThreadsTest, ARunIsTheSameAtAnyNumberOfTrainingThreads) {
 // 0.853 measured; over 8 seeds 0.794 against 0.835, the five-order mean moving by about
 // 0.013 between seeds): a learning bound, deterministic for a seed with one training thread.
 TEST(ShortDataTest, TheDefaultRecipeLearnsVowelBetterThanThePapers) {
-  const std::string root = DECISION_SOURCE_DIR;
-  auto data = LoadCsv(root + "/bench/data/vowel.csv");
+  auto data = Data("vowel");
   ASSERT_TRUE(data.ok()) << data.status();
   double defaults = 0.0;
   double paper = 0.0;
   for (int s = 1; s <= 5; ++s) {
-    auto order = LoadOrder(absl::StrCat(root, "/bench/data/orders/vowel.s", s, ".perm.txt"),
-                           data->size());
+    auto order = Order("vowel", s, data->size());
     ASSERT_TRUE(order.ok()) << order.status();
     for (const bool paper_recipe : {false, true}) {
       SimulationOptions o;
@@ -117,14 +123,12 @@ TEST(ShortDataTest, TheDefaultRecipeLearnsVowelBetterThanThePapers) {
 // Also that D-UCB stays close to the best expert available at each round (0.005 above it
 // on letter, 0.016 on digits, measured): what it loses beyond them is its choices' fault.
 TEST(RegretShortForm, LetterAndDigitsOrderOneStayBelowTheirBounds) {
-  const std::string root = DECISION_SOURCE_DIR;
   for (const auto& [name, bound] : {std::pair<const char*, double>{"letter", 0.40},
                                     std::pair<const char*, double>{"digits", 0.37}}) {
     SCOPED_TRACE(name);
-    auto data = LoadCsv(absl::StrCat(root, "/bench/data/", name, ".csv"));
+    auto data = Data(name);
     ASSERT_TRUE(data.ok()) << data.status();
-    auto order = LoadOrder(absl::StrCat(root, "/bench/data/orders/", name, ".s1.perm.txt"),
-                           data->size());
+    auto order = Order(name, 1, data->size());
     ASSERT_TRUE(order.ok()) << order.status();
     SimulationOptions o;
     o.train_threads = 1;
