@@ -52,6 +52,10 @@
 
 namespace decision::server {
 
+// The most scoring threads ServiceOptions::scoring_threads = 0 starts: one batch rarely
+// has work for more (it is split by expert, or in parts of a few hundred rows).
+inline constexpr int kMaxDefaultScoringThreads = 16;
+
 struct ServiceOptions {
   std::string data_dir = "data";
   bool sync_writes = false;  // fsync every write (see storage/store.h)
@@ -76,8 +80,13 @@ struct ServiceOptions {
   // trained than the paper's schedule has. Ignored with inline_maintenance.
   int64_t min_refresh_interval_ms = 0;
   // Experts of a training job trained at once, one XGBoost thread each; the models do not
-  // depend on it (Trainer).
-  int training_threads = 1;
+  // depend on it (Trainer). 0: as many as the CPUs decisiond may run on (CpusAvailable).
+  int training_threads = 0;
+  // Threads that score joined samples and backfills at once: the learner or the backfill
+  // plus scoring_threads - 1 helpers, at the background priority. What is learned does not
+  // depend on it. 0: as many as the CPUs decisiond may run on, at most
+  // kMaxDefaultScoringThreads.
+  int scoring_threads = 0;
   // How often the expert-pool thread gives the memory glibc's allocator holds free back to
   // the operating system (malloc_trim). Memory that RocksDB's compactions, scans and
   // protobuf parsing free stays in the allocator's per-thread arenas otherwise: bench/scale
@@ -374,6 +383,10 @@ class DecisionService {
   // run work for, and after nothing that uses them.
   std::unique_ptr<Executor> writer_;
   std::unique_ptr<Executor> learner_;  // scores and learns joined samples (problem_learn.cc)
+  // Help the learner and the backfill score (Problem::Env::scorers); null with one
+  // scoring thread.
+  std::unique_ptr<Executor> scorers_;
+  int scoring_threads_ = 1;  // ServiceOptions::scoring_threads, resolved
   std::unique_ptr<Executor> blocking_;
   std::unique_ptr<TrainingJobBook> training_jobs_;  // before the trainer, which uses it
   std::unique_ptr<Trainer> trainer_;

@@ -5,9 +5,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 namespace decision::server {
@@ -26,6 +28,22 @@ void SetCurrentThreadPriority(ThreadPriority priority) {
     std::fprintf(stderr, "decisiond: cannot lower a background thread's priority: %s\n",
                  std::strerror(errno));
   }
+}
+
+int CpusAvailable() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  // A CPU quota (cgroup v2's cpu.max, "QUOTA PERIOD" or "max PERIOD": a container's CPU
+  // limit) bounds it too: threads past the quota only take turns in it.
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    long long quota = 0, period = 0;
+    if (std::fscanf(f, "%lld %lld", &quota, &period) == 2 && quota > 0 && period > 0) {
+      cpus = std::min<long long>(cpus, (quota + period - 1) / period);
+    }
+    std::fclose(f);
+  }
+  return std::max(1, cpus);
 }
 
 Executor::Executor(int threads, std::string name, ThreadPriority priority)
@@ -94,6 +112,55 @@ void Executor::Loop() {
     }
     task();
   }
+}
+
+namespace {
+// What the caller of ParallelFor and its helpers share. Helpers may start after the call has
+// returned (their pool was busy): they hold it by shared_ptr and touch `fn` only while
+// `open`, which the caller clears before it waits for the helpers at work.
+struct ParallelWork {
+  absl::Mutex mu;
+  int next ABSL_GUARDED_BY(mu) = 0;
+  int working ABSL_GUARDED_BY(mu) = 0;  // helpers inside RunTasks
+  bool open ABSL_GUARDED_BY(mu) = true;
+  int tasks = 0;
+  absl::FunctionRef<void(int)>* fn = nullptr;
+
+  // Runs tasks until none is left. A helper (`helper`) first checks that the call is open.
+  void RunTasks(bool helper) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    if (helper) {
+      if (!open) return;
+      ++working;
+    }
+    while (next < tasks) {
+      const int task = next++;
+      mu.Unlock();
+      (*fn)(task);
+      mu.Lock();
+    }
+    if (helper) --working;
+  }
+};
+}  // namespace
+
+void ParallelFor(Executor* pool, int helpers, int tasks, absl::FunctionRef<void(int)> fn) {
+  if (pool == nullptr || helpers < 1 || tasks < 2) {
+    for (int i = 0; i < tasks; ++i) fn(i);
+    return;
+  }
+  auto work = std::make_shared<ParallelWork>();
+  work->tasks = tasks;
+  work->fn = &fn;
+  for (int h = 0; h < std::min(helpers, tasks - 1); ++h) {
+    pool->Schedule([work] { work->RunTasks(/*helper=*/true); });
+  }
+  work->RunTasks(/*helper=*/false);
+  absl::MutexLock lock(&work->mu);
+  work->open = false;
+  work->mu.Await(absl::Condition(
+      +[](ParallelWork* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu) { return w->working == 0; },
+      work.get()));
 }
 
 }  // namespace decision::server

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 
 namespace decision::server {
@@ -31,6 +32,11 @@ enum class ThreadPriority {
 // Sets the calling thread's priority (Linux: a thread's nice value and policy are its own,
 // and threads it creates, such as XGBoost's, inherit them). Failures are reported on stderr.
 void SetCurrentThreadPriority(ThreadPriority priority);
+
+// The CPUs this process may run on, at least 1: its affinity mask (as taskset and cgroup
+// cpusets set it), bounded by its cgroup's CPU quota rounded up (a container's CPU limit).
+// The default number of training and scoring threads. Reads a file: call it at start-up.
+int CpusAvailable();
 
 class Executor {
  public:
@@ -56,6 +62,14 @@ class Executor {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
+
+// Runs fn(0), ..., fn(tasks - 1), each once, on the calling thread and on up to `helpers`
+// threads of `pool`, and returns once all have run. Tasks are handed out one at a time in
+// order, so a slow one does not hold up the rest. A pool thread that gets to its turn after
+// the caller has handed out every task does nothing: the caller waits only for the tasks
+// that pool threads already took, never for a pool busy with other work (at worst it runs
+// every task itself). With a null pool or helpers < 1, all run in the caller, in order.
+void ParallelFor(Executor* pool, int helpers, int tasks, absl::FunctionRef<void(int)> fn);
 
 // WART: the service gives every problem's GroupCommitQueue the same one-thread executor, so
 // a slow write of one problem delays the commits of the others. RocksDB appends to one WAL

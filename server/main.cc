@@ -61,9 +61,12 @@ ABSL_FLAG(bool, inline_maintenance, false,
           "run expiry, backfill, divergence refresh and training synchronously after each "
           "Reward: slower, but decisions are a deterministic function of --seed and the "
           "request sequence (for tests and reproducible replays)");
-ABSL_FLAG(int, training_threads, 1,
+ABSL_FLAG(int, training_threads, 0,
           "experts of a training job trained at once, one thread each (the models are the "
-          "same at any value)");
+          "same at any value); 0: as many as the CPUs decisiond may run on");
+ABSL_FLAG(int, scoring_threads, 0,
+          "threads that score joined samples and backfills at once (what is learned is the "
+          "same at any value); 0: as many as the CPUs decisiond may run on, at most 16");
 ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
           "how often the memory the allocator holds free goes back to the operating system "
           "(glibc's malloc_trim; 0: never)");
@@ -166,6 +169,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.inline_maintenance = absl::GetFlag(FLAGS_inline_maintenance);
   options.start_maintenance_thread = !options.inline_maintenance;
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
+  options.scoring_threads = absl::GetFlag(FLAGS_scoring_threads);
   options.malloc_trim_interval_ms = absl::GetFlag(FLAGS_malloc_trim_interval_ms);
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
   options.max_pending_decisions = absl::GetFlag(FLAGS_max_pending_decisions);
@@ -288,6 +292,12 @@ int Run() {
       !ParseThreadPriority(p).has_value()) {
     std::fprintf(stderr, "decisiond: --background_priority must be idle, low or normal, not %s\n",
                  p.c_str());
+    return 2;
+  }
+  if (options.training_threads < 0 || options.training_threads > 64 ||
+      options.scoring_threads < 0 || options.scoring_threads > 64) {
+    std::fprintf(stderr, "decisiond: --training_threads and --scoring_threads must be in "
+                         "[0, 64] (0: one per CPU decisiond may run on)\n");
     return 2;
   }
   if (options.reservoir_predictions_mb < 0 || options.reservoir_predictions_mb > (1 << 20)) {

@@ -185,6 +185,11 @@ class Problem {
     // Scores and learns joined samples (problem_learn.cc). Null: the writer learns each
     // group itself once it is answered (tests that want learning in the writer's order).
     Executor* learner = nullptr;
+    // Threads that help the learner and the backfill score (ParallelFor): the learner's
+    // batch is split by expert, a backfill chunk by rows. What is scored does not depend on
+    // how many there are. Null or 0 helpers: each scores on its own thread alone.
+    Executor* scorers = nullptr;
+    int scoring_helpers = 0;
     bool defer_decisions = false;  // see "Deferred decisions" above
     int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
     const ProblemHooks* hooks = nullptr;
@@ -663,6 +668,11 @@ class Problem {
                                  const std::vector<std::shared_ptr<const Expert>>& models,
                                  absl::string_view where,
                                  std::vector<ScoringFailure>* failures) const;
+  // model.PredictBatchEligible over n rows, split into parts that Env::scorers score side
+  // by side (the same probabilities as in one call). The first failing part's error.
+  absl::Status ScoreRows(const Expert& model, absl::Span<const double> rows, size_t n,
+                         absl::Span<const absl::Span<const int32_t>> eligible,
+                         absl::Span<double> probs) const;
   // Learns one scored sample: D-UCB, the tails of backfilling experts, log chunks.
   // `propensities` covers every expert of the pool.
   absl::Status LearnOneLocked(const Unlearned& sample, absl::Span<const double> propensities)

@@ -47,11 +47,14 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
                                              u.event.eligible_arms_size()));
     }
   }
-  // out[s * width + k]: the layout DUcb::Learn reads one sample of.
+  // out[s * width + k]: the layout DUcb::Learn reads one sample of. The experts are scored
+  // side by side (Env::scorers), each into its own column.
   const size_t width = models.size();
   std::vector<double> out(n * width);
-  std::vector<double> probs(n * arms);
-  for (size_t k = 0; k < width; ++k) {
+  std::vector<std::string> failed(width);  // why expert k failed, if it did
+  ParallelFor(env_.scorers, env_.scoring_helpers, static_cast<int>(width), [&](int task) {
+    const size_t k = static_cast<size_t>(task);
+    std::vector<double> probs(n * arms);
     absl::Status s = models[k]->PredictBatchEligible(rows, n, eligible, absl::MakeSpan(probs));
     for (size_t i = 0; i < n && s.ok(); ++i) {
       const Unlearned& sample = batch[i];
@@ -68,16 +71,19 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
       }
       out[i * width + k] = p;
     }
-    if (s.ok()) continue;
+    if (s.ok()) return;
     // Quarantined where it failed: the stand-in's 1/K (1/|E| over E eligible arms) for the
     // whole batch.
-    failures->push_back({static_cast<int>(k), absl::StrCat(where, ": ", s.message())});
+    failed[k] = absl::StrCat(where, ": ", s.message());
     for (size_t i = 0; i < n; ++i) {
       const int m = batch[i].event.eligible_arms_size();
       out[i * width + k] = static_cast<int>(k) == batch[i].event.expert_id()
                                ? batch[i].event.propensity()
                                : 1.0 / (m > 0 ? m : arms);
     }
+  });
+  for (size_t k = 0; k < width; ++k) {
+    if (!failed[k].empty()) failures->push_back({static_cast<int>(k), std::move(failed[k])});
   }
   return out;
 }

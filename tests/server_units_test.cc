@@ -1,6 +1,7 @@
 // Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
 // transitions (pending_table.h) and the executor's group commit (executor.h).
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <cmath>
@@ -218,6 +219,37 @@ TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
   EXPECT_EQ(t.MarkStored("a").size(), 1u);
   EXPECT_EQ(t.answered(), 1);
   EXPECT_EQ(t.Due(1000), std::vector<std::string>{"a"});
+}
+
+TEST(ParallelForTest, EveryTaskRunsOnceAndHelpersTakeSome) {
+  Executor pool(3, "helper");
+  std::vector<std::atomic<int>> runs(200);
+  std::atomic<int> on_caller{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  ParallelFor(&pool, 3, 200, [&](int i) {
+    runs[i].fetch_add(1);
+    if (std::this_thread::get_id() == caller) on_caller.fetch_add(1);
+    // Long enough that a helper wakes up before the caller has run them all.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(runs[i].load(), 1) << i;
+  EXPECT_LT(on_caller.load(), 200);  // the helpers took some
+  // No pool, or no helper: every task in the caller, in order.
+  std::vector<int> order;
+  ParallelFor(nullptr, 3, 5, [&](int i) { order.push_back(i); });
+  ParallelFor(&pool, 0, 5, [&](int i) { order.push_back(i); });
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+}
+
+TEST(ParallelForTest, TheCallerDoesNotWaitForABusyPool) {
+  Executor pool(1, "helper");
+  absl::Notification release;
+  pool.Schedule([&] { release.WaitForNotification(); });  // the only helper is busy
+  std::vector<int> runs(10, 0);
+  ParallelFor(&pool, 1, 10, [&](int i) { ++runs[i]; });  // returns: the caller ran them
+  EXPECT_EQ(runs, std::vector<int>(10, 1));
+  release.Notify();
+  pool.Stop();  // the helper's late turn finds the call closed and touches nothing
 }
 
 TEST(GroupCommitQueueTest, OpsQueuedDuringACommitRideInTheNextGroup) {

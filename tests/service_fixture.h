@@ -60,6 +60,7 @@ class ServiceTest : public ::testing::Test {
     options.max_experts_per_problem = max_experts_per_problem_;
     options.max_problem_memory_mb = max_problem_memory_mb_;
     options.training_threads = training_threads_;
+    options.scoring_threads = scoring_threads_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -319,7 +320,11 @@ class ServiceTest : public ::testing::Test {
   int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
   int max_experts_per_problem_ = ServiceOptions().max_experts_per_problem;
   int64_t max_problem_memory_mb_ = ServiceOptions().max_problem_memory_mb;
-  int training_threads_ = ServiceOptions().training_threads;
+  // One at a time, not ServiceOptions' default (one per CPU): tests that stop a job at its
+  // n-th expert count the ones before it as registered.
+  // TrainingJobTest.AJobTrainsTheSameModelsOnAnyNumberOfThreads covers several.
+  int training_threads_ = 1;
+  int scoring_threads_ = ServiceOptions().scoring_threads;
   std::string dir_;
   FakeClock clock_;
   Metrics metrics_;

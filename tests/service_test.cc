@@ -1382,6 +1382,56 @@ TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNar
 // A maintenance pass that retires several experts (here by the cap on active experts)
 // folds them under one checkpoint: it carries the estimators' whole state, and was written
 // once per retired expert before (bench/README.md, "Merging the record families").
+// The learner scores a batch on --scoring_threads threads, one expert each, and a backfill
+// splits its rows among them: the same requests give the same decisions, log and estimates
+// on one thread or four, the backfill of experts registered after 600 samples included.
+TEST_F(ServiceTest, LearningIsTheSameOnAnyNumberOfScoringThreads) {
+  std::vector<std::string> arms[2];
+  v1::Estimates estimates[2];
+  std::vector<v1::LoggedSample> logs[2];
+  for (int run = 0; run < 2; ++run) {
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    dir_ = testing::MakeTempDir();
+    scoring_threads_ = run == 0 ? 1 : 4;
+    gen_.seed(42);
+    Open();
+    CreateProblem("p");
+    for (int e = 1; e <= 6; ++e) RegisterLinear("p", 0.5 * e);
+    RunMaintenanceUntilActive("p");
+    const auto play = [&](int rounds) {
+      for (int i = 0; i < rounds; ++i) {
+        const v1::ChooseResponse c = Choose("p");
+        arms[run].push_back(absl::StrCat(c.arm(), ":", c.propensity()));
+        // Rewarded when the arm is the context's largest feature.
+        const int best = static_cast<int>(
+            std::max_element(last_features_.begin(), last_features_.end()) -
+            last_features_.begin());
+        ASSERT_TRUE(Reward("p", c.event_id(), c.arm() == best ? 1.0 : 0.0).ok());
+      }
+    };
+    play(600);
+    RegisterLinear("p", 4.0);  // backfilled over 600 samples: parts of 256 rows or more
+    RegisterLinear("p", 0.1);
+    RunMaintenanceUntilActive("p");
+    play(100);
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+    estimates[run] = Estimates("p");
+    logs[run] = Export("p");
+    ExpectEstimatesMatchReference("p");
+  }
+  EXPECT_EQ(arms[0], arms[1]);
+  ASSERT_EQ(estimates[0].experts_size(), 9);
+  EXPECT_EQ(estimates[0].SerializeAsString(), estimates[1].SerializeAsString());
+  ASSERT_EQ(logs[0].size(), 700u);
+  ASSERT_EQ(logs[1].size(), 700u);
+  for (size_t s = 0; s < logs[0].size(); ++s) {
+    logs[0][s].clear_event_id();  // drawn from the OS
+    logs[1][s].clear_event_id();
+    ASSERT_EQ(logs[0][s].SerializeAsString(), logs[1][s].SerializeAsString()) << "sample " << s;
+  }
+}
+
 TEST_F(ServiceTest, RetiringSeveralExpertsAtOnceWritesOneCheckpoint) {
   trainer_hooks_.before_expert = [](int64_t, int) {
     return absl::CancelledError("this test trains no expert");
