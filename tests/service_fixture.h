@@ -70,6 +70,14 @@ class ServiceTest : public ::testing::Test {
     service_.reset();
     Open();
   }
+  // Shuts the service down and starts over on an empty directory with the contexts' seed
+  // reset: the caller changes options, then Open()s, to run the same requests again.
+  void ShutDownForAFreshStart() {
+    ASSERT_TRUE(service_->Shutdown().ok());
+    service_.reset();
+    dir_ = testing::MakeTempDir();
+    gen_.seed(42);
+  }
 
   void CreateProblem(const std::string& id, int64_t wait_ms = 1000, bool drop = false,
                      int auto_train_max_active = 0) {

@@ -1390,11 +1390,8 @@ TEST_F(ServiceTest, LearningIsTheSameOnAnyNumberOfScoringThreads) {
   v1::Estimates estimates[2];
   std::vector<v1::LoggedSample> logs[2];
   for (int run = 0; run < 2; ++run) {
-    ASSERT_TRUE(service_->Shutdown().ok());
-    service_.reset();
-    dir_ = testing::MakeTempDir();
+    ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
     scoring_threads_ = run == 0 ? 1 : 4;
-    gen_.seed(42);
     Open();
     CreateProblem("p");
     for (int e = 1; e <= 6; ++e) RegisterLinear("p", 0.5 * e);

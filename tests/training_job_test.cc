@@ -247,11 +247,8 @@ TEST_F(TrainingJobTest, AJobThatCannotBeRecordedIsRefusedAndNotQueued) {
 TEST_F(TrainingJobTest, AJobTrainsTheSameModelsOnAnyNumberOfThreads) {
   std::vector<std::string> models[2];
   for (int run = 0; run < 2; ++run) {
-    ASSERT_TRUE(service_->Shutdown().ok());
-    service_.reset();
-    dir_ = testing::MakeTempDir();
+    ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
     training_threads_ = run == 0 ? 1 : 3;
-    gen_.seed(42);  // the same contexts, so the same log
     Open();
     SetUpProblem();
     ASSERT_TRUE(Train(3, 2).ok());
