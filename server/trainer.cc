@@ -168,26 +168,35 @@ absl::Status Trainer::Run(const Job& job) {
   const TrainingObjective objective = TrainingObjectiveOf(p.record());
   // The experts train on up to threads_per_job_ threads at once, one XGBoost thread each,
   // and register in their order: each expert's recipe is drawn from gen_ in that order
-  // before it starts, so the models do not depend on the thread count. Expert i starts
-  // once expert i - threads_per_job_ is registered (with one thread: after the previous
-  // one, in this thread).
+  // before it starts, so the models do not depend on the thread count. A thread that
+  // finishes an expert starts the next one at once, while the experts before it may still
+  // be training: a trained model waits in memory for its turn to register. With one
+  // thread, each trains after the previous one registered, in this thread.
   struct Training {
     bool linear = false;
     absl::StatusOr<std::string> model;
     std::thread thread;
+    bool done = false;  // guarded by `mu` below
   };
   std::vector<Training> training(static_cast<size_t>(total));
+  absl::Mutex mu;
+  int running = 0;  // guarded by mu: experts started and not done
   const bool whole_log = p.record().train_on_whole_log();  // read here, not in the threads
   // Training takes a copy of the training set per expert in training (XGBoost's matrix and
   // buffers): memory grows with threads_per_job_.
   auto train = [&](int i, XgboostTrainOptions options, uint64_t bootstrap_seed) {
     Training& t = training[static_cast<size_t>(i)];
+    absl::StatusOr<std::string> model;
     if (whole_log) {
-      t.model = TrainXgboostModel(*set, num_arms, options);
+      model = TrainXgboostModel(*set, num_arms, options);
     } else {
       std::mt19937_64 resample(bootstrap_seed);
-      t.model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, options);
+      model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, options);
     }
+    absl::MutexLock lock(&mu);
+    t.model = std::move(model);
+    t.done = true;
+    --running;
   };
   // Waits for the experts in training; what they trained is dropped (a resumed job trains
   // them again).
@@ -200,15 +209,25 @@ absl::Status Trainer::Run(const Job& job) {
   // From the first expert not yet trained: a resumed job continues where it stopped.
   int next_start = r.expert_ids_size() + r.skipped_experts();
   for (int i = next_start; i < total; ++i) {
-    // Start the experts up to i + parallel - 1 (i itself included), in order.
-    for (; next_start < total && next_start < i + parallel; ++next_start) {
-      // Stopping: the record stays RUNNING, and the next start resumes the job.
-      if (Stopping()) {
-        join_all();
-        return absl::OkStatus();
+    // Start experts, in order, while a thread is free (expert i itself at the latest),
+    // until expert i is trained.
+    for (;;) {
+      bool start;
+      {
+        absl::MutexLock lock(&mu);
+        const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+          return next_start <= i || training[static_cast<size_t>(i)].done ||
+                 (next_start < total && running < parallel);
+        };
+        mu.Await(absl::Condition(&ready));
+        start = next_start <= i || (!training[static_cast<size_t>(i)].done &&
+                                    next_start < total && running < parallel);
+        if (start) ++running;
       }
-      if (hooks_ != nullptr && hooks_->before_expert &&
-          !hooks_->before_expert(r.job_id(), next_start).ok()) {
+      if (!start) break;
+      // Stopping: the record stays RUNNING, and the next start resumes the job.
+      if (Stopping() || (hooks_ != nullptr && hooks_->before_expert &&
+                         !hooks_->before_expert(r.job_id(), next_start).ok())) {
         join_all();
         return absl::OkStatus();
       }
@@ -222,6 +241,7 @@ absl::Status Trainer::Run(const Job& job) {
       } else {
         t.thread = std::thread(train, next_start, options, bootstrap_seed);
       }
+      ++next_start;
     }
     Training& t = training[static_cast<size_t>(i)];
     if (t.thread.joinable()) t.thread.join();

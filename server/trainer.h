@@ -15,7 +15,8 @@
 // it again for the experts it has not trained yet (DecisionService::ResumeTrainingJobs).
 //
 // A job trains up to `threads_per_job` of its experts at once, each on a thread of its own
-// with one XGBoost thread, and registers them in order. Each expert's recipe
+// with one XGBoost thread, and registers them in order; a thread that finishes one starts
+// the next, while a trained model waits for its turn to register. Each expert's recipe
 // (SampleExpertOptions, and the seed of its bootstrap resample) is drawn from the trainer's
 // generator in the experts' order before it starts, so the models are the same at any
 // thread count (XGBoost's own threads would change them: gblinear's updates race, and
