@@ -193,6 +193,7 @@ absl::Status Trainer::Run(const Job& job) {
       std::mt19937_64 resample(bootstrap_seed);
       model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, options);
     }
+    if (hooks_ != nullptr && hooks_->after_training) hooks_->after_training(r.job_id(), i);
     absl::MutexLock lock(&mu);
     t.model = std::move(model);
     t.done = true;

@@ -51,6 +51,9 @@ struct TrainerHooks {
   // job there with its record as it stands, as a crash would: experts trained but not yet
   // registered are dropped.
   std::function<absl::Status(int64_t job_id, int expert)> before_expert;
+  // On expert `expert`'s training thread once its model is trained, before the job sees
+  // it (with one training thread, in the job's thread).
+  std::function<void(int64_t job_id, int expert)> after_training;
 };
 
 class Trainer {

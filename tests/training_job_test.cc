@@ -278,6 +278,30 @@ TEST_F(TrainingJobTest, AJobTrainsTheSameModelsOnAnyNumberOfThreads) {
   EXPECT_NE(models[0][0], models[0][1]);
 }
 
+// A job registers its experts in order, but a thread that has finished one starts the
+// next at once: with two threads, expert 2 starts while expert 0 is still training.
+TEST_F(TrainingJobTest, AFreeThreadStartsTheNextExpertWhileAnEarlierOneTrains) {
+  ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
+  training_threads_ = 2;
+  absl::Notification third_started, release;
+  trainer_hooks_.after_training = [&](int64_t job, int expert) {
+    if (job == 1 && expert == 0) release.WaitForNotification();  // expert 0 stays busy
+  };
+  trainer_hooks_.before_expert = [&](int64_t job, int expert) {
+    if (job == 1 && expert == 2) third_started.Notify();
+    return absl::OkStatus();
+  };
+  Open();
+  SetUpProblem();
+  ASSERT_TRUE(Train(3, 0).ok());
+  EXPECT_TRUE(third_started.WaitForNotificationWithTimeout(absl::Seconds(120)))
+      << "expert 2 waited for expert 0";
+  release.Notify();
+  const v1::TrainingJob job = WaitForEnd(1);
+  EXPECT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.error();
+  ExpectJobAccountsForItsExperts(job);
+}
+
 TEST_F(TrainingJobTest, PollingErrorsNameWhatIsWrong) {
   SetUpProblem();
   EXPECT_EQ(Job(1).status().code(), absl::StatusCode::kNotFound);
