@@ -46,7 +46,7 @@ absl::Status Problem::ScoreRows(const Expert& model, absl::Span<const double> ro
                                absl::Span<const absl::Span<const int32_t>> eligible,
                                absl::Span<double> probs) const {
   // Parts of at least this many rows: a few hundred microseconds of a small tree model,
-  // against a few of handing a part to another thread.
+  // against the few microseconds that handing a part to another thread costs.
   constexpr size_t kMinPartRows = 256;
   const size_t parts = std::min<size_t>(1 + std::max(0, env_.scoring_helpers),
                                         std::max<size_t>(1, n / kMinPartRows));
