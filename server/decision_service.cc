@@ -34,7 +34,6 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.hooks = options_.problem_hooks;
   env.learner = learner_.get();
   env.scorers = scorers_.get();
-  env.scoring_helpers = scoring_threads_ - 1;
   env.reservoir_predictions_bytes = options_.reservoir_predictions_mb << 20;
   env.max_pending_decisions = options_.max_pending_decisions;
   env.max_pending_decision_bytes = options_.max_pending_decisions_mb << 20;
@@ -57,11 +56,12 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
   service->writer_ = std::make_unique<Executor>(1, "writer");
   service->learner_ = std::make_unique<Executor>(1, "learner", options.background_priority);
-  service->scoring_threads_ = options.scoring_threads > 0
+  const int cpus = CpusAvailable();  // reads a file: once
+  const int scoring_threads = options.scoring_threads > 0
                                   ? options.scoring_threads
-                                  : std::min(CpusAvailable(), kMaxDefaultScoringThreads);
-  if (service->scoring_threads_ > 1) {
-    service->scorers_ = std::make_unique<Executor>(service->scoring_threads_ - 1, "scorer",
+                                  : std::min(cpus, kMaxDefaultScoringThreads);
+  if (scoring_threads > 1) {
+    service->scorers_ = std::make_unique<Executor>(scoring_threads - 1, "scorer",
                                                    options.background_priority);
   }
   service->blocking_ = std::make_unique<Executor>(kBlockingThreads, "blocking");
@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
       std::make_unique<TrainingJobBook>(service->store_.get(), service->clock_);
   service->trainer_ = std::make_unique<Trainer>(
       /*background=*/!options.inline_maintenance,
-      options.training_threads > 0 ? options.training_threads : CpusAvailable(),
+      options.training_threads > 0 ? options.training_threads : cpus,
       service->seed_, service->training_jobs_.get(), options.trainer_hooks,
       options.background_priority);
   const Problem::Env env = service->ProblemEnv();

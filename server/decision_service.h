@@ -386,7 +386,6 @@ class DecisionService {
   // Help the learner and the backfill score (Problem::Env::scorers); null with one
   // scoring thread.
   std::unique_ptr<Executor> scorers_;
-  int scoring_threads_ = 1;  // ServiceOptions::scoring_threads, resolved
   std::unique_ptr<Executor> blocking_;
   std::unique_ptr<TrainingJobBook> training_jobs_;  // before the trainer, which uses it
   std::unique_ptr<Trainer> trainer_;

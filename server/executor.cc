@@ -144,15 +144,15 @@ struct ParallelWork {
 };
 }  // namespace
 
-void ParallelFor(Executor* pool, int helpers, int tasks, absl::FunctionRef<void(int)> fn) {
-  if (pool == nullptr || helpers < 1 || tasks < 2) {
+void ParallelFor(Executor* pool, int tasks, absl::FunctionRef<void(int)> fn) {
+  if (pool == nullptr || pool->threads() < 1 || tasks < 2) {
     for (int i = 0; i < tasks; ++i) fn(i);
     return;
   }
   auto work = std::make_shared<ParallelWork>();
   work->tasks = tasks;
   work->fn = &fn;
-  for (int h = 0; h < std::min(helpers, tasks - 1); ++h) {
+  for (int h = 0; h < std::min(pool->threads(), tasks - 1); ++h) {
     pool->Schedule([work] { work->RunTasks(/*helper=*/true); });
   }
   work->RunTasks(/*helper=*/false);

@@ -50,6 +50,7 @@ class Executor {
   // Like Schedule, but once stopped returns false and does not run the task.
   bool TrySchedule(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  int threads() const { return static_cast<int>(threads_.size()); }
 
  private:
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,13 +64,13 @@ class Executor {
   std::vector<std::thread> threads_;
 };
 
-// Runs fn(0), ..., fn(tasks - 1), each once, on the calling thread and on up to `helpers`
-// threads of `pool`, and returns once all have run. Tasks are handed out one at a time in
+// Runs fn(0), ..., fn(tasks - 1), each once, on the calling thread and on the threads of
+// `pool` (as many as it has), and returns once all have run. Tasks are handed out one at a time in
 // order, so a slow one does not hold up the rest. A pool thread that gets to its turn after
 // the caller has handed out every task does nothing: the caller waits only for the tasks
 // that pool threads already took, never for a pool busy with other work (at worst it runs
-// every task itself). With a null pool or helpers < 1, all run in the caller, in order.
-void ParallelFor(Executor* pool, int helpers, int tasks, absl::FunctionRef<void(int)> fn);
+// every task itself). With a null pool, all run in the caller, in order.
+void ParallelFor(Executor* pool, int tasks, absl::FunctionRef<void(int)> fn);
 
 // WART: the service gives every problem's GroupCommitQueue the same one-thread executor, so
 // a slow write of one problem delays the commits of the others. RocksDB appends to one WAL

@@ -187,9 +187,8 @@ class Problem {
     Executor* learner = nullptr;
     // Threads that help the learner and the backfill score (ParallelFor): the learner's
     // batch is split by expert, a backfill chunk by rows. What is scored does not depend on
-    // how many there are. Null or 0 helpers: each scores on its own thread alone.
+    // how many there are. Null: each scores on its own thread alone.
     Executor* scorers = nullptr;
-    int scoring_helpers = 0;
     bool defer_decisions = false;  // see "Deferred decisions" above
     int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
     const ProblemHooks* hooks = nullptr;

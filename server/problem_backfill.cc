@@ -48,12 +48,13 @@ absl::Status Problem::ScoreRows(const Expert& model, absl::Span<const double> ro
   // Parts of at least this many rows: a few hundred microseconds of a small tree model,
   // against the few microseconds that handing a part to another thread costs.
   constexpr size_t kMinPartRows = 256;
-  const size_t parts = std::min<size_t>(1 + std::max(0, env_.scoring_helpers),
-                                        std::max<size_t>(1, n / kMinPartRows));
+  const int helpers = env_.scorers != nullptr ? env_.scorers->threads() : 0;
+  const size_t parts =
+      std::min<size_t>(1 + helpers, std::max<size_t>(1, n / kMinPartRows));
   const size_t d = static_cast<size_t>(model.num_features());
   const size_t k = static_cast<size_t>(model.num_arms());
   std::vector<absl::Status> status(parts);
-  ParallelFor(env_.scorers, env_.scoring_helpers, static_cast<int>(parts), [&](int part) {
+  ParallelFor(env_.scorers, static_cast<int>(parts), [&](int part) {
     const size_t first = n * part / parts, end = n * (part + 1) / parts;
     status[part] = model.PredictBatchEligible(
         rows.subspan(first * d, (end - first) * d), end - first,

@@ -52,7 +52,7 @@ std::vector<double> Problem::ScoreBatch(const std::vector<Unlearned>& batch,
   const size_t width = models.size();
   std::vector<double> out(n * width);
   std::vector<std::string> failed(width);  // why expert k failed, if it did
-  ParallelFor(env_.scorers, env_.scoring_helpers, static_cast<int>(width), [&](int task) {
+  ParallelFor(env_.scorers, static_cast<int>(width), [&](int task) {
     const size_t k = static_cast<size_t>(task);
     std::vector<double> probs(n * arms);
     absl::Status s = models[k]->PredictBatchEligible(rows, n, eligible, absl::MakeSpan(probs));

@@ -226,7 +226,7 @@ TEST(ParallelForTest, EveryTaskRunsOnceAndHelpersTakeSome) {
   std::vector<std::atomic<int>> runs(200);
   std::atomic<int> on_caller{0};
   const std::thread::id caller = std::this_thread::get_id();
-  ParallelFor(&pool, 3, 200, [&](int i) {
+  ParallelFor(&pool, 200, [&](int i) {
     runs[i].fetch_add(1);
     if (std::this_thread::get_id() == caller) on_caller.fetch_add(1);
     // Long enough that a helper wakes up before the caller has run them all.
@@ -234,10 +234,11 @@ TEST(ParallelForTest, EveryTaskRunsOnceAndHelpersTakeSome) {
   });
   for (int i = 0; i < 200; ++i) EXPECT_EQ(runs[i].load(), 1) << i;
   EXPECT_LT(on_caller.load(), 200);  // the helpers took some
-  // No pool, or no helper: every task in the caller, in order.
+  // No pool, or a pool of no thread: every task in the caller, in order.
   std::vector<int> order;
-  ParallelFor(nullptr, 3, 5, [&](int i) { order.push_back(i); });
-  ParallelFor(&pool, 0, 5, [&](int i) { order.push_back(i); });
+  ParallelFor(nullptr, 5, [&](int i) { order.push_back(i); });
+  Executor none(0, "none");
+  ParallelFor(&none, 5, [&](int i) { order.push_back(i); });
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
 }
 
@@ -246,7 +247,7 @@ TEST(ParallelForTest, TheCallerDoesNotWaitForABusyPool) {
   absl::Notification release;
   pool.Schedule([&] { release.WaitForNotification(); });  // the only helper is busy
   std::vector<int> runs(10, 0);
-  ParallelFor(&pool, 1, 10, [&](int i) { ++runs[i]; });  // returns: the caller ran them
+  ParallelFor(&pool, 10, [&](int i) { ++runs[i]; });  // returns: the caller ran them
   EXPECT_EQ(runs, std::vector<int>(10, 1));
   release.Notify();
   pool.Stop();  // the helper's late turn finds the call closed and touches nothing
