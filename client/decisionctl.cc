@@ -64,7 +64,8 @@
 //       on --server (the source): the move's last step, or --abort to serve it there again;
 //       with --to_replica, for a copy a restart left behind after the switch (the source
 //       restarted before its end-move): fences it and leaves the stub naming NAME
-//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule]
+//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule
+//          [--learn_each_round]]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
 //       Choose with its features, reward 1 if the arm equals the label; prints the
 //       progressive loss as it goes.
@@ -172,6 +173,11 @@ ABSL_FLAG(bool, keep_schedule, false,
           "replay: at each batch boundary, wait until its divergence refresh and training jobs "
           "are done and the new experts are backfilled before the next round (the paper's "
           "batched schedule, as if training kept up with the traffic)");
+ABSL_FLAG(bool, learn_each_round, false,
+          "replay --keep_schedule: also wait after every reward until decisiond has learned it, "
+          "so that each Choose sees every earlier reward (as bench/regret does); without it, "
+          "learning trails the requests as it does under real traffic, and the replay waits "
+          "only at the batch boundaries");
 // The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, to, "", "move-problem: the target replica's address (HOST:PORT)");
 ABSL_FLAG(std::string, to_replica, "", "move-problem: the target's name in the placement map");
@@ -931,10 +937,13 @@ int HashToken() {
   return 0;
 }
 
-// After a reward (--keep_schedule): if it reached a batch boundary, waits until the
-// boundary's refresh and training jobs are done and no expert is backfilling. *next_job is
-// the first job id not seen finished (job ids are dense per problem).
-absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t* next_job) {
+// After a reward (--keep_schedule): waits until every acknowledged reward is learned, and
+// if a batch boundary is due, until the boundary's refresh and training jobs are done and
+// no expert is backfilling. *next_job is the first job id not seen finished (job ids are
+// dense per problem). *problem_out: the problem after the boundary's refresh (its
+// next_batch_at is the next boundary).
+absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t* next_job,
+                          v1::Problem* problem_out) {
   // Polls back off from 1 ms to 16 ms: a boundary's training takes up to seconds, and
   // polls every 2 ms cost the server (which shares its core with training in the
   // benchmarks) several percent of its CPU.
@@ -944,12 +953,14 @@ absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t
     pause_ms = std::min(pause_ms * 2, 16);
   };
   absl::StatusOr<v1::Problem> p = c.GetProblem(problem);  // waits for learning
+  if (p.ok()) *problem_out = *p;
   if (!p.ok() || p->samples() < p->next_batch_at()) return p.status();
   while (p.ok() && p->samples() >= p->next_batch_at()) {
     pause();
     p = c.GetProblem(problem);
   }
   if (!p.ok()) return p.status();
+  *problem_out = *p;
   // With auto-training the boundary's job is queued just after the refresh: wait for it
   // to appear (bounded, in case queueing it failed), then for every job to finish.
   const bool auto_train = p->config().auto_train().enabled();
@@ -1027,7 +1038,19 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
   double total = 0.0;
   const bool tty = isatty(fileno(stderr));
   const bool keep_schedule = absl::GetFlag(FLAGS_keep_schedule);
+  const bool learn_each_round = absl::GetFlag(FLAGS_learn_each_round);
   int64_t next_job = 1;
+  // --keep_schedule: the problem's joined samples before this replay's rounds (others may
+  // reward it too), and the next boundary; the replay's round t reaches it once
+  // samples_before + t >= boundary_at, and the boundary then resynchronises both.
+  int64_t samples_before = 0;
+  int64_t boundary_at = 0;
+  if (keep_schedule) {
+    absl::StatusOr<v1::Problem> p = c.GetProblem(args[0]);
+    if (!p.ok()) return Fail(p.status());
+    samples_before = p->samples();
+    boundary_at = p->next_batch_at();
+  }
   for (int64_t t = 1; t <= rounds; ++t) {
     const int row = order[t - 1];
     auto d = c.Choose(args[0], features[row]);
@@ -1035,8 +1058,11 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
     const double reward = d->arm() == labels[row] ? 1.0 : 0.0;
     auto first = c.Reward(args[0], d->event_id(), reward);
     if (!first.ok()) return Fail(first.status());
-    if (keep_schedule) {
-      if (absl::Status s = KeepSchedule(c, args[0], &next_job); !s.ok()) return Fail(s);
+    if (keep_schedule && (learn_each_round || samples_before + t >= boundary_at)) {
+      v1::Problem p;
+      if (absl::Status s = KeepSchedule(c, args[0], &next_job, &p); !s.ok()) return Fail(s);
+      samples_before = p.samples() - t;
+      boundary_at = p.next_batch_at();
     }
     total += reward;
     const double loss = 1.0 - total / t;
