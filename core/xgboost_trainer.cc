@@ -137,6 +137,11 @@ TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
   return out;
 }
 
+double RelativeTrainingCost(const XgboostTrainOptions& options) {
+  if (options.linear) return 10.0 * options.rounds;
+  return static_cast<double>(options.rounds) * (options.max_depth + 4);
+}
+
 XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen) {
   XgboostTrainOptions train;
   train.linear = linear;

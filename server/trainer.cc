@@ -167,31 +167,46 @@ absl::Status Trainer::Run(const Job& job) {
   register_options.retire_to_fit = p.record().auto_train();
   const TrainingObjective objective = TrainingObjectiveOf(p.record());
   // The experts train on up to threads_per_job_ threads at once, one XGBoost thread each,
-  // and register in their order: each expert's recipe is drawn from gen_ in that order
-  // before it starts, so the models do not depend on the thread count. A thread that
-  // finishes an expert starts the next one at once, while the experts before it may still
-  // be training: a trained model waits in memory for its turn to register. With one
-  // thread, each trains after the previous one registered, in this thread.
+  // and register in their order. Every recipe is drawn from gen_ in the experts' order
+  // before any starts, so the models depend neither on the thread count nor on the order
+  // in which they start. With one thread, each trains after the previous one registered,
+  // in this thread. With more, a free thread starts the costliest expert not started yet
+  // (the longest first, so that no long expert starts last and ends the job alone), while
+  // the experts before it may still be training: a trained model waits in memory for its
+  // turn to register.
   struct Training {
     bool linear = false;
+    XgboostTrainOptions options;
+    uint64_t bootstrap_seed = 0;
+    bool started = false;  // guarded by `mu` below, as is done
     absl::StatusOr<std::string> model;
     std::thread thread;
-    bool done = false;  // guarded by `mu` below
+    bool done = false;
   };
   std::vector<Training> training(static_cast<size_t>(total));
   absl::Mutex mu;
   int running = 0;  // guarded by mu: experts started and not done
   const bool whole_log = p.record().train_on_whole_log();  // read here, not in the threads
+  // From the first expert not yet trained: a resumed job continues where it stopped.
+  const int first = r.expert_ids_size() + r.skipped_experts();
+  int unstarted = total - first;  // guarded by mu
+  for (int i = first; i < total; ++i) {
+    Training& t = training[static_cast<size_t>(i)];
+    t.linear = i >= r.tree_experts();
+    t.options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
+    t.options.objective = objective;
+    t.bootstrap_seed = whole_log ? 0 : gen_();
+  }
   // Training takes a copy of the training set per expert in training (XGBoost's matrix and
   // buffers): memory grows with threads_per_job_.
-  auto train = [&](int i, XgboostTrainOptions options, uint64_t bootstrap_seed) {
+  auto train = [&](int i) {
     Training& t = training[static_cast<size_t>(i)];
     absl::StatusOr<std::string> model;
     if (whole_log) {
-      model = TrainXgboostModel(*set, num_arms, options);
+      model = TrainXgboostModel(*set, num_arms, t.options);
     } else {
-      std::mt19937_64 resample(bootstrap_seed);
-      model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, options);
+      std::mt19937_64 resample(t.bootstrap_seed);
+      model = TrainXgboostModel(Bootstrap(*set, objective, resample), num_arms, t.options);
     }
     if (hooks_ != nullptr && hooks_->after_training) hooks_->after_training(r.job_id(), i);
     absl::MutexLock lock(&mu);
@@ -207,42 +222,50 @@ absl::Status Trainer::Run(const Job& job) {
     }
   };
   const int parallel = std::max(1, threads_per_job_);
-  // From the first expert not yet trained: a resumed job continues where it stopped.
-  int next_start = r.expert_ids_size() + r.skipped_experts();
-  for (int i = next_start; i < total; ++i) {
-    // Start experts, in order, while a thread is free (expert i itself at the latest),
-    // until expert i is trained.
+  // The expert a free thread starts: with one thread expert `i`, the first not trained;
+  // with more, the costliest not started (the first of equals).
+  auto next_to_start = [&](int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (parallel == 1) return i;
+    int best = -1;
+    for (int j = first; j < total; ++j) {
+      const Training& c = training[static_cast<size_t>(j)];
+      if (!c.started && (best < 0 || RelativeTrainingCost(c.options) >
+                                         RelativeTrainingCost(training[static_cast<size_t>(best)].options))) {
+        best = j;
+      }
+    }
+    return best;
+  };
+  for (int i = first; i < total; ++i) {
+    // Start experts while a thread is free, until expert i is trained.
     for (;;) {
-      bool start;
+      int start;
       {
         absl::MutexLock lock(&mu);
         const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-          return next_start <= i || training[static_cast<size_t>(i)].done ||
-                 (next_start < total && running < parallel);
+          return training[static_cast<size_t>(i)].done || (unstarted > 0 && running < parallel);
         };
         mu.Await(absl::Condition(&ready));
-        start = next_start <= i || (!training[static_cast<size_t>(i)].done &&
-                                    next_start < total && running < parallel);
-        if (start) ++running;
+        if (training[static_cast<size_t>(i)].done) break;
+        start = next_to_start(i);
+        training[static_cast<size_t>(start)].started = true;
+        --unstarted;
+        ++running;
       }
-      if (!start) break;
       // Stopping: the record stays RUNNING, and the next start resumes the job.
       if (Stopping() || (hooks_ != nullptr && hooks_->before_expert &&
-                         !hooks_->before_expert(r.job_id(), next_start).ok())) {
+                         !hooks_->before_expert(r.job_id(), start).ok())) {
         join_all();
         return absl::OkStatus();
       }
-      Training& t = training[static_cast<size_t>(next_start)];
-      t.linear = next_start >= r.tree_experts();
-      XgboostTrainOptions options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
-      options.objective = objective;
-      const uint64_t bootstrap_seed = whole_log ? 0 : gen_();
-      if (parallel == 1) {
-        train(next_start, options, bootstrap_seed);
-      } else {
-        t.thread = std::thread(train, next_start, options, bootstrap_seed);
+      if (hooks_ != nullptr && hooks_->on_start) {
+        hooks_->on_start(r.job_id(), start, training[static_cast<size_t>(start)].options);
       }
-      ++next_start;
+      if (parallel == 1) {
+        train(start);
+      } else {
+        training[static_cast<size_t>(start)].thread = std::thread(train, start);
+      }
     }
     Training& t = training[static_cast<size_t>(i)];
     if (t.thread.joinable()) t.thread.join();

@@ -16,10 +16,11 @@
 //
 // A job trains up to `threads_per_job` of its experts at once, each on a thread of its own
 // with one XGBoost thread, and registers them in order; a thread that finishes one starts
-// the next, while a trained model waits for its turn to register. Each expert's recipe
-// (SampleExpertOptions, and the seed of its bootstrap resample) is drawn from the trainer's
-// generator in the experts' order before it starts, so the models are the same at any
-// thread count (XGBoost's own threads would change them: gblinear's updates race, and
+// the costliest one not started yet (RelativeTrainingCost: the longest first, so that the
+// job's last expert to finish is a short one), while a trained model waits for its turn to
+// register. Every expert's recipe (SampleExpertOptions, and the seed of its bootstrap
+// resample) is drawn from the trainer's generator in the experts' order when the job
+// starts, so the models are the same at any thread count and in any start order (XGBoost's own threads would change them: gblinear's updates race, and
 // histogram sums are added in another order).
 //
 // Thread safety: every method may be called from any thread. Jobs run one at a time
@@ -37,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/xgboost_trainer.h"
 #include "server/problem.h"
 #include "server/executor.h"
 #include "server/training_jobs.h"
@@ -54,6 +56,9 @@ struct TrainerHooks {
   // On expert `expert`'s training thread once its model is trained, before the job sees
   // it (with one training thread, in the job's thread).
   std::function<void(int64_t job_id, int expert)> after_training;
+  // When expert `expert` of job `job_id` starts training (after before_expert), with the
+  // recipe it trains with.
+  std::function<void(int64_t job_id, int expert, const XgboostTrainOptions& recipe)> on_start;
 };
 
 class Trainer {

@@ -5,9 +5,11 @@
 // or failed with the reason. The trainer runs on its own thread; TrainerHooks hold it at a
 // chosen expert, so every state asserted is reached by construction, not by timing. The
 // kill -9 of the real process is in crash_test.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,7 +18,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "core/xgboost_trainer.h"
 #include "server/training_jobs.h"
 #include "storage/store.h"
 #include "tests/service_fixture.h"
@@ -278,8 +283,8 @@ TEST_F(TrainingJobTest, AJobTrainsTheSameModelsOnAnyNumberOfThreads) {
   EXPECT_NE(models[0][0], models[0][1]);
 }
 
-// A job registers its experts in order, but a thread that has finished one starts the
-// next at once: with two threads, expert 2 starts while expert 0 is still training.
+// A job registers its experts in order, but a thread that has finished one starts another
+// at once: with two threads, expert 2 starts while expert 0 is still training.
 TEST_F(TrainingJobTest, AFreeThreadStartsTheNextExpertWhileAnEarlierOneTrains) {
   ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
   training_threads_ = 2;
@@ -300,6 +305,42 @@ TEST_F(TrainingJobTest, AFreeThreadStartsTheNextExpertWhileAnEarlierOneTrains) {
   const v1::TrainingJob job = WaitForEnd(1);
   EXPECT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.error();
   ExpectJobAccountsForItsExperts(job);
+}
+
+// With more than one thread, a free thread starts the costliest expert not started yet
+// (the longest first: a long expert started last would end the job alone), and the
+// experts still register in their order.
+TEST_F(TrainingJobTest, AFreeThreadStartsTheCostliestExpertNotStarted) {
+  ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
+  training_threads_ = 2;
+  absl::Mutex mu;
+  std::vector<int> started;    // guarded by mu
+  std::map<int, double> cost;  // guarded by mu
+  trainer_hooks_.on_start = [&](int64_t job, int expert, const XgboostTrainOptions& recipe) {
+    absl::MutexLock lock(&mu);
+    if (job != 1) return;
+    started.push_back(expert);
+    cost[expert] = RelativeTrainingCost(recipe);
+  };
+  Open();
+  SetUpProblem();
+  ASSERT_TRUE(Train(5, 1).ok());
+  const v1::TrainingJob job = WaitForEnd(1);
+  ASSERT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.error();
+  ExpectJobAccountsForItsExperts(job);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(started.size(), 6u);
+  std::string order;
+  for (int e : started) absl::StrAppend(&order, " ", e, " (", cost[e], ")");
+  for (size_t k = 1; k < started.size(); ++k) {
+    EXPECT_GE(cost[started[k - 1]], cost[started[k]]) << "started:" << order;
+  }
+  // This seed's recipes are not drawn in the order of their costs (else the test would
+  // not tell the two rules apart).
+  EXPECT_FALSE(std::is_sorted(started.begin(), started.end())) << "started:" << order;
+  // Registered in the experts' order: ids ascending.
+  EXPECT_TRUE(std::is_sorted(job.expert_ids().begin(), job.expert_ids().end()))
+      << job.ShortDebugString();
 }
 
 TEST_F(TrainingJobTest, PollingErrorsNameWhatIsWrong) {
