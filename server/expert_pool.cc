@@ -20,24 +20,6 @@ const char* KindOf(const storage::v1::ExpertModelRecord& model) {
 
 }  // namespace
 
-void DropModelPayload(storage::v1::ExpertModelRecord* model) {
-  using storage::v1::ExpertModelRecord;
-  // A fresh record of the same kind, moved in: clearing the fields in place would keep
-  // their buffers (protobuf reuses them), which is the memory this is for.
-  ExpertModelRecord kept;
-  switch (model->kind_case()) {
-    case ExpertModelRecord::kUniform: kept.set_uniform(model->uniform()); break;
-    case ExpertModelRecord::kTable:
-      kept.mutable_table()->set_key_feature(model->table().key_feature());
-      break;
-    case ExpertModelRecord::kLinearSoftmax:
-      kept.mutable_linear_softmax()->set_temperature(model->linear_softmax().temperature());
-      break;
-    case ExpertModelRecord::kXgboost: kept.set_xgboost(std::string()); break;
-    default: break;
-  }
-  *model = std::move(kept);
-}
 
 std::vector<std::shared_ptr<const Expert>> ExpertPool::Models(int n) const {
   std::vector<std::shared_ptr<const Expert>> models;

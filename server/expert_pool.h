@@ -48,12 +48,10 @@
 
 namespace decision::server {
 
-// Clears the payload of a model record (a tree model's bytes, a table's rows, linear
-// weights) and keeps its kind. The records in memory hold no payload: the loaded `model`
-// is what scores, and the payload stays in the store, where every rewrite of the record
-// takes it from (Problem::WriteExpertRecord). A tree model's bytes are about 100 bytes a
-// node, six times its compiled form (core/xgboost_forest.h).
-void DropModelPayload(storage::v1::ExpertModelRecord* model);
+// The records in memory hold no model payload (storage::DropModelPayload): the loaded
+// `model` is what scores, and the payload stays in the store, written once at registration
+// (Store::PutExpert). A tree model's bytes are about 100 bytes a node, six times its
+// compiled form (core/xgboost_forest.h).
 
 struct ExpertSlot {
   // Its stored record, without the model's payload (DropModelPayload).

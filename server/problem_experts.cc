@@ -158,21 +158,16 @@ absl::Status Problem::PutExpertRecord(int expert_id, const ExpertRecord& record)
       updated.set_retired_width(e.width);
     }
   }
-  // The model's payload is not kept in memory: the stored record has it (a model never
-  // changes once registered). An unloaded expert's is dropped from the store as well:
-  // nothing loads it again (a restart skips it, a retired expert stays retired), and every
-  // sample it chose is gone under the retention (or it chose none), so the store keeps the
-  // models of the experts that matter, not of every expert ever registered.
-  if (!updated.has_unloaded_at_sample()) {
-    absl::StatusOr<ExpertRecord> stored =
-        env_.store->GetExpert(index_, static_cast<uint32_t>(expert_id));
-    if (!stored.ok()) return stored.status();
-    *updated.mutable_model() = std::move(*stored->mutable_model());
-  }
+  // The model's payload is not kept in memory, nor written again: the store keeps it apart
+  // from the record (a model never changes once registered). An unloaded expert's is
+  // dropped from the store (Store::PutExpert): nothing loads it again (a restart skips it,
+  // a retired expert stays retired), and every sample it chose is gone under the retention
+  // (or it chose none), so the store keeps the models of the experts that matter, not of
+  // every expert ever registered.
+  storage::DropModelPayload(updated.mutable_model());
   DECISION_RETURN_IF_ERROR(Timed([&] {
     return env_.store->PutExpert(index_, static_cast<uint32_t>(expert_id), updated);
   }));
-  DropModelPayload(updated.mutable_model());
   absl::MutexLock lock(&mu_);
   experts_.at(expert_id).record = updated;
   ++estimates_generation_;
@@ -321,7 +316,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     record.set_shadow(options.shadow);
     ExpertSlot slot;
     slot.record = record;
-    DropModelPayload(slot.record.mutable_model());
+    storage::DropModelPayload(slot.record.mutable_model());
     slot.backfilled = record.backfill_first();
     slot.model = std::move(built);
     slot.metrics = env_.metrics->ForExpert(id(), expert_id);

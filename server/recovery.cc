@@ -114,7 +114,7 @@ class Recovery {
                        r.problem_id().c_str(), id, slot.failure.c_str());
         }
       }
-      DropModelPayload(slot.record.mutable_model());  // loaded, or failed: the store keeps it
+      storage::DropModelPayload(slot.record.mutable_model());  // loaded, or failed: the store keeps it
       slot.metrics.failed->Set(slot.failure.empty() ? 0.0 : 1.0);
       p_.experts_.Add(std::move(slot));
       return absl::OkStatus();

@@ -6,7 +6,10 @@
 // Column families (keys are fixed-width big-endian integers, so that RocksDB's byte order is
 // numeric order; the event id suffix is the caller's bytes):
 //   problems     u32 problem                          -> ProblemRecord
-//   experts      u32 problem, u32 expert              -> ExpertRecord (model bytes, state)
+//   experts      u32 problem, u32 expert              -> ExpertRecord (state; model kind)
+//                u32 problem, u32 expert, 'm'         -> ExpertModelRecord (the model's
+//                                                        payload, for a record with
+//                                                        model_apart; just after its record)
 //   events       u32 problem, event id bytes          -> EventRecord (pending or joined)
 //   pending      u32 problem, u64 deadline_ms, event id bytes -> "" (index of pending events)
 //   samples      u32 problem, u64 sequence            -> SampleRecord (the log, join order)

@@ -77,6 +77,13 @@ std::string Key32x2(uint32_t a, uint32_t b) {
   return k;
 }
 
+// Where an expert's model payload is kept (ExpertRecord.model_apart): just after its record.
+std::string ExpertModelKey(uint32_t problem, uint32_t expert) {
+  std::string k = Key32x2(problem, expert);
+  k.push_back('m');
+  return k;
+}
+
 int64_t SystemNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -482,7 +489,8 @@ absl::Status Store::Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::
 template <typename Record>
 absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& prefix,
                          const std::string& start, int64_t limit, size_t suffix_bytes,
-                         const std::function<absl::Status(absl::string_view, const Record&)>& fn) {
+                         const std::function<absl::Status(absl::string_view, const Record&)>& fn,
+                         size_t skip_suffix_bytes) {
   std::shared_lock<std::shared_mutex> lock(db_mu_);
   if (db_ == nullptr) return NotOpen();
   rocksdb::ColumnFamilyHandle* const cf = this->*family;  // under the lock, as in Put
@@ -495,6 +503,7 @@ absl::Status Store::Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std:
   int64_t visited = 0;
   Record record;
   for (it->Seek(start); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (skip_suffix_bytes != 0 && it->key().size() - prefix.size() == skip_suffix_bytes) continue;
     if (limit > 0 && visited >= limit) break;
     if (!record.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
       return absl::DataLossError("storage: a record does not parse");
@@ -538,21 +547,116 @@ absl::Status Store::ForEachProblem(
   return FromRocks(it->status(), "scan");
 }
 
+void DropModelPayload(v1::ExpertModelRecord* model) {
+  using v1::ExpertModelRecord;
+  // A fresh record of the same kind, moved in: clearing the fields in place would keep
+  // their buffers (protobuf reuses them), which is the memory this is for.
+  ExpertModelRecord kept;
+  switch (model->kind_case()) {
+    case ExpertModelRecord::kUniform: kept.set_uniform(model->uniform()); break;
+    case ExpertModelRecord::kTable:
+      kept.mutable_table()->set_key_feature(model->table().key_feature());
+      break;
+    case ExpertModelRecord::kLinearSoftmax:
+      kept.mutable_linear_softmax()->set_temperature(model->linear_softmax().temperature());
+      break;
+    case ExpertModelRecord::kXgboost: kept.set_xgboost(std::string()); break;
+    default: break;
+  }
+  *model = std::move(kept);
+}
+
+bool HasModelPayload(const v1::ExpertModelRecord& model) {
+  switch (model.kind_case()) {
+    case v1::ExpertModelRecord::kTable: return model.table().rows_size() > 0;
+    case v1::ExpertModelRecord::kLinearSoftmax:
+      return model.linear_softmax().weights_size() > 0 || model.linear_softmax().bias_size() > 0;
+    case v1::ExpertModelRecord::kXgboost: return !model.xgboost().empty();
+    default: return false;  // uniform, or no model
+  }
+}
+
 absl::Status Store::PutExpert(uint32_t problem, uint32_t expert,
                               const v1::ExpertRecord& record) {
-  return Put(&Store::experts_, Key32x2(problem, expert), record, "expert");
+  const std::string key = Key32x2(problem, expert);
+  const std::string model_key = ExpertModelKey(problem, expert);
+  v1::ExpertRecord out = record;
+  std::string model;  // to write under model_key
+  bool delete_model = false;
+  if (HasModelPayload(out.model())) {  // a registration
+    model = out.model().SerializeAsString();
+    DropModelPayload(out.mutable_model());
+    out.set_model_apart(true);
+  } else if (out.has_unloaded_at_sample()) {  // nothing loads the model again
+    delete_model = true;
+    out.set_model_apart(false);
+  } else {
+    // A rewrite of the expert's state: the stored record (small, unless it was written
+    // before models were kept apart) says where the model is.
+    absl::StatusOr<v1::ExpertRecord> stored =
+        Get<v1::ExpertRecord>(&Store::experts_, key, "expert");
+    if (!stored.ok() && !absl::IsNotFound(stored.status())) return stored.status();
+    out.set_model_apart(stored.ok() && stored->model_apart());
+    if (stored.ok() && !stored->model_apart() && HasModelPayload(stored->model())) {
+      model = stored->model().SerializeAsString();
+      out.set_model_apart(true);
+    }
+  }
+  std::shared_lock<std::shared_mutex> lock(db_mu_);  // the family handles
+  if (db_ == nullptr) return NotOpen();
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s;
+  if (!model.empty()) s = batch.Put(experts_, model_key, model);
+  if (delete_model) s = batch.Delete(experts_, model_key);
+  if (s.ok()) s = batch.Put(experts_, key, out.SerializeAsString());
+  if (!s.ok()) return FromRocks(s, "expert");
+  lock.unlock();
+  return Write(&batch, "expert");
+}
+
+absl::Status Store::AttachModel(uint32_t problem, uint32_t expert, v1::ExpertRecord* record) {
+  if (!record->model_apart()) return absl::OkStatus();
+  absl::StatusOr<v1::ExpertModelRecord> model = Get<v1::ExpertModelRecord>(
+      &Store::experts_, ExpertModelKey(problem, expert), "expert model");
+  if (absl::IsNotFound(model.status())) {
+    return absl::DataLossError(
+        absl::StrCat("storage: the model of expert ", expert, " of problem index ", problem,
+                     " is missing"));
+  }
+  if (!model.ok()) return model.status();
+  *record->mutable_model() = *std::move(model);
+  record->set_model_apart(false);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::ExpertRecord> Store::GetExpert(uint32_t problem, uint32_t expert) {
-  return Get<v1::ExpertRecord>(&Store::experts_, Key32x2(problem, expert), "expert");
+  absl::StatusOr<v1::ExpertRecord> record =
+      Get<v1::ExpertRecord>(&Store::experts_, Key32x2(problem, expert), "expert");
+  if (!record.ok()) return record;
+  if (absl::Status s = AttachModel(problem, expert, &*record); !s.ok()) return s;
+  return record;
 }
 
 absl::Status Store::ForEachExpert(
     uint32_t problem, const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn) {
+  // The records first (without their payloads they are small), then each with its model,
+  // read outside the scan (which holds db_mu_).
+  std::vector<std::pair<uint32_t, v1::ExpertRecord>> records;
   const std::string prefix = Key32(problem);
-  return Scan<v1::ExpertRecord>(
+  absl::Status s = Scan<v1::ExpertRecord>(
       &Store::experts_, prefix, prefix, 0, 4,
-      [&](absl::string_view key, const v1::ExpertRecord& r) { return fn(ReadU32(key), r); });
+      [&](absl::string_view key, const v1::ExpertRecord& r) {
+        records.emplace_back(ReadU32(key), r);
+        return absl::OkStatus();
+      },
+      /*skip_suffix_bytes=*/5);
+  for (auto& [expert, record] : records) {
+    if (s.ok()) s = AttachModel(problem, expert, &record);
+    if (s.ok()) s = fn(expert, record);
+    if (!s.ok()) return s;
+    record.Clear();  // its model
+  }
+  return s;
 }
 
 absl::StatusOr<v1::EventRecord> Store::GetEvent(uint32_t problem, absl::string_view event_id) {

@@ -63,6 +63,12 @@ class WriteBatch;
 
 namespace decision::storage {
 
+// Clears the payload of a model record (a tree model's bytes, a table's rows, linear
+// weights) and keeps its kind.
+void DropModelPayload(v1::ExpertModelRecord* model);
+// Whether a model record carries a payload (what DropModelPayload clears).
+bool HasModelPayload(const v1::ExpertModelRecord& model);
+
 struct StoreOptions {
   bool sync = false;  // fsync every write; see the header comment
   bool create_if_missing = true;
@@ -175,9 +181,18 @@ class Store {
       const std::function<absl::Status(uint32_t, const v1::ProblemRecord&)>& fn,
       const std::function<absl::Status(uint32_t, const absl::Status&)>& damaged = nullptr);
 
+  // An expert's record. A model payload in `record` (a registration) is written once, under
+  // the expert's model key, and the record keeps only its kind (model_apart). A record
+  // without a payload (a rewrite of the expert's state) leaves the stored model as it is,
+  // unless the record is unloaded (unloaded_at_sample): then nothing loads the model again
+  // and it is deleted. A stored record that still carries its payload inline (written
+  // before models were kept apart) has it moved apart in the same write.
   absl::Status PutExpert(uint32_t problem, uint32_t expert, const v1::ExpertRecord& record);
-  // NOT_FOUND if the problem has no such expert.
+  // The record with its model's payload. NOT_FOUND if the problem has no such expert;
+  // DATA_LOSS if the record, or the model it says is apart, is missing or does not parse.
   absl::StatusOr<v1::ExpertRecord> GetExpert(uint32_t problem, uint32_t expert);
+  // Every expert of `problem` in id order, each record with its model's payload (one model
+  // in memory at a time, besides what `fn` keeps).
   absl::Status ForEachExpert(
       uint32_t problem,
       const std::function<absl::Status(uint32_t, const v1::ExpertRecord&)>& fn);
@@ -393,16 +408,21 @@ class Store {
   absl::Status Put(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
                    const google::protobuf::MessageLite& record, absl::string_view what);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view what);
+  // Reads the payload of `record`'s model into it if the record has it apart
+  // (model_apart); DATA_LOSS if it is missing or does not parse.
+  absl::Status AttachModel(uint32_t problem, uint32_t expert, v1::ExpertRecord* record);
   // The record at `key`: NOT_FOUND if absent, DATA_LOSS if it does not parse.
   template <typename Record>
   absl::StatusOr<Record> Get(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& key,
                              absl::string_view what);
   // Records whose key starts with `prefix`, from `start`; fn gets the rest of the key, which
-  // must have `suffix_bytes` bytes (else DATA_LOSS).
+  // must have `suffix_bytes` bytes (else DATA_LOSS). Keys whose rest has `skip_suffix_bytes`
+  // bytes (if not 0) are passed over unread (the experts family's model keys).
   template <typename Record>
   absl::Status Scan(rocksdb::ColumnFamilyHandle* Store::*family, const std::string& prefix,
                     const std::string& start, int64_t limit, size_t suffix_bytes,
-                    const std::function<absl::Status(absl::string_view, const Record&)>& fn);
+                    const std::function<absl::Status(absl::string_view, const Record&)>& fn,
+                    size_t skip_suffix_bytes = 0);
 
   // REQUIRES: db_mu_ held exclusively. Open the RocksDB database (db_, the handles) at
   // path_, and close it.

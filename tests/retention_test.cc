@@ -8,13 +8,17 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "rocksdb/db.h"
 #include "storage/format.h"
 #include "storage/store.h"
 
@@ -276,6 +280,150 @@ TEST(Store, AFamilyOfMegabytesIsMergedOnceItsNewFilesAddUp) {
   put_and_flush(1200 << 10);
   EXPECT_EQ(files(), 1u);  // 1.2 MiB besides 2.1: more than half
   EXPECT_EQ(ExpertRecords(**store, 0), 5);
+}
+
+// The experts family as RocksDB holds it (key -> value), read with the store closed.
+std::map<std::string, std::string> RawExperts(const std::string& dir) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+  for (const char* name : kFamilyNames) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  std::map<std::string, std::string> out;
+  const rocksdb::Status s =
+      rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir, families, &handles, &db);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return out;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[2]));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) out[it->key().ToString()] = it->value().ToString();
+  it.reset();
+  for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  delete db;
+  return out;
+}
+
+std::string ExpertKey(uint32_t problem, uint32_t expert) {
+  std::string k(8, '\0');
+  for (int i = 0; i < 4; ++i) {
+    k[i] = static_cast<char>(problem >> (24 - 8 * i));
+    k[4 + i] = static_cast<char>(expert >> (24 - 8 * i));
+  }
+  return k;
+}
+
+std::string RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::string bytes(n, '\0');
+  for (char& c : bytes) c = static_cast<char>(gen());
+  return bytes;
+}
+
+// A model is written once, at registration, under a key of its own: a rewrite of the
+// expert's state (a status change, a retirement) writes the small record alone and leaves
+// the model; readers get the record with its model; an unloaded expert's model is deleted.
+TEST(Store, AModelIsStoredOnceApartFromItsExpertsRecord) {
+  const std::string dir = TempDir("model_apart");
+  const std::string model = RandomBytes(200 << 10, 3);
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::ExpertRecord registered;
+    registered.set_name("trees");
+    registered.set_status(v1::EXPERT_STATE_BACKFILLING);
+    registered.mutable_model()->set_xgboost(model);
+    ASSERT_TRUE((*store)->PutExpert(0, 1, registered).ok());
+    v1::ExpertRecord active = registered;
+    DropModelPayload(active.mutable_model());
+    active.set_status(v1::EXPERT_STATE_ACTIVE);
+    ASSERT_TRUE((*store)->PutExpert(0, 1, active).ok());
+    absl::StatusOr<v1::ExpertRecord> read = (*store)->GetExpert(0, 1);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->status(), v1::EXPERT_STATE_ACTIVE);
+    EXPECT_TRUE(read->model().xgboost() == model);
+    int seen = 0;
+    ASSERT_TRUE((*store)->ForEachExpert(0, [&](uint32_t id, const v1::ExpertRecord& r) {
+      ++seen;
+      EXPECT_EQ(id, 1u);
+      EXPECT_TRUE(r.model().xgboost() == model);
+      return absl::OkStatus();
+    }).ok());
+    EXPECT_EQ(seen, 1);
+  }
+  std::map<std::string, std::string> raw = RawExperts(dir);
+  ASSERT_EQ(raw.size(), 2u);
+  v1::ExpertRecord stored;
+  ASSERT_TRUE(stored.ParseFromString(raw[ExpertKey(0, 1)]));
+  EXPECT_LT(raw[ExpertKey(0, 1)].size(), 100u);  // the state alone
+  EXPECT_TRUE(stored.model_apart());
+  EXPECT_TRUE(stored.model().has_xgboost());  // its kind
+  v1::ExpertModelRecord apart;
+  ASSERT_TRUE(apart.ParseFromString(raw[ExpertKey(0, 1) + "m"]));
+  EXPECT_TRUE(apart.xgboost() == model);
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::ExpertRecord unloaded = stored;
+    unloaded.set_model_apart(false);
+    unloaded.set_status(v1::EXPERT_STATE_RETIRED);
+    unloaded.set_unloaded_at_sample(100);
+    ASSERT_TRUE((*store)->PutExpert(0, 1, unloaded).ok());
+    absl::StatusOr<v1::ExpertRecord> read = (*store)->GetExpert(0, 1);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_TRUE(read->model().xgboost().empty());
+    EXPECT_EQ(read->unloaded_at_sample(), 100);
+  }
+  EXPECT_EQ(RawExperts(dir).size(), 1u);  // the model is gone
+}
+
+// A store written before models were kept apart has each model inline in its expert's
+// record: it reads as before, and the record's next rewrite moves the model apart.
+TEST(Store, AModelStoredInlineIsMovedApartAtItsRecordsNextRewrite) {
+  const std::string dir = TempDir("model_inline");
+  const std::string model = RandomBytes(50 << 10, 4);
+  {
+    auto store = Store::Open(dir, StoreOptions());  // creates the families
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
+  v1::ExpertRecord old_format;
+  old_format.set_name("trees");
+  old_format.set_status(v1::EXPERT_STATE_BACKFILLING);
+  old_format.mutable_model()->set_xgboost(model);
+  {
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
+    for (const char* name : kFamilyNames) {
+      families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    }
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir, families, &handles, &db).ok());
+    EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[2], ExpertKey(0, 1),
+                        old_format.SerializeAsString())
+                    .ok());
+    for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    delete db;
+  }
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    absl::StatusOr<v1::ExpertRecord> read = (*store)->GetExpert(0, 1);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_TRUE(read->model().xgboost() == model);
+    v1::ExpertRecord active = *read;
+    DropModelPayload(active.mutable_model());
+    active.set_status(v1::EXPERT_STATE_ACTIVE);
+    ASSERT_TRUE((*store)->PutExpert(0, 1, active).ok());
+    read = (*store)->GetExpert(0, 1);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->status(), v1::EXPERT_STATE_ACTIVE);
+    EXPECT_TRUE(read->model().xgboost() == model);
+  }
+  std::map<std::string, std::string> raw = RawExperts(dir);
+  ASSERT_EQ(raw.size(), 2u);
+  EXPECT_LT(raw[ExpertKey(0, 1)].size(), 100u);
+  v1::ExpertModelRecord apart;
+  ASSERT_TRUE(apart.ParseFromString(raw[ExpertKey(0, 1) + "m"]));
+  EXPECT_TRUE(apart.xgboost() == model);
 }
 
 // The descriptors a store holds on its own directory (RocksDB's directory handles).
