@@ -23,35 +23,42 @@ void Softmax(float* margins, int k) {
 
 void PredictForest(const XgboostForest& forest, const float* rows, size_t n, float* probs) {
   constexpr size_t kGroup = XgboostForest::kInterleave;
+  constexpr size_t kBlock = XgboostForest::kRowBlock;
   const int k = forest.num_class;
   const size_t d = static_cast<size_t>(forest.num_features);
   const XgboostForest::Node* nodes = forest.nodes.data();
   const float* leaf = forest.leaf_values.data();
   const size_t num_trees = forest.roots.size();
-  for (size_t r = 0; r < n; ++r) {
-    const float* x = rows + r * d;
-    float* margins = probs + r * k;
-    std::fill(margins, margins + k, forest.base_score);
+  for (size_t block = 0; block < n; block += kBlock) {
+    const size_t block_end = std::min(n, block + kBlock);
+    for (size_t r = block; r < block_end; ++r) {
+      std::fill(probs + r * k, probs + (r + 1) * k, forest.base_score);
+    }
     for (size_t first = 0; first < num_trees; first += kGroup) {
       const size_t count = std::min(kGroup, num_trees - first);
-      uint32_t at[kGroup];
       int steps = 0;
-      for (size_t j = 0; j < kGroup; ++j) {
-        // Past the last tree, a group walks its last tree again and ignores it.
-        const size_t t = first + std::min(j, count - 1);
-        at[j] = forest.roots[t];
-        steps = std::max<int>(steps, forest.depths[t]);
-      }
-      for (int step = 0; step < steps; ++step) {
+      for (size_t j = 0; j < count; ++j) steps = std::max<int>(steps, forest.depths[first + j]);
+      // The block's rows walk the group's trees one after the other, while their nodes
+      // are in cache.
+      for (size_t r = block; r < block_end; ++r) {
+        const float* x = rows + r * d;
+        uint32_t at[kGroup];
         for (size_t j = 0; j < kGroup; ++j) {
-          const XgboostForest::Node& node = nodes[at[j]];
-          at[j] = node.left + !(x[node.feature] < node.condition);
+          // Past the last tree, a group walks its last tree again and ignores it.
+          at[j] = forest.roots[first + std::min(j, count - 1)];
         }
+        for (int step = 0; step < steps; ++step) {
+          for (size_t j = 0; j < kGroup; ++j) {
+            const XgboostForest::Node& node = nodes[at[j]];
+            at[j] = node.left + !(x[node.feature] < node.condition);
+          }
+        }
+        // In tree order: each class's margin is the same float sum as libxgboost's.
+        float* margins = probs + r * k;
+        for (size_t j = 0; j < count; ++j) margins[forest.tree_class[first + j]] += leaf[at[j]];
       }
-      // In tree order: each class's margin is the same float sum as libxgboost's.
-      for (size_t j = 0; j < count; ++j) margins[forest.tree_class[first + j]] += leaf[at[j]];
     }
-    Softmax(margins, k);
+    for (size_t r = block; r < block_end; ++r) Softmax(probs + r * k, k);
   }
 }
 

@@ -39,6 +39,10 @@ struct XgboostForest {
   // Trees walked together, one step of each in turn: their walks are independent, so the
   // CPU overlaps their memory loads.
   static constexpr size_t kInterleave = 8;
+  // Rows predicted together: each group of trees is walked by every row of a block before
+  // the next group, so that a batch reads the trees' nodes from cache, not memory, once
+  // per block rather than once per row.
+  static constexpr size_t kRowBlock = 16;
   struct Node {
     uint32_t left;    // the left child's index in `nodes`; a leaf: its own index
     int32_t feature;  // the split's feature (a leaf: 0)
