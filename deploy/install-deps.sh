@@ -18,6 +18,7 @@ build_packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libxgboost-dev xgboost
+  libjemalloc-dev
   gnuplot-nox
   curl ca-certificates
   prometheus jq
@@ -28,7 +29,7 @@ build_packages=(
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 librocksdb7.8
   libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 libxgboost0
-  libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g libssl3
+  libsnappy1v5 liblz4-1 libzstd1 libbz2-1.0 zlib1g libssl3 libjemalloc2
 )
 
 # clang 14 and its runtimes (libFuzzer, ASan, UBSan), for the fuzz targets only.

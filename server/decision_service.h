@@ -87,11 +87,25 @@ struct ServiceOptions {
   // depend on it. 0: as many as the CPUs decisiond may run on, at most
   // kMaxDefaultScoringThreads.
   int scoring_threads = 0;
-  // How often the expert-pool thread gives the memory glibc's allocator holds free back to
-  // the operating system (malloc_trim). Memory that RocksDB's compactions, scans and
-  // protobuf parsing free stays in the allocator's per-thread arenas otherwise: bench/scale
-  // with 10M of 60M samples kept had 361 MB of arenas for 160 MB in use. 0: never.
+  // How often the expert-pool thread gives the memory the allocator holds free back to
+  // the operating system (allocator.release; unset: glibc's malloc_trim). Memory that
+  // RocksDB's compactions, scans and protobuf parsing free stays in the allocator's
+  // per-thread arenas otherwise: bench/scale with 10M of 60M samples kept had 361 MB of
+  // arenas for 160 MB in use. 0: never.
   int64_t malloc_trim_interval_ms = 30'000;
+  // The allocator the process runs on, for malloc_trim_interval_ms and
+  // decision_allocator_bytes (every 5 s). Unset (tests, and decisiond built with glibc's
+  // malloc): glibc's malloc_trim and mallinfo2. decisiond's main sets them for jemalloc.
+  struct AllocatorBytes {
+    double in_use = 0;  // allocated and not freed
+    double free = 0;    // held by the allocator, not in use
+    double mapped = 0;  // mapped from the operating system
+  };
+  struct Allocator {
+    std::function<void()> release;
+    std::function<AllocatorBytes()> bytes;
+  };
+  Allocator allocator;
   // The most memory each problem keeps its experts' predictions on the divergence
   // reservoir in, so that a refresh predicts only the rows that changed since the last one
   // (server/reservoir_predictions.h). 0 turns the cache off.

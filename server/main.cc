@@ -17,9 +17,13 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <malloc.h>  // mallopt (glibc)
+#ifdef DECISION_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -69,8 +73,10 @@ ABSL_FLAG(int, scoring_threads, 0,
           "same at any value); 0: as many as the CPUs decisiond may run on, at most 16");
 ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
           "how often the memory the allocator holds free goes back to the operating system "
-          "(glibc's malloc_trim; 0: never)");
+          "(jemalloc's purge of every arena, or glibc's malloc_trim in a build without "
+          "jemalloc; 0: never)");
 ABSL_FLAG(int64_t, malloc_mmap_threshold_kb, 256,
+          "a build without jemalloc (-DDECISION_JEMALLOC=OFF, the sanitizer builds) only: "
           "allocations of at least this many KiB get their own mapping, returned to the "
           "operating system when freed (glibc's M_MMAP_THRESHOLD; 0: glibc's default, which "
           "raises the threshold up to 32 MiB after large frees, so that large transient "
@@ -140,6 +146,20 @@ ABSL_FLAG(int64_t, model_probe_memory_mb, 2048, "address-space limit of the mode
 ABSL_FLAG(int64_t, model_probe_timeout_ms, 30000,
           "wall-time limit of the model probe (its CPU limit is the same, rounded up to s)");
 
+#ifdef DECISION_JEMALLOC
+// decisiond allocates through jemalloc (linked in its place of glibc's malloc; see
+// server/CMakeLists.txt). Its settings, read when it starts: a background thread returns
+// freed pages to the operating system as they age (dirty pages after 5 s, without waiting
+// for the next allocation in that arena), so that memory comes back between the periodic
+// purges (--malloc_trim_interval_ms); one such thread does for every arena. MALLOC_CONF in
+// the environment overrides them.
+extern "C" {
+// NOLINTNEXTLINE: the name jemalloc reads.
+const char* malloc_conf =
+    "background_thread:true,max_background_threads:1,dirty_decay_ms:5000,muzzy_decay_ms:0";
+}
+#endif
+
 namespace {
 
 // The model probe next to this executable (/proc/self/exe), or "" if it cannot be found.
@@ -159,6 +179,33 @@ std::optional<decision::server::ThreadPriority> ParseThreadPriority(const std::s
   return std::nullopt;
 }
 
+#ifdef DECISION_JEMALLOC
+decision::server::ServiceOptions::Allocator JemallocHooks() {
+  decision::server::ServiceOptions::Allocator hooks;
+  hooks.release = [] {
+    const std::string purge = "arena." + std::to_string(MALLCTL_ARENAS_ALL) + ".purge";
+    mallctl(purge.c_str(), nullptr, nullptr, nullptr, 0);
+  };
+  hooks.bytes = [] {
+    uint64_t epoch = 1;  // jemalloc's statistics are a snapshot taken at an epoch
+    size_t size = sizeof(epoch);
+    mallctl("epoch", &epoch, &size, &epoch, size);
+    const auto read = [](const char* name) {
+      size_t value = 0;
+      size_t value_size = sizeof(value);
+      return mallctl(name, &value, &value_size, nullptr, 0) == 0 ? static_cast<double>(value)
+                                                                 : 0.0;
+    };
+    decision::server::ServiceOptions::AllocatorBytes bytes;
+    bytes.in_use = read("stats.allocated");
+    bytes.free = std::max(0.0, read("stats.resident") - bytes.in_use);
+    bytes.mapped = read("stats.mapped");
+    return bytes;
+  };
+  return hooks;
+}
+#endif
+
 decision::server::ServiceOptions OptionsFromFlags() {
   decision::server::ServiceOptions options;
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -171,6 +218,9 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.training_threads = absl::GetFlag(FLAGS_training_threads);
   options.scoring_threads = absl::GetFlag(FLAGS_scoring_threads);
   options.malloc_trim_interval_ms = absl::GetFlag(FLAGS_malloc_trim_interval_ms);
+#ifdef DECISION_JEMALLOC
+  options.allocator = JemallocHooks();
+#endif
   options.reservoir_predictions_mb = absl::GetFlag(FLAGS_reservoir_predictions_mb);
   options.max_pending_decisions = absl::GetFlag(FLAGS_max_pending_decisions);
   options.max_pending_decisions_mb = absl::GetFlag(FLAGS_max_pending_decisions_mb);
@@ -441,7 +491,9 @@ int main(int argc, char** argv) {
                  static_cast<long long>(mmap_threshold_kb));
     return 2;
   }
+#ifndef DECISION_JEMALLOC
   if (mmap_threshold_kb > 0) mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold_kb << 10));
+#endif
 #endif
   return Run();
 }

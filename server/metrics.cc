@@ -198,12 +198,14 @@ Metrics::Metrics()
   allocator_bytes_ =
       &prometheus::BuildGauge()
            .Name("decision_allocator_bytes")
-           .Help("The C library allocator's heap (glibc's mallinfo2, every 5 s): in_use, "
-                 "the bytes of live allocations, the store's memtables and block cache "
-                 "included; free, the free chunks it holds (pages of them given back by "
-                 "the periodic trim still count); mapped, the allocations of their own "
-                 "mapping (at least --malloc_mmap_threshold_kb). RSS well above in_use "
-                 "without a rising in_use is memory the allocator holds, not a leak")
+           .Help("The allocator's heap, every 5 s (jemalloc's stats, or glibc's mallinfo2 "
+                 "in a build without jemalloc): in_use, the bytes of live allocations, the "
+                 "store's memtables and block cache included; free, what it holds besides "
+                 "(jemalloc: resident and not allocated; glibc: its free chunks, pages of "
+                 "them given back by the periodic trim still counted); mapped, what it has "
+                 "mapped (glibc: the allocations of their own mapping, at least "
+                 "--malloc_mmap_threshold_kb). RSS well above in_use without a rising "
+                 "in_use is memory the allocator holds, not a leak")
            .Register(*registry_);
   store_memory_ = &prometheus::BuildGauge()
                        .Name("decision_store_memory_bytes")

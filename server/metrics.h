@@ -53,7 +53,7 @@ class Metrics {
   prometheus::Gauge& store_memory(const std::string& part) {
     return store_memory_->Add({{"part", part}});
   }
-  // decision_allocator_bytes{kind}: in_use, free, mapped (glibc's mallinfo2).
+  // decision_allocator_bytes{kind}: in_use, free, mapped (ServiceOptions::allocator).
   prometheus::Gauge& allocator_bytes(const std::string& kind) {
     return allocator_bytes_->Add({{"kind", kind}});
   }

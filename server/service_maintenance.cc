@@ -93,22 +93,36 @@ absl::Status DecisionService::RunPoolRound() {
     absl::Status s = MaintainPool(p, std::chrono::milliseconds(100));
     if (status.ok()) status = s;
   }
-#ifdef __GLIBC__
   const auto now = std::chrono::steady_clock::now();
   // mallinfo2 walks every arena's free lists under its lock: every 5 s, not every round.
   if (now - last_allocator_export_ >= std::chrono::seconds(5)) {
     last_allocator_export_ = now;
-    const struct mallinfo2 heap = mallinfo2();
-    metrics_->allocator_bytes("in_use").Set(static_cast<double>(heap.uordblks + heap.hblkhd));
-    metrics_->allocator_bytes("free").Set(static_cast<double>(heap.fordblks));
-    metrics_->allocator_bytes("mapped").Set(static_cast<double>(heap.hblkhd));
+    ServiceOptions::AllocatorBytes heap;
+    if (options_.allocator.bytes) {
+      heap = options_.allocator.bytes();
+    } else {
+#ifdef __GLIBC__
+      const struct mallinfo2 info = mallinfo2();
+      heap.in_use = static_cast<double>(info.uordblks + info.hblkhd);
+      heap.free = static_cast<double>(info.fordblks);
+      heap.mapped = static_cast<double>(info.hblkhd);
+#endif
+    }
+    metrics_->allocator_bytes("in_use").Set(heap.in_use);
+    metrics_->allocator_bytes("free").Set(heap.free);
+    metrics_->allocator_bytes("mapped").Set(heap.mapped);
   }
   if (options_.malloc_trim_interval_ms > 0 &&
       now - last_malloc_trim_ >= std::chrono::milliseconds(options_.malloc_trim_interval_ms)) {
     last_malloc_trim_ = now;
-    malloc_trim(0);
-  }
+    if (options_.allocator.release) {
+      options_.allocator.release();
+    } else {
+#ifdef __GLIBC__
+      malloc_trim(0);
 #endif
+    }
+  }
   return status;
 }
 
