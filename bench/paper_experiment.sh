@@ -3,7 +3,8 @@
 # labelled data set through a decisiond started with its default flags (auto-training on,
 # `decisionctl replay --keep_schedule`: the paper's batched schedule, as if training kept
 # up), runs bench/regret on the same order (one training thread), and plots both
-# progressive-loss curves.
+# progressive-loss curves. decisiond and the replay share every CPU of the machine (set
+# SERVER_CPUS and CLIENT_CPU, taskset lists, to pin them as bench/replay_schedule.sh does).
 #
 # Usage: bench/paper_experiment.sh OUT_DIR [ORDER [DATA_CSV ARMS FEATURES]]
 #   bench/paper_experiment.sh /tmp/paper            # letter s1, about 4 minutes
@@ -25,7 +26,9 @@ service_csv=$out/service.$name.s$order.csv
 sim_csv=$out/simulation.$name.s$order.csv
 
 echo "== service: decisiond (default flags), decisionctl replay --keep_schedule"
-REPLAY_FLAGS="--keep_schedule --curve_csv=$service_csv" \
+all_cpus=0-$(($(nproc) - 1))
+SERVER_CPUS=${SERVER_CPUS:-$all_cpus} CLIENT_CPU=${CLIENT_CPU:-$all_cpus} \
+  REPLAY_FLAGS="--keep_schedule --curve_csv=$service_csv" \
   bench/replay_schedule.sh "$data" "$order_file" "$arms" "$features" 2>/dev/null |
   grep -E "progressive loss|^replay:|training jobs"
 echo "== simulation: bench/regret --train_threads=1"
