@@ -1039,6 +1039,7 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
   const bool tty = isatty(fileno(stderr));
   const bool keep_schedule = absl::GetFlag(FLAGS_keep_schedule);
   const bool learn_each_round = absl::GetFlag(FLAGS_learn_each_round);
+  if (learn_each_round && !keep_schedule) return Usage("--learn_each_round needs --keep_schedule");
   int64_t next_job = 1;
   // --keep_schedule: the problem's joined samples before this replay's rounds (others may
   // reward it too), and the next boundary; the replay's round t reaches it once

@@ -190,12 +190,14 @@ absl::Status Trainer::Run(const Job& job) {
   // From the first expert not yet trained: a resumed job continues where it stopped.
   const int first = r.expert_ids_size() + r.skipped_experts();
   int unstarted = total - first;  // guarded by mu
+  std::vector<double> cost(static_cast<size_t>(total));  // RelativeTrainingCost
   for (int i = first; i < total; ++i) {
     Training& t = training[static_cast<size_t>(i)];
     t.linear = i >= r.tree_experts();
     t.options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
     t.options.objective = objective;
     t.bootstrap_seed = whole_log ? 0 : gen_();
+    cost[static_cast<size_t>(i)] = RelativeTrainingCost(t.options);
   }
   // Training takes a copy of the training set per expert in training (XGBoost's matrix and
   // buffers): memory grows with threads_per_job_.
@@ -228,9 +230,8 @@ absl::Status Trainer::Run(const Job& job) {
     if (parallel == 1) return i;
     int best = -1;
     for (int j = first; j < total; ++j) {
-      const Training& c = training[static_cast<size_t>(j)];
-      if (!c.started && (best < 0 || RelativeTrainingCost(c.options) >
-                                         RelativeTrainingCost(training[static_cast<size_t>(best)].options))) {
+      const size_t c = static_cast<size_t>(j);
+      if (!training[c].started && (best < 0 || cost[c] > cost[static_cast<size_t>(best)])) {
         best = j;
       }
     }
