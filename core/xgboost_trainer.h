@@ -92,7 +92,7 @@ XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRe
 // How long training with `options` takes relative to other options on the same training
 // set (for ordering the experts of a job, not a prediction of seconds). Trees: rounds x
 // (max_depth + 4); gblinear: rounds x 10. Fitted to the per-expert training times of a
-// letter replay (bench/README.md, "The costliest expert first"): a round of depth 3 / 6
+// letter replay (bench/README.md, "The paper experiment in about a minute"): a round of depth 3 / 6
 // costs about 0.5 / 0.7 times one of depth 10, and the 30-round gblinear expert about as
 // much as 20 rounds of depth 10.
 double RelativeTrainingCost(const XgboostTrainOptions& options);

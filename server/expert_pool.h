@@ -48,13 +48,11 @@
 
 namespace decision::server {
 
-// The records in memory hold no model payload (storage::DropModelPayload): the loaded
-// `model` is what scores, and the payload stays in the store, written once at registration
-// (Store::PutExpert). A tree model's bytes are about 100 bytes a node, six times its
-// compiled form (core/xgboost_forest.h).
-
 struct ExpertSlot {
-  // Its stored record, without the model's payload (DropModelPayload).
+  // Its stored record, without the model's payload (storage::DropModelPayload): the loaded
+  // `model` is what scores, and the payload stays in the store, written once at
+  // registration (Store::PutExpert). A tree model's bytes are about 100 bytes a node, six
+  // times its compiled form (core/xgboost_forest.h).
   storage::v1::ExpertRecord record;
   std::shared_ptr<const Expert> model;
   Metrics::ExpertMetrics metrics;

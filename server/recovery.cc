@@ -114,7 +114,8 @@ class Recovery {
                        r.problem_id().c_str(), id, slot.failure.c_str());
         }
       }
-      storage::DropModelPayload(slot.record.mutable_model());  // loaded, or failed: the store keeps it
+      // Loaded, or failed: the store keeps the payload.
+      storage::DropModelPayload(slot.record.mutable_model());
       slot.metrics.failed->Set(slot.failure.empty() ? 0.0 : 1.0);
       p_.experts_.Add(std::move(slot));
       return absl::OkStatus();

@@ -175,8 +175,7 @@ absl::Status Trainer::Run(const Job& job) {
   // the experts before it may still be training: a trained model waits in memory for its
   // turn to register.
   struct Training {
-    bool linear = false;
-    XgboostTrainOptions options;
+    XgboostTrainOptions options;  // options.linear: the gblinear expert
     uint64_t bootstrap_seed = 0;
     bool started = false;  // guarded by `mu` below, as is done
     absl::StatusOr<std::string> model;
@@ -193,8 +192,7 @@ absl::Status Trainer::Run(const Job& job) {
   std::vector<double> cost(static_cast<size_t>(total));  // RelativeTrainingCost
   for (int i = first; i < total; ++i) {
     Training& t = training[static_cast<size_t>(i)];
-    t.linear = i >= r.tree_experts();
-    t.options = SampleExpertOptions(t.linear, /*threads=*/1, gen_);
+    t.options = SampleExpertOptions(/*linear=*/i >= r.tree_experts(), /*threads=*/1, gen_);
     t.options.objective = objective;
     t.bootstrap_seed = whole_log ? 0 : gen_();
     cost[static_cast<size_t>(i)] = RelativeTrainingCost(t.options);
@@ -283,7 +281,7 @@ absl::Status Trainer::Run(const Job& job) {
     record.set_xgboost(*std::move(t.model));
     t.model = absl::CancelledError("registered");  // its bytes are in the record now
     const int64_t at = r.samples() > 0 ? r.samples() : p.Summary().samples();
-    const std::string name = TrainedExpertName(r.job_id(), t.linear, at);
+    const std::string name = TrainedExpertName(r.job_id(), t.options.linear, at);
     absl::StatusOr<v1::Expert> e =
         p.RegisterExpert(name, std::move(record), p.record().smoothing(), register_options);
     if (IsOverScoringBudget(e.status())) {  // the budget cannot hold it: skip this one

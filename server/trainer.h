@@ -20,8 +20,9 @@
 // job's last expert to finish is a short one), while a trained model waits for its turn to
 // register. Every expert's recipe (SampleExpertOptions, and the seed of its bootstrap
 // resample) is drawn from the trainer's generator in the experts' order when the job
-// starts, so the models are the same at any thread count and in any start order (XGBoost's own threads would change them: gblinear's updates race, and
-// histogram sums are added in another order).
+// starts, so the models are the same at any thread count and in any start order
+// (XGBoost's own threads would change them: gblinear's updates race, and histogram sums
+// are added in another order).
 //
 // Thread safety: every method may be called from any thread. Jobs run one at a time
 // (run_mu_), whether on the trainer's thread or in callers of RunPending.

@@ -282,22 +282,31 @@ TEST(Store, AFamilyOfMegabytesIsMergedOnceItsNewFilesAddUp) {
   EXPECT_EQ(ExpertRecords(**store, 0), 5);
 }
 
-// The experts family as RocksDB holds it (key -> value), read with the store closed.
-std::map<std::string, std::string> RawExperts(const std::string& dir) {
+// Every family of a store, to open its directory with RocksDB itself (handles[2]: experts).
+std::vector<rocksdb::ColumnFamilyDescriptor> StoreFamilies() {
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
   for (const char* name : kFamilyNames) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  return families;
+}
+
+// The experts family as RocksDB holds it (key -> value), read with the store closed.
+std::map<std::string, std::string> RawExperts(const std::string& dir) {
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
   std::map<std::string, std::string> out;
   const rocksdb::Status s =
-      rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir, families, &handles, &db);
+      rocksdb::DB::OpenForReadOnly(rocksdb::Options(), dir, StoreFamilies(), &handles, &db);
   EXPECT_TRUE(s.ok()) << s.ToString();
   if (!s.ok()) return out;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[2]));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) out[it->key().ToString()] = it->value().ToString();
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    out[it->key().ToString()] = it->value().ToString();
+  }
   it.reset();
-  for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  for (rocksdb::ColumnFamilyHandle* h : handles) {
+    EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
   delete db;
   return out;
 }
@@ -389,18 +398,15 @@ TEST(Store, AModelStoredInlineIsMovedApartAtItsRecordsNextRewrite) {
   old_format.set_status(v1::EXPERT_STATE_BACKFILLING);
   old_format.mutable_model()->set_xgboost(model);
   {
-    std::vector<rocksdb::ColumnFamilyDescriptor> families;
-    families.emplace_back(rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions());
-    for (const char* name : kFamilyNames) {
-      families.emplace_back(name, rocksdb::ColumnFamilyOptions());
-    }
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     rocksdb::DB* db = nullptr;
-    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir, families, &handles, &db).ok());
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), dir, StoreFamilies(), &handles, &db).ok());
     EXPECT_TRUE(db->Put(rocksdb::WriteOptions(), handles[2], ExpertKey(0, 1),
                         old_format.SerializeAsString())
                     .ok());
-    for (rocksdb::ColumnFamilyHandle* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    for (rocksdb::ColumnFamilyHandle* h : handles) {
+    EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
     delete db;
   }
   {
