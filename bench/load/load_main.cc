@@ -910,6 +910,18 @@ int main(int argc, char** argv) {
     std::vector<std::string> args = {absl::GetFlag(FLAGS_decisiond), "--listen=127.0.0.1:0",
                                      "--metrics_listen=127.0.0.1:0", "--data_dir=" + dir,
                                      "--seed=1"};
+    // A model larger than decisiond's default request cap (4 MiB; trees trained on a
+    // large log reach 6 MB) needs a larger cap; a --max_message_bytes among
+    // --decisiond_flags, which come after, overrides this one.
+    uintmax_t largest = 0;
+    for (const std::filesystem::path& model : models) {
+      std::error_code ec;
+      const uintmax_t bytes = std::filesystem::file_size(model, ec);
+      if (!ec) largest = std::max(largest, bytes);
+    }
+    if (largest > (uintmax_t{4} << 20) - (64 << 10)) {
+      args.push_back(absl::StrCat("--max_message_bytes=", largest + (uintmax_t{1} << 20)));
+    }
     for (absl::string_view flag :
          absl::StrSplit(absl::GetFlag(FLAGS_decisiond_flags), ' ', absl::SkipEmpty())) {
       args.emplace_back(flag);
