@@ -7,7 +7,7 @@
 # REPLAY_FLAGS adds decisionctl replay flags, e.g. REPLAY_FLAGS=--keep_schedule (wait at each
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
-# (re-estimate the divergences at every boundary). DECISIOND=PATH runs another decisiond
+# (re-estimate the divergences at every boundary). DECISIOND=PATH (DECISIONCTL=PATH) runs another decisiond (decisionctl)
 # binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7); CLIENT_CPU moves the
 # replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs something else); SERVER_CPUS moves
 # decisiond off CPU 0 (a taskset list: SERVER_CPUS=0,1 CLIENT_CPU=0,1 runs both unpinned on a
@@ -23,7 +23,7 @@ taskset -c "${SERVER_CPUS:-0}" "${DECISIOND:-build/server/decisiond}" --data_dir
   --metrics_listen=127.0.0.1:9471 ${DECISIOND_FLAGS:-} 2>"$dir.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-C="taskset -c ${CLIENT_CPU:-1} build/client/decisionctl --server=127.0.0.1:50071"
+C="taskset -c ${CLIENT_CPU:-1} ${DECISIONCTL:-build/client/decisionctl} --server=127.0.0.1:50071"
 until $C health >/dev/null 2>&1; do sleep 0.2; done
 $C create-problem p --arms="$arms" --features="$features" --auto_train ${CREATE_FLAGS:-} >/dev/null
 start=$(date +%s.%N)
