@@ -107,6 +107,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/decision_client.h"
+#include "client/decisionctl.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "decisiond address");
 ABSL_FLAG(int64_t, deadline_ms, 5000, "deadline of each RPC attempt");
@@ -165,33 +166,10 @@ ABSL_FLAG(std::string, format, "csv",
 ABSL_FLAG(std::string, output, "", "export: output file (default: stdout)");
 ABSL_FLAG(int64_t, start, 0, "export: first sample");
 ABSL_FLAG(int64_t, limit, 0, "export: number of samples (0: all)");
-ABSL_FLAG(std::string, data, "", "replay: labelled CSV");
-ABSL_FLAG(std::string, order, "", "replay: row order file (default: file order)");
-ABSL_FLAG(int64_t, rounds, 0, "replay: stop after N rounds (0: all)");
-ABSL_FLAG(std::string, curve_csv, "", "replay: write the progressive loss per round");
-ABSL_FLAG(bool, keep_schedule, false,
-          "replay: at each batch boundary, wait until its divergence refresh and training jobs "
-          "are done and the new experts are backfilled before the next round (the paper's "
-          "batched schedule, as if training kept up with the traffic)");
-ABSL_FLAG(bool, learn_each_round, false,
-          "replay --keep_schedule: also wait after every reward until decisiond has learned it, "
-          "so that each Choose sees every earlier reward (as bench/regret does); without it, "
-          "learning trails the requests as it does under real traffic, and the replay waits "
-          "only at the batch boundaries");
-// The flag is named --features for create-problem; choose takes --x.
-ABSL_FLAG(std::string, to, "", "move-problem: the target replica's address (HOST:PORT)");
-ABSL_FLAG(std::string, to_replica, "", "move-problem: the target's name in the placement map");
-ABSL_FLAG(std::string, place_cmd, "",
-          "move-problem: shell command that places the problem on the target (env "
-          "DECISION_PROBLEM, DECISION_REPLICA); empty: stop before the switch");
-ABSL_FLAG(int64_t, page_bytes, 1 << 20, "move-problem: bytes of records per page");
-ABSL_FLAG(bool, catch_up, true,
-          "move-problem: copy at a snapshot while the problem serves, then fence it and copy "
-          "only what changed since (false: fence, then copy everything)");
-ABSL_FLAG(bool, abort, false, "end-move: serve the problem on the source again");
 ABSL_FLAG(int, max_attempts, 4,
           "attempts of a call the client retries when UNAVAILABLE (backoff from 50 ms, "
           "doubled each time; for example while a problem moves)");
+// The flag is named --features for create-problem; choose takes --x.
 ABSL_FLAG(std::string, x, "", "choose: comma-separated feature values");
 ABSL_FLAG(bool, shadow, false,
           "register-expert: in shadow mode (estimated, never selected until `promote`)");
@@ -211,10 +189,7 @@ ABSL_FLAG(std::string, tls_key, "", "--tls: PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "--tls: the name expected in the server's certificate (default: the host)");
 
-namespace {
-
-using decision::client::DecisionClient;
-namespace v1 = decision::v1;
+namespace decision::ctl {
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "decisionctl: %s\n", s.ToString().c_str());
@@ -245,6 +220,17 @@ absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view text) {
   }
   return out;
 }
+
+}  // namespace decision::ctl
+
+namespace {
+
+using decision::client::DecisionClient;
+using decision::ctl::Fail;
+using decision::ctl::ParseNumbers;
+using decision::ctl::ReadFile;
+using decision::ctl::Usage;
+namespace v1 = decision::v1;
 
 absl::StatusOr<std::vector<std::vector<double>>> ReadMatrix(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
@@ -937,301 +923,9 @@ int HashToken() {
   return 0;
 }
 
-// After a reward (--keep_schedule): waits until every acknowledged reward is learned, and
-// if a batch boundary is due, until the boundary's refresh and training jobs are done and
-// no expert is backfilling. *next_job is the first job id not seen finished (job ids are
-// dense per problem). *problem_out: the problem after the boundary's refresh (its
-// next_batch_at is the next boundary).
-absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t* next_job,
-                          v1::Problem* problem_out) {
-  // Polls back off from 1 ms to 16 ms: a boundary's training takes up to seconds, and
-  // polls every 2 ms cost the server (which shares its core with training in the
-  // benchmarks) several percent of its CPU.
-  int pause_ms = 1;
-  const auto pause = [&pause_ms] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-    pause_ms = std::min(pause_ms * 2, 16);
-  };
-  absl::StatusOr<v1::Problem> p = c.GetProblem(problem);  // waits for learning
-  if (p.ok()) *problem_out = *p;
-  if (!p.ok() || p->samples() < p->next_batch_at()) return p.status();
-  while (p.ok() && p->samples() >= p->next_batch_at()) {
-    pause();
-    p = c.GetProblem(problem);
-  }
-  if (!p.ok()) return p.status();
-  *problem_out = *p;
-  // With auto-training the boundary's job is queued just after the refresh: wait for it
-  // to appear (bounded, in case queueing it failed), then for every job to finish.
-  const bool auto_train = p->config().auto_train().enabled();
-  const auto appear_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  bool seen_new = false;
-  for (;;) {
-    absl::StatusOr<v1::TrainingJob> job = c.GetTrainingJob(problem, *next_job);
-    if (absl::IsNotFound(job.status())) {
-      if (!auto_train || seen_new || std::chrono::steady_clock::now() > appear_by) break;
-      pause();
-      continue;
-    }
-    seen_new = true;
-    if (!job.ok()) return job.status();
-    if (job->state() == v1::TRAINING_JOB_STATE_SUCCEEDED ||
-        job->state() == v1::TRAINING_JOB_STATE_FAILED) {
-      ++*next_job;
-    } else {
-      pause();
-    }
-  }
-  for (;;) {
-    absl::StatusOr<v1::ListExpertsResponse> experts = c.ListExperts(problem);
-    if (!experts.ok()) return experts.status();
-    bool backfilling = false;
-    for (const v1::Expert& e : experts->experts()) {
-      backfilling |= e.status() == v1::EXPERT_STATUS_BACKFILLING;
-    }
-    if (!backfilling) return absl::OkStatus();
-    pause();
-  }
-}
-
-int Replay(DecisionClient& c, const std::vector<char*>& args) {
-  if (args.size() != 1) return Usage("replay needs PROBLEM");
-  auto rows = ReadFile(absl::GetFlag(FLAGS_data));
-  if (!rows.ok()) return Fail(rows.status());
-  std::vector<std::vector<double>> features;
-  std::vector<int> labels;
-  bool first_line = true;
-  for (absl::string_view line : absl::StrSplit(*rows, '\n', absl::SkipWhitespace())) {
-    if (first_line) {  // header
-      first_line = false;
-      continue;
-    }
-    auto values = ParseNumbers(line);
-    if (!values.ok() || values->size() < 2) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("bad data line: ", line)));
-    }
-    labels.push_back(static_cast<int>(values->back()));
-    values->pop_back();
-    features.push_back(*std::move(values));
-  }
-  std::vector<int> order;
-  if (const std::string f = absl::GetFlag(FLAGS_order); !f.empty()) {
-    auto text = ReadFile(f);
-    if (!text.ok()) return Fail(text.status());
-    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
-      int i;
-      if (!absl::SimpleAtoi(line, &i) || i < 0 || i >= static_cast<int>(labels.size())) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("bad order line: ", line)));
-      }
-      order.push_back(i);
-    }
-  } else {
-    for (size_t i = 0; i < labels.size(); ++i) order.push_back(static_cast<int>(i));
-  }
-  int64_t rounds = static_cast<int64_t>(order.size());
-  if (absl::GetFlag(FLAGS_rounds) > 0) rounds = std::min(rounds, absl::GetFlag(FLAGS_rounds));
-  std::ofstream curve;
-  if (const std::string f = absl::GetFlag(FLAGS_curve_csv); !f.empty()) {
-    curve.open(f);
-    curve << "round,progressive_loss\n";
-  }
-  double total = 0.0;
-  const bool tty = isatty(fileno(stderr));
-  const bool keep_schedule = absl::GetFlag(FLAGS_keep_schedule);
-  const bool learn_each_round = absl::GetFlag(FLAGS_learn_each_round);
-  if (learn_each_round && !keep_schedule) return Usage("--learn_each_round needs --keep_schedule");
-  int64_t next_job = 1;
-  // --keep_schedule: the problem's joined samples before this replay's rounds (others may
-  // reward it too), and the next boundary; the replay's round t reaches it once
-  // samples_before + t >= boundary_at, and the boundary then resynchronises both.
-  int64_t samples_before = 0;
-  int64_t boundary_at = 0;
-  if (keep_schedule) {
-    absl::StatusOr<v1::Problem> p = c.GetProblem(args[0]);
-    if (!p.ok()) return Fail(p.status());
-    samples_before = p->samples();
-    boundary_at = p->next_batch_at();
-  }
-  for (int64_t t = 1; t <= rounds; ++t) {
-    const int row = order[t - 1];
-    auto d = c.Choose(args[0], features[row]);
-    if (!d.ok()) return Fail(d.status());
-    const double reward = d->arm() == labels[row] ? 1.0 : 0.0;
-    auto first = c.Reward(args[0], d->event_id(), reward);
-    if (!first.ok()) return Fail(first.status());
-    if (keep_schedule && (learn_each_round || samples_before + t >= boundary_at)) {
-      v1::Problem p;
-      if (absl::Status s = KeepSchedule(c, args[0], &next_job, &p); !s.ok()) return Fail(s);
-      samples_before = p.samples() - t;
-      boundary_at = p.next_batch_at();
-    }
-    total += reward;
-    const double loss = 1.0 - total / t;
-    if (curve.is_open()) curve << t << "," << loss << "\n";
-    if (tty && (t % 50 == 0 || t == rounds)) {
-      const int width = 40;
-      const int filled = static_cast<int>(width * t / rounds);
-      std::fprintf(stderr, "\r[%s%s] %lld/%lld  progressive loss %.4f",
-                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-                   static_cast<long long>(t), static_cast<long long>(rounds), loss);
-    }
-    if (t % 1000 == 0 || t == rounds) {
-      if (tty) std::fprintf(stderr, "\n");
-      std::printf("round %lld progressive loss %.4f\n", static_cast<long long>(t), loss);
-      std::fflush(stdout);
-    }
-  }
-  return 0;
-}
 
 }  // namespace
 
-// Milliseconds since `start`.
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-int MoveProblem(DecisionClient& source, const decision::client::ClientOptions& options,
-                const std::vector<char*>& args) {
-  if (args.size() != 1) return Usage("move-problem PROBLEM --to=HOST:PORT --to_replica=NAME");
-  const std::string problem = args[0];
-  const std::string to_replica = absl::GetFlag(FLAGS_to_replica);
-  if (absl::GetFlag(FLAGS_to).empty() || to_replica.empty()) {
-    return Usage("move-problem needs --to (the target's address) and --to_replica (its name)");
-  }
-  decision::client::ClientOptions target_options = options;
-  target_options.address = absl::GetFlag(FLAGS_to);
-  DecisionClient target(target_options);
-  if (!target.status().ok()) return Fail(target.status());
-  const bool catch_up = absl::GetFlag(FLAGS_catch_up);
-  const auto start = std::chrono::steady_clock::now();
-  v1::ImportProblemRequest import;
-  import.set_problem_id(problem);
-  import.set_first(true);
-  int64_t records = 0, bytes = 0;
-  v1::Estimates target_estimates;
-  // Pages of records (or, with `changes`, of what changed since the snapshot) from the
-  // source to the target; the last one commits when `commit_state` is given.
-  const auto copy = [&](bool changes, const std::string* commit_state) -> absl::Status {
-    v1::ExportProblemRequest page;
-    page.set_problem_id(problem);
-    page.set_max_bytes(absl::GetFlag(FLAGS_page_bytes));
-    page.set_changes(changes);
-    for (bool done = false; !done;) {
-      absl::StatusOr<v1::ExportProblemResponse> exported = source.ExportProblem(page);
-      if (!exported.ok()) return exported.status();
-      done = exported->done();
-      *page.mutable_cursor() = exported->next();
-      import.mutable_entries()->Swap(exported->mutable_entries());
-      if (done && commit_state != nullptr) {
-        import.set_commit(true);
-        import.set_generator_state(*commit_state);
-      }
-      absl::StatusOr<v1::ImportProblemResponse> imported = target.ImportProblem(import);
-      if (!imported.ok()) return imported.status();
-      records = imported->entries();
-      bytes = imported->bytes();
-      if (import.commit()) target_estimates = imported->estimates();
-      import.clear_entries();
-      import.set_first(false);
-    }
-    return absl::OkStatus();
-  };
-  const auto abort = [&](const absl::Status& why) {
-    std::fprintf(stderr, "decisionctl: move-problem: %s\n", why.ToString().c_str());
-    if (absl::Status s = source.EndMove(problem, /*abort=*/true); !s.ok()) {
-      std::fprintf(stderr, "decisionctl: the move could not be aborted (%s): run "
-                   "`decisionctl end-move %s --abort` on the source\n",
-                   s.ToString().c_str(), problem.c_str());
-    } else {
-      std::fprintf(stderr, "decisionctl: move aborted: %s serves %s again\n",
-                   options.address.c_str(), problem.c_str());
-    }
-    return 1;
-  };
-  // 1, 2. With the catch-up: the copy at a snapshot, while the problem serves.
-  if (catch_up) {
-    absl::StatusOr<v1::BeginMoveResponse> snapshot =
-        source.BeginMove(problem, to_replica, /*catch_up=*/true);
-    if (!snapshot.ok()) return Fail(snapshot.status());
-    if (absl::Status s = copy(/*changes=*/false, nullptr); !s.ok()) return abort(s);
-    std::printf("copied %lld records (%.1f MB) at a snapshot (%lld samples) in %.0f ms, "
-                "serving meanwhile\n",
-                static_cast<long long>(records), bytes / 1e6,
-                static_cast<long long>(snapshot->samples()), MsSince(start));
-  }
-  // The fence: from here the problem is unavailable until the placement switches.
-  const auto fenced_at = std::chrono::steady_clock::now();
-  absl::StatusOr<v1::BeginMoveResponse> begun = source.BeginMove(problem, to_replica, false);
-  if (!begun.ok()) return catch_up ? abort(begun.status()) : Fail(begun.status());
-  std::printf("fenced %s on %s (%lld samples) in %.0f ms\n", problem.c_str(),
-              options.address.c_str(), static_cast<long long>(begun->samples()),
-              MsSince(fenced_at));
-  // 3. What changed since the snapshot (or everything), and the load on the target.
-  const int64_t before = records;
-  if (absl::Status s = copy(/*changes=*/catch_up, &begun->generator_state()); !s.ok()) {
-    return abort(s);
-  }
-  std::printf("copied %lld %s (%.1f MB in all) to %s at %.0f ms after the fence; it serves "
-              "%s\n",
-              static_cast<long long>(records - before), catch_up ? "changes" : "records",
-              bytes / 1e6, target_options.address.c_str(), MsSince(fenced_at),
-              problem.c_str());
-  // The target learned what the source had: the same estimates, bit for bit.
-  if (target_estimates.SerializeAsString() != begun->estimates().SerializeAsString()) {
-    std::fprintf(stderr, "decisionctl: the target's estimates of %s differ from the source's "
-                 "at the fence: the placement is not switched and the source stays fenced. "
-                 "Run `decisionctl end-move %s --abort` on the source to serve it there "
-                 "again.\n", problem.c_str(), problem.c_str());
-    return 1;
-  }
-  std::printf("estimates identical on both replicas (%lld samples)\n",
-              static_cast<long long>(target_estimates.samples()));
-  // 4. The placement switch.
-  const std::string place = absl::GetFlag(FLAGS_place_cmd);
-  if (place.empty()) {
-    std::printf("switch the placement of %s to %s, then run `decisionctl end-move %s` on "
-                "the source (%s stays fenced until then)\n",
-                problem.c_str(), to_replica.c_str(), problem.c_str(), options.address.c_str());
-    return 0;
-  }
-  setenv("DECISION_PROBLEM", problem.c_str(), 1);
-  setenv("DECISION_REPLICA", to_replica.c_str(), 1);
-  if (int rc = std::system(place.c_str()); rc != 0) {
-    std::fprintf(stderr, "decisionctl: --place_cmd failed (status %d): %s is served by %s but "
-                 "the placement still names its source, which keeps it fenced. Fix the "
-                 "placement and run `decisionctl end-move %s`, or run `decisionctl end-move "
-                 "%s --abort` on the source to serve it there again.\n",
-                 rc, problem.c_str(), target_options.address.c_str(), problem.c_str(),
-                 problem.c_str());
-    return 1;
-  }
-  const double unavailable_ms = MsSince(fenced_at);
-  // 5, 6. The source records the move and deletes its copy.
-  if (absl::Status s = source.EndMove(problem, /*abort=*/false); !s.ok()) {
-    std::fprintf(stderr, "decisionctl: the placement switched, but the source did not record "
-                 "the move (%s): run `decisionctl end-move %s` on it\n", s.ToString().c_str(),
-                 problem.c_str());
-    return 1;
-  }
-  std::printf("moved %s to %s: unavailable for %.0f ms (fence to placement switch), %.0f ms "
-              "in all\n", problem.c_str(), to_replica.c_str(), unavailable_ms, MsSince(start));
-  return 0;
-}
-
-int EndMove(DecisionClient& c, const std::vector<char*>& args) {
-  if (args.size() != 1) return Usage("end-move PROBLEM [--abort | --to_replica=NAME]");
-  if (absl::Status s = c.EndMove(args[0], absl::GetFlag(FLAGS_abort),
-                                 absl::GetFlag(FLAGS_to_replica));
-      !s.ok()) {
-    return Fail(s);
-  }
-  std::printf(absl::GetFlag(FLAGS_abort) ? "move of %s aborted: this replica serves it\n"
-                                         : "%s moved: this replica's copy is deleted\n",
-              args[0]);
-  return 0;
-}
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -1290,9 +984,9 @@ int main(int argc, char** argv) {
   if (command == "train") return Train(client, args);
   if (command == "job") return Job(client, args);
   if (command == "jobs") return Jobs(client, args);
-  if (command == "replay") return Replay(client, args);
+  if (command == "replay") return decision::ctl::Replay(client, args);
   if (command == "audit") return Audit(client);
-  if (command == "move-problem") return MoveProblem(client, options, args);
-  if (command == "end-move") return EndMove(client, args);
+  if (command == "move-problem") return decision::ctl::MoveProblem(client, options, args);
+  if (command == "end-move") return decision::ctl::EndMove(client, args);
   return Usage("unknown command " + command);
 }

@@ -397,7 +397,9 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
   storage::Store& store = service_->store_for_testing();
   for (int i = 0; i < 20; ++i) {
     // A table file per family before the fault, so that a compaction has two to merge.
-    if (i == 10) ASSERT_TRUE(store.Flush().ok());
+    if (i == 10) {
+      ASSERT_TRUE(store.Flush().ok());
+    }
     const v1::ChooseResponse c = Choose("p");
     ASSERT_TRUE(Reward("p", c.event_id(), 1.0).ok());
     acknowledged.insert(c.event_id());
@@ -418,7 +420,9 @@ TEST_P(FaultMatrix, StatusCodesOfEachOperation) {
   const bool stopped = !store.Health().writable;
   // Whatever the fault, a Choose answered OK is a decision the store can keep.
   EXPECT_EQ(choose.ok(), !stopped) << choose;
-  if (stopped) EXPECT_THAT(choose.message(), HasSubstr("decisions are refused until"));
+  if (stopped) {
+    EXPECT_THAT(choose.message(), HasSubstr("decisions are refused until"));
+  }
 
   fs_->Clear();
   if (key_ == 7.0) {
