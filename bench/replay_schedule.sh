@@ -7,12 +7,12 @@
 # REPLAY_FLAGS adds decisionctl replay flags, e.g. REPLAY_FLAGS=--keep_schedule (wait at each
 # batch boundary until its training is done: the paper's schedule, as if training kept up).
 # CREATE_FLAGS adds decisionctl create-problem flags, e.g. CREATE_FLAGS=--divergence_refresh_turnover=0
-# (re-estimate the divergences at every boundary). DECISIOND=PATH (DECISIONCTL=PATH) runs another decisiond (decisionctl)
-# binary (A/B runs); DECISIOND_FLAGS adds its flags (e.g. --seed=7); CLIENT_CPU moves the
-# replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs something else); SERVER_CPUS moves
-# decisiond off CPU 0 (a taskset list: SERVER_CPUS=0,1 CLIENT_CPU=0,1 runs both unpinned on a
-# 2-core machine). The script prints
-# decisiond's CPU time, per thread too, and what the store wrote per record family.
+# (re-estimate the divergences at every boundary). DECISIOND=PATH and DECISIONCTL=PATH run
+# other decisiond and decisionctl binaries (A/B runs); DECISIOND_FLAGS adds decisiond flags
+# (e.g. --seed=7); CLIENT_CPU moves the replay off CPU 1 (e.g. CLIENT_CPU=0 while CPU 1 runs
+# something else); SERVER_CPUS moves decisiond off CPU 0 (a taskset list: SERVER_CPUS=0,1
+# CLIENT_CPU=0,1 runs both unpinned on a 2-core machine). The script prints decisiond's CPU
+# time, per thread too, and what the store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
