@@ -138,8 +138,11 @@ ABSL_FLAG(std::string, slate_learning, "every_slot",
 ABSL_FLAG(int, slots, 0, "choose-slate: number of slots");
 ABSL_FLAG(bool, auto_train, false,
           "create-problem: train experts from the log at every batch boundary");
-ABSL_FLAG(int, tree_experts, 0, "train, create-problem: tree experts per batch (0: 3)");
-ABSL_FLAG(int, linear_experts, 0, "train, create-problem: linear experts per batch (0: 1)");
+ABSL_FLAG(int, tree_experts, 0,
+          "train, create-problem: tree experts per batch (both counts 0: 3 trees and 1 "
+          "linear; otherwise exactly these, e.g. --tree_experts=3 --linear_experts=0)");
+ABSL_FLAG(int, linear_experts, 0,
+          "train, create-problem: linear experts per batch (see --tree_experts)");
 ABSL_FLAG(double, scoring_budget_us, 0.0,
           "create-problem: microseconds of CPU per decision the problem's experts may cost to "
           "score (0: no budget)");

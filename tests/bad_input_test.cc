@@ -322,7 +322,7 @@ void AddMalformedBodies(const std::string& address, std::vector<BadCase>* cases)
     const std::string type = m->input_type()->full_name();
     // Field 1, length-delimited, claims 5 bytes and has 2.
     cases->push_back({absl::StrCat(m->name(), "/truncated_body"),
-                      [address, path](Stub*) { return RawCall(address, path, "\x0a\x05ab"); },
+                      [address, path](Stub*) { return RawCall(address, path, "\x0a\x05" "ab"); },
                       grpc::StatusCode::INVALID_ARGUMENT, {type, "truncated"}});
     const google::protobuf::FieldDescriptor* first = m->input_type()->FindFieldByNumber(1);
     if (first != nullptr && first->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
