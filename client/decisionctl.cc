@@ -78,7 +78,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <openssl/evp.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -93,7 +92,6 @@
 #include <iostream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"

@@ -405,8 +405,8 @@ TEST(Store, AModelStoredInlineIsMovedApartAtItsRecordsNextRewrite) {
                         old_format.SerializeAsString())
                     .ok());
     for (rocksdb::ColumnFamilyHandle* h : handles) {
-    EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
-  }
+      EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    }
     delete db;
   }
   {
