@@ -127,11 +127,13 @@ struct ServiceOptions {
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
   // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's
-  // threads) at nice 10; kIdle runs the learner, the expert pool (backfill, divergences)
-  // and the trainer at SCHED_IDLE and the maintenance thread at nice 10; kNormal lowers
-  // none. The maintenance thread is never idle: it writes deferred decisions and expires
-  // them, which must go on under overload. A learner that gets no CPU holds its lag at the bound,
-  // which slows Reward acknowledgements (the writer waits), not Choose.
+  // threads) at nice 19; kIdle runs the learner, the expert pool (backfill, divergences)
+  // and the trainer at SCHED_IDLE and the maintenance thread at nice 19; kNormal lowers
+  // none. kLow and kIdle also run RocksDB's compactions at nice 19
+  // (StoreOptions::low_priority_compactions). The maintenance thread is never idle: it
+  // writes deferred decisions and expires them, which must go on under overload. A learner
+  // that gets no CPU holds its lag at the bound, which slows Reward acknowledgements (the
+  // writer waits), not Choose.
   // WARNING: SCHED_IDLE threads yield to every other thread of their cgroup, other
   // processes' included. kIdle is for a decisiond in a cgroup of its own (a container, a
   // Kubernetes pod, a systemd service); on a shared one, any busy process stops learning

@@ -19,7 +19,7 @@ void SetCurrentThreadPriority(ThreadPriority priority) {
   if (priority == ThreadPriority::kLow) {
     // PRIO_PROCESS with a thread id sets that thread's nice value alone (setpriority(2),
     // NOTES: a Linux thread is a process for this call).
-    failed = setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);
+    failed = setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   } else if (priority == ThreadPriority::kIdle) {
     const sched_param param{};  // sched_priority 0, as SCHED_IDLE requires
     failed = sched_setscheduler(0, SCHED_IDLE, &param);  // 0: the calling thread

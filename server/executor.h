@@ -24,9 +24,17 @@ namespace decision::server {
 // that answer requests, so that when the CPU is saturated a Choose does not queue behind
 // background work. RocksDB lowers its compaction threads likewise
 // (Env::LowerThreadPoolCPUPriority, CpuPriority::kLow and kIdle).
+//
+// Why nice 19 and not a milder 10: on Linux 6.18 (EEVDF), a request thread woken while a
+// nice-10 learner runs often waits for the next tick (4 ms at HZ=250) rather than
+// preempting it; a nice-19 thread's virtual time runs 7 times faster, so the woken thread
+// becomes eligible, and runs, much sooner. Choose p99 at c = 8 with 32 tree experts while
+// training: 3.4-4.6 ms at nice 10, 2.0-3.4 ms at nice 19 (bench/README.md). SCHED_IDLE is
+// preempted at once, but see the WARNING at ServiceOptions::background_priority.
 enum class ThreadPriority {
   kNormal,  // as the request threads
-  kLow,     // nice 10: a tenth of a request thread's share when both want the CPU
+  kLow,     // nice 19 (RocksDB's CpuPriority::kLow): 1.5% of a request thread's share
+            // when both want the CPU
   kIdle,    // SCHED_IDLE: runs only on CPU time no other thread wants
 };
 // Sets the calling thread's priority (Linux: a thread's nice value and policy are its own,

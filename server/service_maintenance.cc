@@ -2,7 +2,7 @@
 // work requests wait for.
 //   - The maintenance thread, each round, for every problem: writes the deferred decisions
 //     (if it has any) and the completed log chunks, and expires the decisions whose wait
-//     time passed. Its work is proportional to the traffic; it runs at nice 10 (or
+//     time passed. Its work is proportional to the traffic; it runs at nice 19 (or
 //     normal), never idle.
 //   - The expert-pool thread, each round, for every problem that may have work
 //     (Problem::TakePoolWork; an idle problem costs nothing): writes the quarantined

@@ -305,6 +305,12 @@ absl::Status Store::OpenDbLocked() {
   db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
   db_options.listeners.push_back(std::make_shared<HealthListener>(health_));
   if (options_.env != nullptr) db_options.env = options_.env.get();
+  if (options_.low_priority_compactions) {
+    // Not supported by every Env (a test's wrapper may not forward it): then they stay.
+    db_options.env
+        ->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow)
+        .PermitUncheckedError();
+  }
   rocksdb::BlockBasedTableOptions table;
   block_cache_ = rocksdb::NewLRUCache(32 << 20);
   table.block_cache = block_cache_;

@@ -81,6 +81,10 @@ struct StoreOptions {
   // that fails chosen writes, syncs or reads (tests/fault_injection_fs.h). Null (the
   // default, and always in production): the operating system's.
   std::shared_ptr<rocksdb::Env> env;
+  // Runs RocksDB's compaction threads (its LOW pool) at nice 19, so that they yield the CPU
+  // to the threads answering requests. Flushes keep their priority: a flush that falls
+  // behind stops writes. The pool is the Env's, shared by every store of the process.
+  bool low_priority_compactions = false;
   // Milliseconds since the epoch, for StoreHealth::since_ms. Null: the system clock.
   std::function<int64_t()> now_ms;
 };

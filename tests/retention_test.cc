@@ -3,15 +3,20 @@
 // not pending (also where the event ids are in time order, by CompactEventsSoon), the cut
 // survives a reopen, and a kill -9 during compaction loses nothing that was kept.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -245,6 +250,50 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
   EXPECT_EQ(files("samples"), 2u);
   // Both records are in the one file.
   EXPECT_EQ(ExpertRecords(**store, 0), 2);
+}
+
+// The nice value of every thread of this process named `name` (-100 if there is none).
+std::vector<int> NiceOfThreads(const std::string& name) {
+  std::vector<int> nice;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string n;
+    std::getline(comm, n);
+    if (n != name) continue;
+    // /proc/PID/task/TID/stat: "tid (comm) state ..."; nice is the 19th field, the 17th
+    // after the ")" (comm may hold spaces).
+    std::ifstream stat_file(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
+    std::istringstream rest(stat.substr(stat.rfind(')') + 1));
+    std::string field;
+    for (int i = 0; i < 17; ++i) rest >> field;
+    nice.push_back(std::stoi(field));
+  }
+  return nice;
+}
+
+// With low_priority_compactions, RocksDB's compaction threads run at nice 19 once they
+// have run a compaction (RocksDB applies the priority before a pool thread's next job);
+// flushes keep the process's priority.
+TEST(Store, LowPriorityCompactionsRunAtNice19) {
+  const std::string dir = TempDir("compaction_priority");
+  StoreOptions options;
+  options.low_priority_compactions = true;
+  auto store = Store::Open(dir, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int flush = 0; flush < 2; ++flush) {
+    v1::ExpertRecord expert;
+    expert.set_name(absl::StrCat("e", flush));
+    ASSERT_TRUE((*store)->PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
+    ASSERT_TRUE((*store)->Flush().ok());
+  }
+  ASSERT_TRUE((*store)->Compact().ok());
+  const std::vector<int> low = NiceOfThreads("rocksdb:low");
+  ASSERT_FALSE(low.empty());
+  EXPECT_GE(*std::max_element(low.begin(), low.end()), 19);  // at least the one that ran
+  const std::vector<int> high = NiceOfThreads("rocksdb:high");
+  ASSERT_FALSE(high.empty());
+  EXPECT_EQ(*std::max_element(high.begin(), high.end()), getpriority(PRIO_PROCESS, 0));
 }
 
 // A family of megabytes (the experts' models) is not rewritten at every flush: merged once

@@ -1,5 +1,8 @@
 // Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
 // transitions (pending_table.h) and the executor's group commit (executor.h).
+#include <sched.h>
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -219,6 +222,30 @@ TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
   EXPECT_EQ(t.MarkStored("a").size(), 1u);
   EXPECT_EQ(t.answered(), 1);
   EXPECT_EQ(t.Due(1000), std::vector<std::string>{"a"});
+}
+
+// What an executor's threads run at: kLow is nice 19 (a milder nice 10 let a busy learner
+// delay woken request threads by a scheduler tick: executor.h), kIdle is SCHED_IDLE, and
+// kNormal keeps the creating thread's priority.
+TEST(ExecutorTest, ThreadsRunAtTheirPriority) {
+  const auto observed = [](ThreadPriority priority) {
+    std::pair<int, int> policy_and_nice;
+    Executor executor(1, "priority", priority);
+    absl::Notification ran;
+    executor.Schedule([&] {
+      policy_and_nice = {sched_getscheduler(0), getpriority(PRIO_PROCESS, 0)};
+      ran.Notify();
+    });
+    ran.WaitForNotification();
+    return policy_and_nice;
+  };
+  const int own_nice = getpriority(PRIO_PROCESS, 0);
+  EXPECT_EQ(observed(ThreadPriority::kLow), std::make_pair(SCHED_OTHER, 19));
+  EXPECT_EQ(observed(ThreadPriority::kIdle).first, SCHED_IDLE);
+  EXPECT_EQ(observed(ThreadPriority::kNormal), std::make_pair(SCHED_OTHER, own_nice));
+  // The caller's own priority is not touched.
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, 0), own_nice);
 }
 
 TEST(ParallelForTest, EveryTaskRunsOnceAndHelpersTakeSome) {
