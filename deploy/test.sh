@@ -40,7 +40,8 @@ supp="$PWD/deploy/sanitizers"
 sanitizer_stage() {
   local dir=$1 sanitize=$2 skip=$3 extra_targets=("${@:4}")
   echo "test.sh: $dir (-fsanitize=$sanitize)"
-  # Debug: assertions on; CMakeLists.txt adds -O1 -g1 for sanitized builds. (set -e does not
+  # Debug: assertions on; CMakeLists.txt adds -O1 -g1 for sanitized builds, and
+  # tests/CMakeLists.txt -O0 (and no UBSan with ASan) for the test files. (set -e does not
   # apply inside a function called with ||, hence the explicit returns.)
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDECISION_SANITIZE="$sanitize" \
     -DDECISION_BUILD_BENCH=OFF || return 1
