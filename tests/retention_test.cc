@@ -252,7 +252,7 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
   EXPECT_EQ(ExpertRecords(**store, 0), 2);
 }
 
-// The nice value of every thread of this process named `name` (-100 if there is none).
+// The nice values of the threads of this process named `name` (none if there is none).
 std::vector<int> NiceOfThreads(const std::string& name) {
   std::vector<int> nice;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {

@@ -1,5 +1,5 @@
 // Unit tests of server/'s plain parts: the enum tables (conversions.h), the pending table's
-// transitions (pending_table.h) and the executor's group commit (executor.h).
+// transitions (pending_table.h), the executor's thread priorities and group commit (executor.h).
 #include <sched.h>
 #include <sys/resource.h>
 
