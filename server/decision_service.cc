@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   store_options.fault_injection = options.store_fault_injection;
   store_options.env = options.store_env;
   store_options.low_priority_compactions =
-      options.background_priority != ThreadPriority::kNormal;
+      options.background_priority == ThreadPriority::kIdle;
   store_options.now_ms = [clock] { return clock->NowMs(); };
   DECISION_ASSIGN_OR_RETURN(service->store_,
                             storage::Store::Open(options.data_dir, store_options));

@@ -127,10 +127,10 @@ struct ServiceOptions {
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
   // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's
-  // threads) at nice 19; kIdle runs the learner, the expert pool (backfill, divergences)
-  // and the trainer at SCHED_IDLE and the maintenance thread at nice 19; kNormal lowers
-  // none. kLow and kIdle also run RocksDB's compactions at nice 19
-  // (StoreOptions::low_priority_compactions). The maintenance thread is never idle: it
+  // threads) at nice 10; kIdle runs the learner, the expert pool (backfill, divergences)
+  // and the trainer at SCHED_IDLE, and the maintenance thread and RocksDB's compactions
+  // (StoreOptions::low_priority_compactions) at nice 19; kNormal lowers none. Nice 19 for
+  // all with kLow was tried and measured (executor.h). The maintenance thread is never idle: it
   // writes deferred decisions and expires them, which must go on under overload. A learner
   // that gets no CPU holds its lag at the bound, which slows Reward acknowledgements (the
   // writer waits), not Choose.

@@ -19,6 +19,8 @@ void SetCurrentThreadPriority(ThreadPriority priority) {
   if (priority == ThreadPriority::kLow) {
     // PRIO_PROCESS with a thread id sets that thread's nice value alone (setpriority(2),
     // NOTES: a Linux thread is a process for this call).
+    failed = setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);
+  } else if (priority == ThreadPriority::kLowest) {
     failed = setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 19);
   } else if (priority == ThreadPriority::kIdle) {
     const sched_param param{};  // sched_priority 0, as SCHED_IDLE requires

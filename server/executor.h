@@ -25,16 +25,19 @@ namespace decision::server {
 // background work. RocksDB lowers its compaction threads likewise
 // (Env::LowerThreadPoolCPUPriority, CpuPriority::kLow and kIdle).
 //
-// Why nice 19 and not a milder 10: on Linux 6.18 (EEVDF), a request thread woken while a
-// nice-10 learner runs often waits for the next tick (4 ms at HZ=250) rather than
-// preempting it; a nice-19 thread's virtual time runs 7 times faster, so the woken thread
-// becomes eligible, and runs, much sooner. Choose p99 at c = 8 with 32 tree experts while
-// training: 3.4-4.6 ms at nice 10, 2.0-3.4 ms at nice 19 (bench/README.md). SCHED_IDLE is
-// preempted at once, but see the WARNING at ServiceOptions::background_priority.
+// On Linux 6.18 (EEVDF), a request thread woken while a nice-10 background thread runs often
+// waits for the next tick (4 ms at HZ=250) rather than preempting it: it must first become
+// eligible, and a nice-10 thread's virtual time runs only 9.3 times as fast as its own.
+// Nice 19 (68 times) cut Choose p99 at c = 8 with 32 tree experts while training from 3.4 to
+// a median of 2.2 ms, but it is as nice to other processes: beside two busy ones, a replay
+// test that takes 3.4 s alone took 108 s at nice 19 and 19 s at nice 10 (bench/README.md).
+// So kLow stays nice 10; kLowest is for the threads that must never be idle where the
+// others are (maintenance, under --background_priority=idle). SCHED_IDLE is preempted at
+// once; see the WARNING at ServiceOptions::background_priority.
 enum class ThreadPriority {
   kNormal,  // as the request threads
-  kLow,     // nice 19 (RocksDB's CpuPriority::kLow): 1.5% of a request thread's share
-            // when both want the CPU
+  kLow,     // nice 10: a tenth of a request thread's share when both want the CPU
+  kLowest,  // nice 19 (RocksDB's CpuPriority::kLow): 1.5% of it
   kIdle,    // SCHED_IDLE: runs only on CPU time no other thread wants
 };
 // Sets the calling thread's priority (Linux: a thread's nice value and policy are its own,

@@ -2,8 +2,8 @@
 // work requests wait for.
 //   - The maintenance thread, each round, for every problem: writes the deferred decisions
 //     (if it has any) and the completed log chunks, and expires the decisions whose wait
-//     time passed. Its work is proportional to the traffic; it runs at nice 19 (or
-//     normal), never idle.
+//     time passed. Its work is proportional to the traffic; it runs at nice 10 (nice 19 with
+//     --background_priority=idle, or normal), never idle.
 //   - The expert-pool thread, each round, for every problem that may have work
 //     (Problem::TakePoolWork; an idle problem costs nothing): writes the quarantined
 //     experts, backfills within a time budget, retires dominated experts (auto-training),
@@ -249,9 +249,11 @@ absl::Status DecisionService::MaintainStore() {
 }
 
 void DecisionService::MaintenanceLoop() {
-  SetCurrentThreadPriority(options_.background_priority == ThreadPriority::kNormal
-                               ? ThreadPriority::kNormal
-                               : ThreadPriority::kLow);
+  // Never idle: with `idle`, nice 19 (the request threads first, but never starved by the
+  // process's own idle threads).
+  SetCurrentThreadPriority(options_.background_priority == ThreadPriority::kIdle
+                               ? ThreadPriority::kLowest
+                               : options_.background_priority);
   while (!stop_.WaitForNotificationWithTimeout(
       absl::Milliseconds(options_.maintenance_interval_ms))) {
     absl::Status s = RunWriteRound();

@@ -224,9 +224,8 @@ TEST(PendingTableTest, ADurableDecisionAnswersItsWaitersOnceStored) {
   EXPECT_EQ(t.Due(1000), std::vector<std::string>{"a"});
 }
 
-// What an executor's threads run at: kLow is nice 19 (a milder nice 10 let a busy learner
-// delay woken request threads by a scheduler tick: executor.h), kIdle is SCHED_IDLE, and
-// kNormal keeps the creating thread's priority.
+// What an executor's threads run at: kLow is nice 10, kLowest nice 19 (executor.h says why
+// both), kIdle is SCHED_IDLE, and kNormal keeps the creating thread's priority.
 TEST(ExecutorTest, ThreadsRunAtTheirPriority) {
   const auto observed = [](ThreadPriority priority) {
     std::pair<int, int> policy_and_nice;
@@ -240,7 +239,8 @@ TEST(ExecutorTest, ThreadsRunAtTheirPriority) {
     return policy_and_nice;
   };
   const int own_nice = getpriority(PRIO_PROCESS, 0);
-  EXPECT_EQ(observed(ThreadPriority::kLow), std::make_pair(SCHED_OTHER, 19));
+  EXPECT_EQ(observed(ThreadPriority::kLow), std::make_pair(SCHED_OTHER, 10));
+  EXPECT_EQ(observed(ThreadPriority::kLowest), std::make_pair(SCHED_OTHER, 19));
   EXPECT_EQ(observed(ThreadPriority::kIdle).first, SCHED_IDLE);
   EXPECT_EQ(observed(ThreadPriority::kNormal), std::make_pair(SCHED_OTHER, own_nice));
   // The caller's own priority is not touched.
