@@ -11,12 +11,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -260,14 +258,9 @@ std::vector<int> NiceOfThreads(const std::string& name) {
     std::string n;
     std::getline(comm, n);
     if (n != name) continue;
-    // /proc/PID/task/TID/stat: "tid (comm) state ..."; nice is the 19th field, the 17th
-    // after the ")" (comm may hold spaces).
-    std::ifstream stat_file(task.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(stat_file)), {});
-    std::istringstream rest(stat.substr(stat.rfind(')') + 1));
-    std::string field;
-    for (int i = 0; i < 17; ++i) rest >> field;
-    nice.push_back(std::stoi(field));
+    // PRIO_PROCESS with a thread id: that thread's nice value (setpriority(2), NOTES).
+    const id_t tid = static_cast<id_t>(std::stol(task.path().filename().string()));
+    nice.push_back(getpriority(PRIO_PROCESS, tid));
   }
   return nice;
 }
