@@ -845,6 +845,68 @@ BENCHMARK_CAPTURE(BM_TrainExpert, importance_weighted/all_rewarded,
 BENCHMARK_CAPTURE(BM_TrainExpert, likelihood/all_rewarded, TrainingObjective::kLikelihood, true)
     ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
 
+// Training an expert of a batch as decisiond and bench/regret do: on a bootstrap resample
+// (likelihood, letter logged under uniform play, as above), `copies`: each drawn sample
+// once with its number of draws (Bootstrap), `rows`: every draw its own row (the same
+// model up to the order of sums, tests/xgboost_trainer_test.cc). Trees of depth 6 and 10
+// (20 and 40 rounds) and the gblinear expert (30 rounds).
+enum class BootstrapForm { kRows, kCopies };
+
+void BM_TrainBootstrap(benchmark::State& state, BootstrapForm form) {
+  const int rows = static_cast<int>(state.range(0));
+  const int depth = static_cast<int>(state.range(1));  // 0: gblinear
+  static const absl::StatusOr<bench::Dataset>* data = new absl::StatusOr<bench::Dataset>(
+      bench::LoadCsv(std::string(DECISION_SOURCE_DIR) + "/bench/data/letter.csv"));
+  if (!data->ok() || (*data)->size() < static_cast<size_t>(rows)) {
+    state.SkipWithError("bench/data/letter.csv is missing or short");
+    return;
+  }
+  const bench::Dataset& d = **data;
+  TrainingSet set;
+  set.num_features = d.num_features;
+  std::mt19937_64 gen(5);
+  for (int i = 0; i < rows; ++i) {
+    const int arm = std::uniform_int_distribution<int>(0, d.num_classes - 1)(gen);
+    set.Add(d.row(i), arm, arm == d.labels[i] ? 1.0 : 0.0, 1.0 / d.num_classes);
+  }
+  TrainingSet boot = Bootstrap(set, TrainingObjective::kLikelihood, gen);
+  if (form == BootstrapForm::kRows) {
+    TrainingSet drawn;
+    drawn.num_features = boot.num_features;
+    for (size_t i = 0; i < boot.size(); ++i) {
+      for (float c = 0; c < boot.copies[i]; c += 1) {
+        drawn.rows.insert(drawn.rows.end(), boot.rows.begin() + i * boot.num_features,
+                          boot.rows.begin() + (i + 1) * boot.num_features);
+        drawn.labels.push_back(boot.labels[i]);
+        drawn.rewards.push_back(boot.rewards[i]);
+        drawn.propensities.push_back(boot.propensities[i]);
+      }
+    }
+    boot = std::move(drawn);
+  }
+  XgboostTrainOptions o;
+  o.linear = depth == 0;
+  o.rounds = depth == 0 ? 30 : depth == 6 ? 20 : 40;
+  o.max_depth = std::max(depth, 1);
+  o.learning_rate = depth == 0 ? 0.1 : 0.3;
+  o.colsample_bytree = 0.8;
+  o.seed = 7;
+  for (auto _ : state) {
+    absl::StatusOr<std::string> model = TrainXgboostModel(boot, d.num_classes, o);
+    if (!model.ok()) {
+      state.SkipWithError(std::string(model.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(model->data());
+  }
+  state.counters["training_rows"] = static_cast<double>(boot.size());
+  state.SetItemsProcessed(state.iterations() * rows);
+}
+BENCHMARK_CAPTURE(BM_TrainBootstrap, rows, BootstrapForm::kRows)
+    ->ArgsProduct({{16000}, {6, 10, 0}})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainBootstrap, copies, BootstrapForm::kCopies)
+    ->ArgsProduct({{16000}, {6, 10, 0}})->Unit(benchmark::kMillisecond);
+
 enum class NewExpertForm { kEveryPair, kRetiredRows, kUnloaded };
 
 void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {

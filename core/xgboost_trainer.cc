@@ -59,6 +59,14 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
       LikelihoodGradient(absl::MakeConstSpan(p + i * k, k), static_cast<int>(set.labels[i]),
                          set.rewards[i], 1.0f / set.propensities[i],
                          absl::MakeSpan(&grad[i * k], k), absl::MakeSpan(&hess[i * k], k));
+      // c copies of a sample add c times its gradient and curvature (XGBoost's trees and
+      // gblinear sum them over rows; the curvature's floor applies to each copy).
+      if (const float c = set.copies_of(i); c != 1.0f) {
+        for (size_t j = i * k; j < (i + 1) * k; ++j) {
+          grad[j] *= c;
+          hess[j] *= c;
+        }
+      }
     }
     if (XGBoosterBoostOneIter(booster, matrix, grad.data(), hess.data(), n * k) != 0) {
       return XgbError("training");
@@ -74,14 +82,17 @@ void TrainingSet::Add(absl::Span<const double> x, int arm, double reward, double
   labels.push_back(static_cast<float>(arm));
   rewards.push_back(static_cast<float>(reward));
   propensities.push_back(static_cast<float>(propensity));
+  if (!copies.empty()) copies.push_back(1.0f);
 }
 
 void TrainingSet::AddFrom(const TrainingSet& from, size_t i) {
+  if (copies.empty() && !from.copies.empty()) copies.assign(size(), 1.0f);
   const auto row = from.rows.begin() + static_cast<std::ptrdiff_t>(i * from.num_features);
   rows.insert(rows.end(), row, row + from.num_features);
   labels.push_back(from.labels[i]);
   rewards.push_back(from.rewards[i]);
   propensities.push_back(from.propensities[i]);
+  if (!copies.empty()) copies.push_back(from.copies_of(i));
 }
 
 void TrainingSet::DropOldest(size_t n) {
@@ -91,6 +102,7 @@ void TrainingSet::DropOldest(size_t n) {
   labels.erase(labels.begin(), labels.begin() + drop);
   rewards.erase(rewards.begin(), rewards.begin() + drop);
   propensities.erase(propensities.begin(), propensities.begin() + drop);
+  if (!copies.empty()) copies.erase(copies.begin(), copies.begin() + drop);
 }
 
 size_t TrainingSet::TrainedOn(TrainingObjective objective) const {
@@ -128,11 +140,19 @@ TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
   for (size_t i = 0; i < set.size(); ++i) {
     if (objective == TrainingObjective::kLikelihood || set.rewards[i] > 0) pool.push_back(i);
   }
+  // The draws of before (one Uniform per draw), counted instead of copied.
+  std::vector<float> draws(pool.size(), 0.0f);
+  for (size_t i = 0; i < pool.size(); ++i) {
+    draws[absl::Uniform<size_t>(gen, 0, pool.size())] += 1.0f;
+  }
   TrainingSet out;
   out.num_features = set.num_features;
-  out.rows.reserve(pool.size() * set.num_features);
-  for (size_t i = 0; i < pool.size(); ++i) {
-    out.AddFrom(set, pool[absl::Uniform<size_t>(gen, 0, pool.size())]);
+  out.copies.reserve(pool.size());
+  for (size_t j = 0; j < pool.size(); ++j) {
+    if (draws[j] == 0) continue;
+    out.AddFrom(set, pool[j]);
+    if (out.copies.empty()) out.copies.assign(out.size(), 1.0f);
+    out.copies.back() *= draws[j];
   }
   return out;
 }
@@ -171,9 +191,10 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
         absl::StrCat("training needs at least 2 arms, got ", num_arms));
   }
   if (set.num_features < 1 || set.rows.size() != set.size() * set.num_features ||
-      set.rewards.size() != set.size() || set.propensities.size() != set.size()) {
+      set.rewards.size() != set.size() || set.propensities.size() != set.size() ||
+      (!set.copies.empty() && set.copies.size() != set.size())) {
     return absl::InvalidArgumentError(
-        "training set rows, labels, rewards and propensities disagree in size");
+        "training set rows, labels, rewards, propensities and copies disagree in size");
   }
   for (size_t i = 0; i < set.size(); ++i) {
     if (!(set.labels[i] >= 0 && set.labels[i] < num_arms)) {
@@ -185,6 +206,10 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
       return absl::InvalidArgumentError(absl::StrCat(
           "training sample ", i, " has reward ", set.rewards[i], " and propensity ",
           set.propensities[i], "; they must be in [0, 1] and (0, 1]"));
+    }
+    if (!(set.copies_of(i) >= 1 && std::isfinite(set.copies_of(i)))) {
+      return absl::InvalidArgumentError(absl::StrCat("training sample ", i, " has ",
+                                                     set.copies_of(i), " copies, not >= 1"));
     }
   }
   if (o.rounds < 1 || o.max_depth < 1 || !(o.learning_rate > 0) || o.threads < 1 ||
@@ -205,11 +230,16 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
     }
   }
   const TrainingSet& train = copy ? rewarded : set;
+  // XGBoost's row weights. The importance-weighted classifier's objective multiplies each
+  // row's gradient by its weight, r / p per copy. The likelihood's gradients carry their
+  // own weights (BoostByLikelihood), and XGBoost uses these only to weigh the rows in its
+  // quantile sketch (the histogram's bins), as the copies would.
   std::vector<float> weights;
-  if (!likelihood) {
+  if (!likelihood || !train.copies.empty()) {
     weights.reserve(train.size());
     for (size_t i = 0; i < train.size(); ++i) {
-      weights.push_back(train.rewards[i] / train.propensities[i]);
+      weights.push_back(likelihood ? train.copies_of(i)
+                                   : train.copies_of(i) * train.rewards[i] / train.propensities[i]);
     }
   }
   if (train.size() == 0) {
@@ -222,7 +252,7 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
     return XgbError("DMatrix creation");
   }
   if (XGDMatrixSetFloatInfo(h.matrix, "label", train.labels.data(), train.size()) != 0 ||
-      (!likelihood &&
+      (!weights.empty() &&
        XGDMatrixSetFloatInfo(h.matrix, "weight", weights.data(), train.size()) != 0)) {
     return XgbError("setting labels and weights");
   }

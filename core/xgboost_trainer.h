@@ -30,16 +30,20 @@ enum class TrainingObjective {
 };
 
 // Logged samples to train on, row-major: the context, the arm played, its reward in
-// [0, 1] and the propensity it was played with.
+// [0, 1] and the propensity it was played with; and, for a bootstrap resample, how many
+// times each sample was drawn. Training on a sample with `copies` c is training on c
+// copies of it (its gradients and weight are multiplied by c), at the cost of one row.
 struct TrainingSet {
   int num_features = 0;
   std::vector<float> rows;          // size() * num_features
   std::vector<float> labels;        // the arm played, 0..K-1
   std::vector<float> rewards;       // in [0, 1]
   std::vector<float> propensities;  // in (0, 1]
+  std::vector<float> copies;        // empty (one copy each), or size() counts >= 1
   size_t size() const { return labels.size(); }
+  float copies_of(size_t i) const { return copies.empty() ? 1.0f : copies[i]; }
   void Add(absl::Span<const double> x, int arm, double reward, double propensity);
-  // Appends `from`'s sample i.
+  // Appends `from`'s sample i, with its copies.
   void AddFrom(const TrainingSet& from, size_t i);
   // Drops the oldest n samples.
   void DropOldest(size_t n);
@@ -80,7 +84,10 @@ void LikelihoodGradient(absl::Span<const float> p, int arm, float reward, float 
                         absl::Span<float> grad, absl::Span<float> hess);
 
 // A bootstrap resample of the samples of `set` that `objective` trains on (all of them;
-// with kImportanceWeighted, the rewarded ones), as many draws as there are such samples.
+// with kImportanceWeighted, the rewarded ones), as many draws as there are such samples:
+// each sample drawn once or more is kept once, in `set`'s order, with `copies` = its number
+// of draws (about 63% of the samples for as many draws; a sample's own copies multiply). Trains the model that the drawn rows
+// themselves would train, up to the order of floating-point sums.
 TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
                       absl::BitGenRef gen);
 

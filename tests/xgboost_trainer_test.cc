@@ -208,6 +208,79 @@ TEST(XgboostTrainer, RejectsBadTrainingSets) {
   EXPECT_EQ(zero.size(), 1u);
   EXPECT_EQ(zero.TrainedOn(TrainingObjective::kLikelihood), 1u);
   EXPECT_EQ(zero.TrainedOn(TrainingObjective::kImportanceWeighted), 0u);
+  // Copies: one count per sample, each at least 1.
+  for (const float copies : {0.0f, -1.0f, NAN}) {
+    TrainingSet bad = ok;
+    bad.copies = {copies};
+    EXPECT_EQ(TrainXgboostModel(bad, 3, {}).status().code(), absl::StatusCode::kInvalidArgument)
+        << copies;
+  }
+  TrainingSet short_copies = ok;
+  short_copies.Add(std::vector<double>{0.0}, 0, 1.0, 1.0);
+  short_copies.copies = {2.0f};
+  EXPECT_EQ(TrainXgboostModel(short_copies, 3, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A bootstrap keeps each drawn sample once with its number of draws: the draws add up to
+// the samples, about 63% of them are kept, and training on the copies gives the model that
+// the drawn rows themselves give (digits' features take at most 17 values, so the weighted
+// quantile sketch bins them as the rows would be). Trees and gblinear, both objectives: the
+// probabilities on held-out rows agree up to the order of floating-point sums.
+TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
+  const Data d = LoadDigits();
+  TrainingSet set;
+  set.num_features = d.num_features;
+  std::mt19937_64 gen(3);
+  for (size_t i = 0; i < kTrainRows; ++i) {
+    const int arm = std::uniform_int_distribution<int>(0, 9)(gen);
+    set.Add(d.x[i], arm, arm == d.y[i] ? 1.0 : 0.0, 0.1);
+  }
+  for (const TrainingObjective objective :
+       {TrainingObjective::kLikelihood, TrainingObjective::kImportanceWeighted}) {
+    const TrainingSet boot = Bootstrap(set, objective, gen);
+    ASSERT_EQ(boot.copies.size(), boot.size());
+    // The rows drawn, each as often as it was drawn.
+    TrainingSet drawn;
+    drawn.num_features = set.num_features;
+    double draws = 0;
+    for (size_t i = 0; i < boot.size(); ++i) {
+      ASSERT_GE(boot.copies[i], 1.0f);
+      draws += boot.copies[i];
+      for (int c = 0; c < static_cast<int>(boot.copies[i]); ++c) {
+        drawn.rows.insert(drawn.rows.end(), boot.rows.begin() + i * set.num_features,
+                          boot.rows.begin() + (i + 1) * set.num_features);
+        drawn.labels.push_back(boot.labels[i]);
+        drawn.rewards.push_back(boot.rewards[i]);
+        drawn.propensities.push_back(boot.propensities[i]);
+      }
+    }
+    const size_t pool = set.TrainedOn(objective);
+    EXPECT_EQ(draws, static_cast<double>(pool));
+    EXPECT_NEAR(static_cast<double>(boot.size()) / pool, 1 - std::exp(-1.0), 0.05);
+    for (bool linear : {false, true}) {
+      XgboostTrainOptions o = SampleExpertOptions(linear, 1, gen);
+      o.objective = objective;
+      auto from_copies = TrainXgboostModel(boot, 10, o);
+      auto from_rows = TrainXgboostModel(drawn, 10, o);
+      ASSERT_TRUE(from_copies.ok()) << from_copies.status();
+      ASSERT_TRUE(from_rows.ok()) << from_rows.status();
+      auto a = MakeXgboostExpert(10, d.num_features, *from_copies, 0.0);
+      auto b = MakeXgboostExpert(10, d.num_features, *from_rows, 0.0);
+      ASSERT_TRUE(a.ok() && b.ok());
+      std::vector<double> pa(10), pb(10);
+      double worst = 0;
+      for (size_t i = kTrainRows; i < d.x.size(); ++i) {
+        ASSERT_TRUE((*a)->Predict(d.x[i], absl::MakeSpan(pa)).ok());
+        ASSERT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
+        for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
+      }
+      std::printf("%s, %s: largest difference in a held-out probability %.2g\n",
+                  objective == TrainingObjective::kLikelihood ? "likelihood" : "importance-weighted",
+                  linear ? "gblinear" : "trees", worst);
+      EXPECT_LT(worst, 1e-3) << (linear ? "gblinear" : "trees");
+    }
+  }
 }
 
 }  // namespace
