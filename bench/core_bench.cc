@@ -801,23 +801,35 @@ void BM_ScoreXgboost(benchmark::State& state, std::string model, size_t batch) {
 // objective: the likelihood trains on every row, the importance-weighted classifier on
 // the ~1/26 rewarded ones. And the same on a log whose rows are all rewarded (as under a
 // policy that is always right), where both train on every row.
-void BM_TrainExpert(benchmark::State& state, TrainingObjective objective, bool all_rewarded) {
-  const int rows = static_cast<int>(state.range(0));
+// The first `rows` rows of letter as a log: a uniformly random arm per row (or, with
+// `all_rewarded`, the label), reward 1 if it is the label, propensity 1/26. Null (and the
+// benchmark skipped) if bench/data/letter.csv is missing or short.
+const bench::Dataset* LetterLog(benchmark::State& state, int rows, bool all_rewarded,
+                                std::mt19937_64& gen, TrainingSet* set) {
   static const absl::StatusOr<bench::Dataset>* data = new absl::StatusOr<bench::Dataset>(
       bench::LoadCsv(std::string(DECISION_SOURCE_DIR) + "/bench/data/letter.csv"));
   if (!data->ok() || (*data)->size() < static_cast<size_t>(rows)) {
     state.SkipWithError("bench/data/letter.csv is missing or short");
-    return;
+    return nullptr;
   }
   const bench::Dataset& d = **data;
-  TrainingSet set;
-  set.num_features = d.num_features;
-  std::mt19937_64 gen(5);
+  set->num_features = d.num_features;
   for (int i = 0; i < rows; ++i) {
     const int arm = all_rewarded ? d.labels[i]
                                  : std::uniform_int_distribution<int>(0, d.num_classes - 1)(gen);
-    set.Add(d.row(i), arm, arm == d.labels[i] ? 1.0 : 0.0, 1.0 / d.num_classes);
+    set->Add(d.row(i), arm, arm == d.labels[i] ? 1.0 : 0.0, 1.0 / d.num_classes);
   }
+  return &d;
+}
+
+void BM_TrainExpert(benchmark::State& state, TrainingObjective objective, bool all_rewarded) {
+  TrainingSet set;
+  std::mt19937_64 gen(5);
+  const bench::Dataset* data =
+      LetterLog(state, static_cast<int>(state.range(0)), all_rewarded, gen, &set);
+  if (data == nullptr) return;
+  const bench::Dataset& d = *data;
+  const int rows = static_cast<int>(set.size());
   XgboostTrainOptions o;
   o.rounds = 20;
   o.max_depth = 6;
@@ -855,20 +867,11 @@ enum class BootstrapForm { kRows, kCopies };
 void BM_TrainBootstrap(benchmark::State& state, BootstrapForm form) {
   const int rows = static_cast<int>(state.range(0));
   const int depth = static_cast<int>(state.range(1));  // 0: gblinear
-  static const absl::StatusOr<bench::Dataset>* data = new absl::StatusOr<bench::Dataset>(
-      bench::LoadCsv(std::string(DECISION_SOURCE_DIR) + "/bench/data/letter.csv"));
-  if (!data->ok() || (*data)->size() < static_cast<size_t>(rows)) {
-    state.SkipWithError("bench/data/letter.csv is missing or short");
-    return;
-  }
-  const bench::Dataset& d = **data;
   TrainingSet set;
-  set.num_features = d.num_features;
   std::mt19937_64 gen(5);
-  for (int i = 0; i < rows; ++i) {
-    const int arm = std::uniform_int_distribution<int>(0, d.num_classes - 1)(gen);
-    set.Add(d.row(i), arm, arm == d.labels[i] ? 1.0 : 0.0, 1.0 / d.num_classes);
-  }
+  const bench::Dataset* data = LetterLog(state, rows, /*all_rewarded=*/false, gen, &set);
+  if (data == nullptr) return;
+  const bench::Dataset& d = *data;
   TrainingSet boot = Bootstrap(set, TrainingObjective::kLikelihood, gen);
   if (form == BootstrapForm::kRows) {
     TrainingSet drawn;
