@@ -86,8 +86,9 @@ void LikelihoodGradient(absl::Span<const float> p, int arm, float reward, float 
 // A bootstrap resample of the samples of `set` that `objective` trains on (all of them;
 // with kImportanceWeighted, the rewarded ones), as many draws as there are such samples:
 // each sample drawn once or more is kept once, in `set`'s order, with `copies` = its number
-// of draws (about 63% of the samples for as many draws; a sample's own copies multiply). Trains the model that the drawn rows
-// themselves would train, up to the order of floating-point sums.
+// of draws (about 63% of the samples for as many draws; a sample's own copies multiply).
+// Trains the model that the drawn rows themselves would train, up to the order of
+// floating-point sums.
 TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
                       absl::BitGenRef gen);
 

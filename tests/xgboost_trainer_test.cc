@@ -275,9 +275,10 @@ TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
         ASSERT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
         for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
       }
+      const bool likelihood = objective == TrainingObjective::kLikelihood;
       std::printf("%s, %s: largest difference in a held-out probability %.2g\n",
-                  objective == TrainingObjective::kLikelihood ? "likelihood" : "importance-weighted",
-                  linear ? "gblinear" : "trees", worst);
+                  likelihood ? "likelihood" : "importance-weighted", linear ? "gblinear" : "trees",
+                  worst);
       EXPECT_LT(worst, 1e-3) << (linear ? "gblinear" : "trees");
     }
   }
