@@ -71,9 +71,10 @@
 //                                        per Predict/PredictBatch (/proc/self/io syscr).
 //                                        /threads:2: two threads scoring on one expert at
 //                                        once; items/s is the total over both (real time).
-//                                        Tree models score with the compiled forest
-//                                        (core/xgboost_forest.h); <model>-libxgboost is the
-//                                        same model through libxgboost's predictor.
+//                                        Models score with their compiled form
+//                                        (core/xgboost_forest.h: trees or gblinear);
+//                                        <model>-libxgboost is the same model through
+//                                        libxgboost's predictor.
 //
 // Data: a fixed-seed synthetic stream of K = 26 arm samples. Every context has a base
 // distribution over arms (Dirichlet(0.3)); expert k's distribution is the base tilted by a
@@ -708,9 +709,9 @@ const XgbBank& GetXgbBank() {
         return b;
       }
       b->experts[m.name] = *std::move(expert);
-      if (!m.linear) {
-        // The same model predicted by libxgboost itself: the baseline of the compiled forest
-        // (core/xgboost_forest.h), which the tree experts above use.
+      {
+        // The same model predicted by libxgboost itself: the baseline of the compiled form
+        // (core/xgboost_forest.h: trees or gblinear weights), which the experts above use.
         absl::StatusOr<std::unique_ptr<Expert>> reference =
             MakeXgboostExpert(b->num_arms, b->num_features, *bytes, kDefaultSmoothing,
                               XgboostPredictor::kLibxgboost);
@@ -1045,9 +1046,7 @@ void RegisterAll() {
         ->Unit(benchmark::kMillisecond);
   }
   for (const XgbModel& m : kXgbModels) {
-    for (const std::string& name :
-         {std::string(m.name), m.linear ? std::string() : absl::StrCat(m.name, "-libxgboost")}) {
-      if (name.empty()) continue;
+    for (const std::string& name : {std::string(m.name), absl::StrCat(m.name, "-libxgboost")}) {
       for (size_t batch : {size_t{1}, size_t{64}, size_t{512}, size_t{4096}}) {
         const std::string form = batch == 1 ? "row" : absl::StrCat("batch", batch);
         for (int threads : {1, 2}) {

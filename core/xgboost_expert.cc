@@ -281,11 +281,11 @@ absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(int num_arms, int num_
   // The last parameter set: predictions may run concurrently only after this.
   XGBoosterSetParam(booster, "nthread", "1");
   const bool trees = booster_kind != "gblinear";
-  if (!trees || forest->num_class == 0 || predictor == XgboostPredictor::kLibxgboost) {
+  if (forest->num_class == 0 || predictor == XgboostPredictor::kLibxgboost) {
     forest.reset();
   } else {
-    // libxgboost has loaded and accepted the model; the compiled forest predicts from now
-    // on, so the booster's copy of the trees is not kept.
+    // libxgboost has loaded and accepted the model; the compiled form predicts from now
+    // on, so the booster's copy of the model is not kept.
     XGBoosterFree(booster);
     booster = nullptr;
   }

@@ -13,10 +13,11 @@
 // source references). Each call in flight takes its own scratch (float rows, a proxy
 // DMatrix) from a small pool, under a lock held only to take and return it.
 //
-// Cost: no call opens or reads a file once the expert has served as many calls at once as
-// it ever will (a new scratch's proxy DMatrix reads two cgroup files, in libxgboost). A
-// gblinear expert still builds a DMatrix per call (libxgboost 1.7 has no in-place gblinear
-// prediction), and that reads the two cgroup files every time.
+// Cost: a model is predicted by its compiled form (core/xgboost_forest.h), which opens and
+// reads no file. With XgboostPredictor::kLibxgboost, no call opens or reads a file once the
+// expert has served as many calls at once as it ever will (a new scratch's proxy DMatrix
+// reads two cgroup files, in libxgboost), except for gblinear: libxgboost 1.7 predicts it
+// only through a DMatrix built per call, which reads the two cgroup files every time.
 #ifndef DECISION_CORE_XGBOOST_EXPERT_H_
 #define DECISION_CORE_XGBOOST_EXPERT_H_
 
@@ -44,9 +45,9 @@ float XgboostFeature(double x);
 // features other than num_arms / num_features), or if libxgboost then fails to load them.
 // Never crashes on malformed bytes.
 //
-// A tree model is predicted by its compiled form (core/xgboost_forest.h: the same floats as
-// libxgboost's predictor, without its per-call cost) unless `predictor` says otherwise;
-// gblinear models always by libxgboost.
+// A model, trees or gblinear, is predicted by its compiled form (core/xgboost_forest.h: the
+// same floats as libxgboost's predictor, without its per-call cost) unless `predictor`
+// says otherwise.
 enum class XgboostPredictor { kCompiled, kLibxgboost };
 absl::StatusOr<std::unique_ptr<Expert>> MakeXgboostExpert(
     int num_arms, int num_features, absl::string_view model_bytes,

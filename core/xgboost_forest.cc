@@ -19,9 +19,32 @@ void Softmax(float* margins, int k) {
   for (int v = 0; v < k; ++v) margins[v] /= total;
 }
 
+void PredictLinear(const XgboostForest& model, const float* rows, size_t n, float* probs) {
+  const size_t k = static_cast<size_t>(model.num_class);
+  const size_t d = static_cast<size_t>(model.num_features);
+  const float* w = model.linear_weights.data();
+  const float* bias = w + d * k;
+  for (size_t r = 0; r < n; ++r) {
+    const float* x = rows + r * d;
+    float* margins = probs + r * k;
+    for (size_t v = 0; v < k; ++v) margins[v] = bias[v] + model.base_score;
+    for (size_t f = 0; f < d; ++f) {
+      for (size_t v = 0; v < k; ++v) {
+        const float term = x[f] * w[f * k + v];
+        margins[v] += term;
+      }
+    }
+    Softmax(margins, static_cast<int>(k));
+  }
+}
+
 }  // namespace
 
 void PredictForest(const XgboostForest& forest, const float* rows, size_t n, float* probs) {
+  if (!forest.linear_weights.empty()) {
+    PredictLinear(forest, rows, n, probs);
+    return;
+  }
   constexpr size_t kGroup = XgboostForest::kInterleave;
   constexpr size_t kBlock = XgboostForest::kRowBlock;
   const int k = forest.num_class;

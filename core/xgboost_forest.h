@@ -1,4 +1,4 @@
-// A gbtree model as flat arrays, predicted without libxgboost.
+// A gbtree or gblinear model as flat arrays, predicted without libxgboost.
 //
 // libxgboost 1.7.4's CPU predictor walks RegTree nodes through its generic C API: every call
 // parses a JSON configuration, builds an adapter over the rows and dispatches per block,
@@ -19,6 +19,11 @@
 //     every tree of that class (tree_info), in float;
 //   - softmax: the max margin m, e_v = expf(margin_v - m) in float, their sum in double,
 //     p_v = e_v / (float)sum.
+// A gblinear model (linear_weights) is libxgboost's GBLinear::Pred (src/gbm/gblinear.cc):
+// each class's margin starts at its bias + base_score and adds x[f] * w[f][class] for
+// f = 0, 1, ... in float (a product, then a sum: never a fused multiply-add); then the same
+// softmax. libxgboost 1.7 predicts gblinear only through a DMatrix, whose construction
+// reads two cgroup files per call; the compiled form reads nothing.
 // tests/xgboost_expert_test.cc checks the probabilities against libxgboost's on trained
 // models, bit for bit.
 //
@@ -56,6 +61,10 @@ struct XgboostForest {
   std::vector<uint32_t> roots;       // index of each tree's root in `nodes`
   std::vector<int32_t> tree_class;   // tree_info: the class each tree adds to
   std::vector<uint16_t> depths;      // each tree's depth (steps from the root to its leaves)
+  // A gblinear model instead of trees: (num_features + 1) x num_class weights, w[f][class]
+  // at f * num_class + class, the last row the biases (gblinear's own layout). Empty for
+  // a gbtree model.
+  std::vector<float> linear_weights;
 };
 
 // Writes n x num_class probabilities (row-major) for the n rows of `rows` (n x num_features

@@ -1003,6 +1003,15 @@ class ModelChecker {
         return Invalid(absl::StrCat(kPath, ".boosted_rounds is ", r));
       }
     }
+    if (forest_ != nullptr) {
+      forest_->num_class = num_arms_;
+      forest_->num_features = num_features_;
+      // float32 as they are; a JSON number rounded to float, as the trees' values are.
+      forest_->linear_weights.assign(values.size(), 0.0f);
+      for (size_t i = 0; i < values.size(); ++i) {
+        forest_->linear_weights[i] = static_cast<float>(values[i]);
+      }
+    }
     return absl::OkStatus();
   }
 

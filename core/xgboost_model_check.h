@@ -117,9 +117,9 @@ struct XgboostModelLimits {
 //   - attributes: an object of strings; feature_names and feature_types, if present, arrays
 //     of strings.
 //
-// If `forest` is not null and the model is an accepted gbtree model, it receives the trees
-// compiled for PredictForest (core/xgboost_forest.h); otherwise it is left empty
-// (num_class 0).
+// If `forest` is not null and the model is accepted, it receives the model compiled for
+// PredictForest (core/xgboost_forest.h): the trees of a gbtree model, the weights of a
+// gblinear one. Otherwise it is left empty (num_class 0).
 absl::Status CheckXgboostModel(absl::string_view bytes, int num_arms, int num_features,
                                const XgboostModelLimits& limits = {},
                                XgboostForest* forest = nullptr);

@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "core/expert.h"
 #include "core/xgboost_model_check.h"
@@ -280,7 +282,9 @@ TEST_P(TreeModelTest, BatchEqualsSinglePredictions) {
 // The compiled forest (core/xgboost_forest.h) gives the same floats as libxgboost's
 // predictor: bit for bit, on deep and shallow models, in both formats, on training rows,
 // random rows, rows on the split conditions themselves and rows far outside the data.
-TEST(XgboostExpert, CompiledForestPredictsExactlyWhatLibxgboostPredicts) {
+// Rows to compare predictors on: the training rows, random ones around them, rows mixing
+// the training data's values, and extremes (margins that overflow float included).
+std::vector<double> ComparisonRows() {
   std::mt19937_64 gen(11);
   std::uniform_real_distribution<double> u(-0.5, 1.5);
   std::vector<double> rows;
@@ -296,9 +300,38 @@ TEST(XgboostExpert, CompiledForestPredictsExactlyWhatLibxgboostPredicts) {
       rows.push_back(static_cast<double>(Data().features[(i * 7 % kRows) * kFeatures + f]));
     }
   }
-  for (double far : {-1e30, 1e30, 0.0, -0.0}) {
+  for (double far : {-1e30, 1e30, 0.0, -0.0, 1e6, -3.5e4}) {
     for (int f = 0; f < kFeatures; ++f) rows.push_back(far);
   }
+  return rows;
+}
+
+// The compiled and libxgboost's predictions of `bytes` on `rows`, as a batch and one row
+// at a time, are the same doubles.
+void ExpectCompiledPredictsAsLibxgboost(const std::string& bytes, const std::vector<double>& rows,
+                                        const std::string& what) {
+  const size_t n = rows.size() / kFeatures;
+  auto compiled = MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0);
+  auto reference =
+      MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0, XgboostPredictor::kLibxgboost);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  std::vector<double> got(n * kClasses), want(n * kClasses);
+  ASSERT_TRUE((*compiled)->PredictBatch(rows, n, absl::MakeSpan(got)).ok());
+  ASSERT_TRUE((*reference)->PredictBatch(rows, n, absl::MakeSpan(want)).ok());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << what << ", row " << i / kClasses << " class " << i % kClasses;
+  }
+  // One row at a time too (the forest's blocks of rows change nothing).
+  for (size_t r = 0; r < n; r += 37) {
+    const std::vector<double> x(rows.begin() + r * kFeatures, rows.begin() + (r + 1) * kFeatures);
+    const std::vector<double> one = MustPredict(**compiled, x);
+    for (int v = 0; v < kClasses; ++v) ASSERT_EQ(one[v], want[r * kClasses + v]) << what;
+  }
+}
+
+TEST(XgboostExpert, CompiledForestPredictsExactlyWhatLibxgboostPredicts) {
+  const std::vector<double> rows = ComparisonRows();
   for (const auto& [depth, rounds, extra] :
        {std::tuple<const char*, int, const char*>{"3", 10, "1"}, {"6", 20, "0.8"},
         {"10", 40, "0.6"}}) {
@@ -318,26 +351,33 @@ TEST(XgboostExpert, CompiledForestPredictsExactlyWhatLibxgboostPredicts) {
         if (std::isinf(forest.nodes[i].condition)) continue;  // a leaf
         for (int f = 0; f < kFeatures; ++f) model_rows.push_back(forest.nodes[i].condition);
       }
-      const size_t n = model_rows.size() / kFeatures;
-      auto compiled = MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0);
-      auto reference =
-          MakeXgboostExpert(kClasses, kFeatures, bytes, 0.0, XgboostPredictor::kLibxgboost);
-      ASSERT_TRUE(compiled.ok()) << compiled.status();
-      ASSERT_TRUE(reference.ok()) << reference.status();
-      std::vector<double> got(n * kClasses), want(n * kClasses);
-      ASSERT_TRUE((*compiled)->PredictBatch(model_rows, n, absl::MakeSpan(got)).ok());
-      ASSERT_TRUE((*reference)->PredictBatch(model_rows, n, absl::MakeSpan(want)).ok());
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(got[i], want[i]) << "depth " << depth << " " << format << ", row "
-                                   << i / kClasses << " class " << i % kClasses;
-      }
-      // One row at a time too (the forest's blocks of rows change nothing).
-      for (size_t r = 0; r < n; r += 37) {
-        const std::vector<double> x(model_rows.begin() + r * kFeatures,
-                                    model_rows.begin() + (r + 1) * kFeatures);
-        const std::vector<double> one = MustPredict(**compiled, x);
-        for (int v = 0; v < kClasses; ++v) ASSERT_EQ(one[v], want[r * kClasses + v]);
-      }
+      ExpectCompiledPredictsAsLibxgboost(bytes, model_rows,
+                                         absl::StrCat("depth ", depth, " ", format));
+    }
+  }
+}
+
+// gblinear: libxgboost predicts it through a DMatrix per call; the compiled weights give
+// the same floats. Penalties and rates that make large and small weights, a base_score
+// other than 0.5, both formats.
+TEST(XgboostExpert, CompiledGblinearPredictsExactlyWhatLibxgboostPredicts) {
+  const std::vector<double> rows = ComparisonRows();
+  for (const auto& [eta, lambda, rounds] :
+       {std::tuple<const char*, const char*, int>{"0.5", "0", 10}, {"0.1", "1", 30},
+        {"1", "0.01", 40}}) {
+    const Params params = {{"booster", "gblinear"}, {"objective", "multi:softprob"},
+                           {"num_class", "3"},      {"eta", eta},
+                           {"lambda", lambda},      {"base_score", "0.3"},
+                           {"nthread", "1"},        {"verbosity", "0"}};
+    for (const std::string format : {"json", "ubj"}) {
+      const std::string bytes = TrainModel(params, format, rounds);
+      ASSERT_FALSE(bytes.empty());
+      XgboostForest compiled;
+      ASSERT_TRUE(CheckXgboostModel(bytes, kClasses, kFeatures, {}, &compiled).ok());
+      ASSERT_EQ(compiled.linear_weights.size(), static_cast<size_t>((kFeatures + 1) * kClasses));
+      EXPECT_TRUE(compiled.roots.empty());
+      ExpectCompiledPredictsAsLibxgboost(bytes, rows,
+                                         absl::StrCat("eta ", eta, " lambda ", lambda, " ", format));
     }
   }
 }
@@ -614,27 +654,29 @@ TEST_P(ConcurrencyTest, ConcurrentBatchesOfMixedSizesMatchSingleThreaded) {
 using ::decision::testutil::ReadSyscalls;
 
 // libxgboost 1.7.4 reads two cgroup files (common::GetCfsCPUCount) whenever it constructs
-// a DMatrix, and XGBoosterPredictFromDense given no DMatrix constructs one per call: a
-// tree expert reuses its proxy DMatrix instead (core/xgboost_expert.cc), so once loaded it
-// reads nothing to predict. syscr counts read(2) calls: where the cgroup v1 files exist
+// a DMatrix: per call for XGBoosterPredictFromDense given no DMatrix, and for gblinear,
+// which it predicts only from a DMatrix. Experts predict with their compiled model
+// (core/xgboost_forest.h), trees and gblinear alike, so once loaded they read nothing. syscr counts read(2) calls: where the cgroup v1 files exist
 // (the CI host) the regression is 2 reads per call, 800 here; under cgroup v2 they do not
 // exist, the failed openat reads nothing and this test cannot see it.
-TEST(XgboostExpert, TreePredictionsReadNoFiles) {
-  std::unique_ptr<Expert> expert = MustLoad(GetModels().tree_ubj);
-  ASSERT_NE(expert, nullptr);
-  const std::vector<double> rows(Data().features.begin(),
-                                 Data().features.begin() + 25 * kFeatures);
-  std::vector<double> batch(25 * kClasses);
-  const int64_t before = ReadSyscalls();
-  if (before < 0) GTEST_SKIP() << "/proc/self/io is not readable here";
-  for (int i = 0; i < 200; ++i) {
-    MustPredict(*expert, Data().Row(i));
-    ASSERT_TRUE(expert->PredictBatch(rows, 25, absl::MakeSpan(batch)).ok());
+TEST(XgboostExpert, PredictionsReadNoFiles) {
+  for (const std::string* bytes : {&GetModels().tree_ubj, &GetModels().linear_json}) {
+    std::unique_ptr<Expert> expert = MustLoad(*bytes);
+    ASSERT_NE(expert, nullptr);
+    const std::vector<double> rows(Data().features.begin(),
+                                   Data().features.begin() + 25 * kFeatures);
+    std::vector<double> batch(25 * kClasses);
+    const int64_t before = ReadSyscalls();
+    if (before < 0) GTEST_SKIP() << "/proc/self/io is not readable here";
+    for (int i = 0; i < 200; ++i) {
+      MustPredict(*expert, Data().Row(i));
+      ASSERT_TRUE(expert->PredictBatch(rows, 25, absl::MakeSpan(batch)).ok());
+    }
+    const int64_t after = ReadSyscalls();
+    // ReadSyscalls itself reads /proc/self/io (a few calls); 400 predictions reading the
+    // cgroup files would add 800.
+    EXPECT_LT(after - before, 20) << (bytes == &GetModels().tree_ubj ? "trees" : "gblinear");
   }
-  const int64_t after = ReadSyscalls();
-  // ReadSyscalls itself reads /proc/self/io (a few calls); 400 predictions reading the
-  // cgroup files would add 800.
-  EXPECT_LT(after - before, 20);
 }
 
 }  // namespace
