@@ -906,6 +906,37 @@ void BM_TrainBootstrap(benchmark::State& state, BootstrapForm form) {
   state.counters["training_rows"] = static_cast<double>(boot.size());
   state.SetItemsProcessed(state.iterations() * rows);
 }
+// The gblinear expert (30 rounds, learning rate 0.1, L2 1) on the whole log of letter rows,
+// as auto-training trains it by default: `own` is TrainXgboostModel's own coordinate
+// descent, `libxgboost` libxgboost's shotgun updater, which it reproduces bit for bit
+// (XgboostTrainer.GblinearIsTrainedAsLibxgboostTrainsIt).
+void BM_TrainGblinear(benchmark::State& state, bool libxgboost) {
+  TrainingSet set;
+  std::mt19937_64 gen(5);
+  const bench::Dataset* data =
+      LetterLog(state, static_cast<int>(state.range(0)), /*all_rewarded=*/false, gen, &set);
+  if (data == nullptr) return;
+  XgboostTrainOptions o;
+  o.linear = true;
+  o.rounds = 30;
+  o.learning_rate = 0.1;
+  o.seed = 7;
+  o.libxgboost_linear = libxgboost;
+  for (auto _ : state) {
+    absl::StatusOr<std::string> model = TrainXgboostModel(set, data->num_classes, o);
+    if (!model.ok()) {
+      state.SkipWithError(std::string(model.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(model->data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK_CAPTURE(BM_TrainGblinear, own, false)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TrainGblinear, libxgboost, true)
+    ->Arg(4000)->Arg(16000)->Unit(benchmark::kMillisecond);
+
 BENCHMARK_CAPTURE(BM_TrainBootstrap, rows, BootstrapForm::kRows)
     ->ArgsProduct({{16000}, {6, 10, 0}})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_TrainBootstrap, copies, BootstrapForm::kCopies)

@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "core/xgboost_expert.h"
+#include "core/xgboost_forest.h"
 
 namespace decision {
 namespace {
@@ -73,6 +76,151 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
     }
   }
   return absl::OkStatus();
+}
+
+// The float libxgboost parses from the decimal text of `v` (its parameters are strings).
+float ParamFloat(double v) { return std::strtof(absl::StrCat(v).c_str(), nullptr); }
+
+// gblinear on the likelihood, trained as libxgboost 1.7.4 trains it with one thread, from
+// the v1.7.4 sources: src/gbm/gblinear.cc (DoBoost, LazySumWeights, Pred),
+// src/linear/updater_shotgun.cc (Update) and src/linear/coordinate_common.h
+// (CoordinateDelta, CoordinateDeltaBias, the gradient sums and residual updates). Each
+// round predicts p(. | x) on the training rows with the model so far (PredictForest: the
+// same floats as libxgboost's gblinear prediction and softmax), takes LikelihoodGradient,
+// then updates, for each class, its bias and then every feature's weight in order, each
+// by one step of coordinate descent on the gradient pairs, which it updates as it goes.
+// The classes do not interact within a round, so each class's steps run over contiguous
+// arrays here (libxgboost interleaves them, rows x classes, and its passes over one
+// class stride across all of them: the cost this function exists to avoid). The same
+// arithmetic in the same order: float pairs and products, sums in double.
+absl::StatusOr<std::string> TrainGblinearByLikelihood(const TrainingSet& set, int num_arms,
+                                                      const XgboostTrainOptions& o) {
+  const size_t n = set.size();
+  const size_t k = static_cast<size_t>(num_arms);
+  const size_t d = static_cast<size_t>(set.num_features);
+  const float eta = ParamFloat(o.learning_rate);
+  // LazySumWeights: the rows' weights (the copies), summed in double.
+  double sum_instance_weight = 0.0;
+  for (size_t i = 0; i < n; ++i) sum_instance_weight += set.copies_of(i);
+  // LinearTrainParam::DenormalizePenalties keeps them as floats.
+  const float lambda = static_cast<float>(ParamFloat(o.l2) * sum_instance_weight);
+  const float alpha = static_cast<float>(ParamFloat(o.l1) * sum_instance_weight);
+  XgboostForest model;
+  model.num_class = num_arms;
+  model.num_features = set.num_features;
+  model.base_score = 0.5f;
+  model.linear_weights.assign((d + 1) * k, 0.0f);  // w[f][class] at f * k + class; biases
+  float* w = model.linear_weights.data();
+  float* bias = w + d * k;
+  std::vector<float> columns(d * n);  // feature-major
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t f = 0; f < d; ++f) columns[f * n + i] = set.rows[i * d + f];
+  }
+  std::vector<float> p(n * k), grad(n * k), hess(n * k);
+  std::vector<float> g(n), h(n);  // one class's gradient pairs
+  for (int round = 0; round < o.rounds; ++round) {
+    PredictForest(model, set.rows.data(), n, p.data());
+    for (size_t i = 0; i < n; ++i) {
+      LikelihoodGradient(absl::MakeConstSpan(&p[i * k], k), static_cast<int>(set.labels[i]),
+                         set.rewards[i], 1.0f / set.propensities[i],
+                         absl::MakeSpan(&grad[i * k], k), absl::MakeSpan(&hess[i * k], k));
+      if (const float c = set.copies_of(i); c != 1.0f) {
+        for (size_t j = i * k; j < (i + 1) * k; ++j) {
+          grad[j] *= c;
+          hess[j] *= c;
+        }
+      }
+    }
+    for (size_t v = 0; v < k; ++v) {
+      for (size_t i = 0; i < n; ++i) {
+        g[i] = grad[i * k + v];
+        h[i] = hess[i * k + v];
+      }
+      // The bias (GetBiasGradientParallel, UpdateBiasResidualParallel). The curvature is
+      // at least 1e-6 (LikelihoodGradient), so no pair is skipped as libxgboost skips
+      // negative ones.
+      double sum_grad = 0.0, sum_hess = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        sum_grad += g[i];
+        sum_hess += h[i];
+      }
+      const float dbias = static_cast<float>(eta * (-sum_grad / sum_hess));
+      bias[v] += dbias;
+      if (dbias != 0.0f) {
+        for (size_t i = 0; i < n; ++i) g[i] += h[i] * dbias;
+      }
+      // Each feature in turn (the cyclic feature selector).
+      for (size_t f = 0; f < d; ++f) {
+        const float* x = &columns[f * n];
+        sum_grad = 0.0;
+        sum_hess = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+          const float gx = g[i] * x[i];
+          const float hxx = h[i] * x[i] * x[i];
+          sum_grad += gx;
+          sum_hess += hxx;
+        }
+        float& weight = w[f * k + v];
+        // CoordinateDelta, in double.
+        double delta = 0.0;
+        if (!(sum_hess < 1e-5f)) {
+          const double grad_l2 = sum_grad + static_cast<double>(lambda) * weight;
+          const double hess_l2 = sum_hess + static_cast<double>(lambda);
+          if (weight - grad_l2 / hess_l2 >= 0) {
+            delta = std::max(-(grad_l2 + alpha) / hess_l2, -static_cast<double>(weight));
+          } else {
+            delta = std::min(-(grad_l2 - alpha) / hess_l2, -static_cast<double>(weight));
+          }
+        }
+        const float dw = static_cast<float>(eta * delta);
+        if (dw == 0.0f) continue;
+        weight += dw;
+        for (size_t i = 0; i < n; ++i) {
+          const float step = h[i] * x[i] * dw;
+          g[i] += step;
+        }
+      }
+    }
+  }
+  PredictForest(model, set.rows.data(), n, p.data());
+  for (float v : p) {
+    if (!std::isfinite(v)) {
+      return absl::FailedPreconditionError(
+          "training diverged: the model gives non-finite probabilities on its training rows");
+    }
+  }
+  // The model as libxgboost 1.7.4 saves a gblinear model in JSON, then loaded by libxgboost
+  // (which trusts it: this function wrote it) and saved as UBJSON, as the trees are.
+  std::string json = absl::StrCat(
+      "{\"learner\":{\"attributes\":{},\"feature_names\":[],\"feature_types\":[],"
+      "\"gradient_booster\":{\"model\":{\"boosted_rounds\":",
+      o.rounds, ",\"weights\":[");
+  char number[32];
+  for (size_t i = 0; i < model.linear_weights.size(); ++i) {
+    // Nine significant digits (the float itself when read back), always with an exponent:
+    // libxgboost's reader takes "0" for an integer, which a weight may not be.
+    std::snprintf(number, sizeof(number), "%s%.8E", i == 0 ? "" : ",",
+                  static_cast<double>(model.linear_weights[i]));
+    json += number;
+  }
+  absl::StrAppend(&json,
+                  "]},\"name\":\"gblinear\"},\"learner_model_param\":{\"base_score\":\"5E-1\","
+                  "\"boost_from_average\":\"1\",\"num_class\":\"",
+                  num_arms, "\",\"num_feature\":\"", d,
+                  "\",\"num_target\":\"1\"},\"objective\":{\"name\":\"multi:softprob\","
+                  "\"softmax_multiclass_param\":{\"num_class\":\"",
+                  num_arms, "\"}}},\"version\":[1,7,4]}");
+  Handles handles;
+  if (XGBoosterCreate(nullptr, 0, &handles.booster) != 0) return XgbError("booster creation");
+  if (XGBoosterLoadModelFromBuffer(handles.booster, json.data(), json.size()) != 0) {
+    return XgbError("loading the trained gblinear model");
+  }
+  bst_ulong len = 0;
+  const char* bytes = nullptr;
+  if (XGBoosterSaveModelToBuffer(handles.booster, "{\"format\": \"ubj\"}", &len, &bytes) != 0) {
+    return XgbError("saving the model");
+  }
+  return std::string(bytes, len);
 }
 
 }  // namespace
@@ -230,6 +378,9 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
     }
   }
   const TrainingSet& train = copy ? rewarded : set;
+  if (o.linear && likelihood && o.threads == 1 && !o.libxgboost_linear && train.size() > 0) {
+    return TrainGblinearByLikelihood(train, num_arms, o);
+  }
   // XGBoost's row weights. The importance-weighted classifier's objective multiplies each
   // row's gradient by its weight, r / p per copy. The likelihood's gradients carry their
   // own weights (BoostByLikelihood), and XGBoost uses these only to weigh the rows in its

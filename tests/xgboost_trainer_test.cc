@@ -284,5 +284,47 @@ TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
   }
 }
 
+// gblinear on the likelihood is trained here, as libxgboost's shotgun updater trains it
+// with one thread: on digits' bandit feedback, with and without a bootstrap's copies, with
+// L2 and L1 penalties, the probabilities on held-out rows are libxgboost's model's, bit
+// for bit.
+TEST(XgboostTrainer, GblinearIsTrainedAsLibxgboostTrainsIt) {
+  const Data d = LoadDigits();
+  TrainingSet set;
+  set.num_features = d.num_features;
+  std::mt19937_64 gen(4);
+  for (size_t i = 0; i < kTrainRows; ++i) {
+    const int arm = std::uniform_int_distribution<int>(0, 9)(gen);
+    set.Add(d.x[i], arm, arm == d.y[i] ? 1.0 : 0.0, 0.1);
+  }
+  const TrainingSet boot = Bootstrap(set, TrainingObjective::kLikelihood, gen);
+  for (const TrainingSet* train : {static_cast<const TrainingSet*>(&set), &boot}) {
+    for (const auto& [l2, l1] : {std::pair<double, double>{0.01, 0.0}, {10.0, 0.0}, {1.0, 0.5}}) {
+      XgboostTrainOptions o = SampleExpertOptions(/*linear=*/true, 1, gen);
+      o.l2 = l2;
+      o.l1 = l1;
+      auto own = TrainXgboostModel(*train, 10, o);
+      o.libxgboost_linear = true;
+      auto reference = TrainXgboostModel(*train, 10, o);
+      ASSERT_TRUE(own.ok()) << own.status();
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      auto a = MakeXgboostExpert(10, d.num_features, *own, 0.0);
+      auto b = MakeXgboostExpert(10, d.num_features, *reference, 0.0);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      std::vector<double> pa(10), pb(10);
+      double worst = 0;
+      for (size_t i = kTrainRows; i < d.x.size(); ++i) {
+        ASSERT_TRUE((*a)->Predict(d.x[i], absl::MakeSpan(pa)).ok());
+        ASSERT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
+        for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
+      }
+      std::printf("gblinear, %s, l2 %g, l1 %g: largest difference %.3g\n",
+                  train == &set ? "whole set" : "bootstrap", l2, l1, worst);
+      EXPECT_EQ(worst, 0.0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace decision
