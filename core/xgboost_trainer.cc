@@ -32,6 +32,25 @@ absl::Status XgbError(const char* what) {
   return absl::InternalError(absl::StrCat("xgboost ", what, " failed: ", XGBGetLastError()));
 }
 
+// The likelihood's gradient pairs of every sample of `set` (n x k, row-major) under the
+// probabilities p: a sample with c copies adds c times its gradient and curvature
+// (XGBoost's trees and gblinear sum them over rows; the curvature's floor applies to each
+// copy).
+void LikelihoodGradients(const TrainingSet& set, const float* p, size_t k, float* grad,
+                         float* hess) {
+  for (size_t i = 0; i < set.size(); ++i) {
+    LikelihoodGradient(absl::MakeConstSpan(p + i * k, k), static_cast<int>(set.labels[i]),
+                       set.rewards[i], 1.0f / set.propensities[i],
+                       absl::MakeSpan(grad + i * k, k), absl::MakeSpan(hess + i * k, k));
+    if (const float c = set.copies_of(i); c != 1.0f) {
+      for (size_t j = i * k; j < (i + 1) * k; ++j) {
+        grad[j] *= c;
+        hess[j] *= c;
+      }
+    }
+  }
+}
+
 // Gradient boosting on the likelihood loss (xgboost_trainer.h), with the model's own
 // softmax: each round predicts p(. | x) on the training rows (XGBoost keeps these
 // predictions cached for its training matrix) and boosts one tree per arm on
@@ -58,19 +77,7 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
       return absl::InternalError(absl::StrCat("xgboost predicted ", values,
                                               " values for the training rows, not ", n * k));
     }
-    for (size_t i = 0; i < n; ++i) {
-      LikelihoodGradient(absl::MakeConstSpan(p + i * k, k), static_cast<int>(set.labels[i]),
-                         set.rewards[i], 1.0f / set.propensities[i],
-                         absl::MakeSpan(&grad[i * k], k), absl::MakeSpan(&hess[i * k], k));
-      // c copies of a sample add c times its gradient and curvature (XGBoost's trees and
-      // gblinear sum them over rows; the curvature's floor applies to each copy).
-      if (const float c = set.copies_of(i); c != 1.0f) {
-        for (size_t j = i * k; j < (i + 1) * k; ++j) {
-          grad[j] *= c;
-          hess[j] *= c;
-        }
-      }
-    }
+    LikelihoodGradients(set, p, k, grad.data(), hess.data());
     if (XGBoosterBoostOneIter(booster, matrix, grad.data(), hess.data(), n * k) != 0) {
       return XgbError("training");
     }
@@ -120,17 +127,7 @@ absl::StatusOr<std::string> TrainGblinearByLikelihood(const TrainingSet& set, in
   std::vector<float> g(n), h(n);  // one class's gradient pairs
   for (int round = 0; round < o.rounds; ++round) {
     PredictForest(model, set.rows.data(), n, p.data());
-    for (size_t i = 0; i < n; ++i) {
-      LikelihoodGradient(absl::MakeConstSpan(&p[i * k], k), static_cast<int>(set.labels[i]),
-                         set.rewards[i], 1.0f / set.propensities[i],
-                         absl::MakeSpan(&grad[i * k], k), absl::MakeSpan(&hess[i * k], k));
-      if (const float c = set.copies_of(i); c != 1.0f) {
-        for (size_t j = i * k; j < (i + 1) * k; ++j) {
-          grad[j] *= c;
-          hess[j] *= c;
-        }
-      }
-    }
+    LikelihoodGradients(set, p.data(), k, grad.data(), hess.data());
     for (size_t v = 0; v < k; ++v) {
       for (size_t i = 0; i < n; ++i) {
         g[i] = grad[i * k + v];

@@ -222,6 +222,36 @@ TEST(XgboostTrainer, RejectsBadTrainingSets) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Digits' first kTrainRows rows logged under uniform play: a random arm, reward 1 if it
+// is the label, propensity 1/10.
+TrainingSet UniformLog(const Data& d, std::mt19937_64& gen) {
+  TrainingSet set;
+  set.num_features = d.num_features;
+  for (size_t i = 0; i < kTrainRows; ++i) {
+    const int arm = std::uniform_int_distribution<int>(0, 9)(gen);
+    set.Add(d.x[i], arm, arm == d.y[i] ? 1.0 : 0.0, 0.1);
+  }
+  return set;
+}
+
+// The largest difference between two models' probabilities on the held-out rows.
+double LargestDifference(const std::string& model_a, const std::string& model_b,
+                         const Data& d) {
+  auto a = MakeXgboostExpert(10, d.num_features, model_a, 0.0);
+  auto b = MakeXgboostExpert(10, d.num_features, model_b, 0.0);
+  EXPECT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (!a.ok() || !b.ok()) return INFINITY;
+  std::vector<double> pa(10), pb(10);
+  double worst = 0;
+  for (size_t i = kTrainRows; i < d.x.size(); ++i) {
+    EXPECT_TRUE((*a)->Predict(d.x[i], absl::MakeSpan(pa)).ok());
+    EXPECT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
+    for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
+  }
+  return worst;
+}
+
 // A bootstrap keeps each drawn sample once with its number of draws: the draws add up to
 // the samples, about 63% of them are kept, and training on the copies gives the model that
 // the drawn rows themselves give (digits' features take at most 17 values, so the weighted
@@ -229,13 +259,8 @@ TEST(XgboostTrainer, RejectsBadTrainingSets) {
 // probabilities on held-out rows agree up to the order of floating-point sums.
 TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
   const Data d = LoadDigits();
-  TrainingSet set;
-  set.num_features = d.num_features;
   std::mt19937_64 gen(3);
-  for (size_t i = 0; i < kTrainRows; ++i) {
-    const int arm = std::uniform_int_distribution<int>(0, 9)(gen);
-    set.Add(d.x[i], arm, arm == d.y[i] ? 1.0 : 0.0, 0.1);
-  }
+  const TrainingSet set = UniformLog(d, gen);
   for (const TrainingObjective objective :
        {TrainingObjective::kLikelihood, TrainingObjective::kImportanceWeighted}) {
     const TrainingSet boot = Bootstrap(set, objective, gen);
@@ -265,16 +290,7 @@ TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
       auto from_rows = TrainXgboostModel(drawn, 10, o);
       ASSERT_TRUE(from_copies.ok()) << from_copies.status();
       ASSERT_TRUE(from_rows.ok()) << from_rows.status();
-      auto a = MakeXgboostExpert(10, d.num_features, *from_copies, 0.0);
-      auto b = MakeXgboostExpert(10, d.num_features, *from_rows, 0.0);
-      ASSERT_TRUE(a.ok() && b.ok());
-      std::vector<double> pa(10), pb(10);
-      double worst = 0;
-      for (size_t i = kTrainRows; i < d.x.size(); ++i) {
-        ASSERT_TRUE((*a)->Predict(d.x[i], absl::MakeSpan(pa)).ok());
-        ASSERT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
-        for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
-      }
+      const double worst = LargestDifference(*from_copies, *from_rows, d);
       const bool likelihood = objective == TrainingObjective::kLikelihood;
       std::printf("%s, %s: largest difference in a held-out probability %.2g\n",
                   likelihood ? "likelihood" : "importance-weighted", linear ? "gblinear" : "trees",
@@ -290,13 +306,8 @@ TEST(XgboostTrainer, ABootstrapsCopiesTrainAsItsDrawnRows) {
 // for bit.
 TEST(XgboostTrainer, GblinearIsTrainedAsLibxgboostTrainsIt) {
   const Data d = LoadDigits();
-  TrainingSet set;
-  set.num_features = d.num_features;
   std::mt19937_64 gen(4);
-  for (size_t i = 0; i < kTrainRows; ++i) {
-    const int arm = std::uniform_int_distribution<int>(0, 9)(gen);
-    set.Add(d.x[i], arm, arm == d.y[i] ? 1.0 : 0.0, 0.1);
-  }
+  const TrainingSet set = UniformLog(d, gen);
   const TrainingSet boot = Bootstrap(set, TrainingObjective::kLikelihood, gen);
   for (const TrainingSet* train : {static_cast<const TrainingSet*>(&set), &boot}) {
     for (const auto& [l2, l1] : {std::pair<double, double>{0.01, 0.0}, {10.0, 0.0}, {1.0, 0.5}}) {
@@ -308,17 +319,7 @@ TEST(XgboostTrainer, GblinearIsTrainedAsLibxgboostTrainsIt) {
       auto reference = TrainXgboostModel(*train, 10, o);
       ASSERT_TRUE(own.ok()) << own.status();
       ASSERT_TRUE(reference.ok()) << reference.status();
-      auto a = MakeXgboostExpert(10, d.num_features, *own, 0.0);
-      auto b = MakeXgboostExpert(10, d.num_features, *reference, 0.0);
-      ASSERT_TRUE(a.ok()) << a.status();
-      ASSERT_TRUE(b.ok()) << b.status();
-      std::vector<double> pa(10), pb(10);
-      double worst = 0;
-      for (size_t i = kTrainRows; i < d.x.size(); ++i) {
-        ASSERT_TRUE((*a)->Predict(d.x[i], absl::MakeSpan(pa)).ok());
-        ASSERT_TRUE((*b)->Predict(d.x[i], absl::MakeSpan(pb)).ok());
-        for (int k = 0; k < 10; ++k) worst = std::max(worst, std::abs(pa[k] - pb[k]));
-      }
+      const double worst = LargestDifference(*own, *reference, d);
       std::printf("gblinear, %s, l2 %g, l1 %g: largest difference %.3g\n",
                   train == &set ? "whole set" : "bootstrap", l2, l1, worst);
       EXPECT_EQ(worst, 0.0);
