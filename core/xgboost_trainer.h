@@ -12,7 +12,7 @@
 //
 // gblinear on the likelihood (one thread) is trained by this file's own coordinate
 // descent, which computes what libxgboost 1.7.4's shotgun updater computes, bit for bit,
-// on contiguous arrays (about 0.4x its time on 16000 letter rows); the model is then saved
+// on contiguous arrays (about a third of its time on 16000 letter rows); the model is saved
 // through libxgboost, as libxgboost would save it.
 //
 // Thread safety: TrainXgboostModel is reentrant; each call owns its booster.
