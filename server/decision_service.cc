@@ -53,18 +53,31 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
   store_options.low_priority_compactions =
       options.background_priority == ThreadPriority::kIdle;
   store_options.now_ms = [clock] { return clock->NowMs(); };
-  DECISION_ASSIGN_OR_RETURN(service->store_,
-                            storage::Store::Open(options.data_dir, store_options));
+  {
+    // RocksDB starts its flush and compaction threads here, with this thread's CPUs.
+    const std::vector<int> caller_cpus = CurrentThreadCpus();
+    PinCurrentThread(options.background_cpus);
+    absl::StatusOr<std::unique_ptr<storage::Store>> store =
+        storage::Store::Open(options.data_dir, store_options);
+    if (!options.background_cpus.empty()) PinCurrentThread(caller_cpus);
+    if (!store.ok()) return store.status();
+    service->store_ = *std::move(store);
+  }
   service->seed_ = options.seed != 0 ? options.seed : std::random_device{}();
   service->writer_ = std::make_unique<Executor>(1, "writer");
-  service->learner_ = std::make_unique<Executor>(1, "learner", options.background_priority);
-  const int cpus = CpusAvailable();  // reads a file: once
+  service->learner_ = std::make_unique<Executor>(1, "learner", options.background_priority,
+                                                 options.background_cpus);
+  // Reads a file: once.
+  const int cpus = options.background_cpus.empty()
+                       ? CpusAvailable()
+                       : CpuQuotaBound(static_cast<int>(options.background_cpus.size()));
   const int scoring_threads = options.scoring_threads > 0
                                   ? options.scoring_threads
                                   : std::min(cpus, kMaxDefaultScoringThreads);
   if (scoring_threads > 1) {
     service->scorers_ = std::make_unique<Executor>(scoring_threads - 1, "scorer",
-                                                   options.background_priority);
+                                                   options.background_priority,
+                                                   options.background_cpus);
   }
   service->blocking_ = std::make_unique<Executor>(kBlockingThreads, "blocking");
   service->training_jobs_ =
@@ -73,7 +86,7 @@ absl::StatusOr<std::unique_ptr<DecisionService>> DecisionService::Open(
       /*background=*/!options.inline_maintenance,
       options.training_threads > 0 ? options.training_threads : cpus,
       service->seed_, service->training_jobs_.get(), options.trainer_hooks,
-      options.background_priority);
+      options.background_priority, options.background_cpus);
   const Problem::Env env = service->ProblemEnv();
   {
     absl::MutexLock lock(&service->mu_);

@@ -80,12 +80,13 @@ struct ServiceOptions {
   // trained than the paper's schedule has. Ignored with inline_maintenance.
   int64_t min_refresh_interval_ms = 0;
   // Experts of a training job trained at once, one XGBoost thread each; the models do not
-  // depend on it (Trainer). 0: as many as the CPUs decisiond may run on (CpusAvailable).
+  // depend on it (Trainer). 0: as many as the CPUs decisiond may run on (CpusAvailable), or
+  // as background_cpus has.
   int training_threads = 0;
   // Threads that score joined samples and backfills at once: the learner or the backfill
   // plus scoring_threads - 1 helpers, at the background priority. What is learned does not
-  // depend on it. 0: as many as the CPUs decisiond may run on, at most
-  // kMaxDefaultScoringThreads.
+  // depend on it. 0: as many as the CPUs decisiond may run on (or background_cpus has), at
+  // most kMaxDefaultScoringThreads.
   int scoring_threads = 0;
   // How often the expert-pool thread gives the memory the allocator holds free back to
   // the operating system (allocator.release; unset: glibc's malloc_trim). Memory that
@@ -139,6 +140,15 @@ struct ServiceOptions {
   // Kubernetes pod, a systemd service); on a shared one, any busy process stops learning
   // and training for as long as it runs.
   ThreadPriority background_priority = ThreadPriority::kLow;
+  // The CPUs of the background threads: the learner and scorers, the trainer (and
+  // XGBoost's threads, which it starts), the maintenance and expert-pool threads, and
+  // RocksDB's flushes and compactions (their threads start in Open). Empty: they may run on
+  // every CPU the process may. The threads that answer requests (gRPC's, the writer, the
+  // blocking executor) are the caller's to place: decisiond's main restricts itself to the
+  // other CPUs before it starts them. With a list, the default training and scoring thread
+  // counts follow its length. On a saturated core, priorities alone leave a Choose waiting
+  // for the CPU (bench/README.md, "Issue 15 at a glance"); CPUs of their own do not.
+  std::vector<int> background_cpus;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
   ModelSandboxOptions model_sandbox;

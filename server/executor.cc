@@ -12,6 +12,10 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace decision::server {
 
 void SetCurrentThreadPriority(ThreadPriority priority) {
@@ -35,7 +39,10 @@ void SetCurrentThreadPriority(ThreadPriority priority) {
 int CpusAvailable() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return CpuQuotaBound(sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+}
+
+int CpuQuotaBound(int cpus) {
   // A CPU quota (cgroup v2's cpu.max, "QUOTA PERIOD" or "max PERIOD": a container's CPU
   // limit) bounds it too: threads past the quota only take turns in it.
   if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
@@ -48,8 +55,81 @@ int CpusAvailable() {
   return std::max(1, cpus);
 }
 
-Executor::Executor(int threads, std::string name, ThreadPriority priority)
-    : name_(std::move(name)), priority_(priority) {
+absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view list) {
+  const auto invalid = [list](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CPU list '", list.substr(0, 64), "' ", why,
+        " (a list of CPUs and ranges, such as 2-3 or 0,4-5)"));
+  };
+  // A CPU number: decimal digits only, below CPU_SETSIZE.
+  const auto number = [](absl::string_view digits, int* cpu) {
+    if (digits.empty() || digits.size() > 6) return false;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+    }
+    return absl::SimpleAtoi(digits, cpu);
+  };
+  if (list.empty()) return invalid("is empty");
+  std::vector<bool> listed(CPU_SETSIZE, false);
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    const size_t dash = part.find('-');
+    const absl::string_view low = part.substr(0, dash);
+    const absl::string_view high = dash == absl::string_view::npos ? low : part.substr(dash + 1);
+    int first = 0, last = 0;
+    if (!number(low, &first) || !number(high, &last)) {
+      return invalid(absl::StrCat("has '", part.substr(0, 32), "', not a CPU or a range"));
+    }
+    if (last < first) return invalid(absl::StrCat("has the range '", part, "' backwards"));
+    if (last >= CPU_SETSIZE) {
+      return invalid(absl::StrCat("names CPU ", last, "; at most ", CPU_SETSIZE - 1));
+    }
+    for (int c = first; c <= last; ++c) listed[static_cast<size_t>(c)] = true;
+  }
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (listed[static_cast<size_t>(c)]) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+std::string FormatCpuList(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    absl::StrAppend(&out, out.empty() ? "" : ",", cpus[i]);
+    if (j > i) absl::StrAppend(&out, "-", cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int> CurrentThreadCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+void PinCurrentThread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  // 0: the calling thread alone (sched_setaffinity(2): a Linux thread id is a pid here).
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    std::fprintf(stderr, "decisiond: cannot pin a thread to its CPUs: %s\n",
+                 std::strerror(errno));
+  }
+}
+
+Executor::Executor(int threads, std::string name, ThreadPriority priority,
+                   std::vector<int> cpus)
+    : name_(std::move(name)), priority_(priority), cpus_(std::move(cpus)) {
   threads_.reserve(threads);
   for (int i = 0; i < threads; ++i) {
     threads_.emplace_back([this] { Loop(); });
@@ -98,6 +178,7 @@ void Executor::Stop() {
 }
 
 void Executor::Loop() {
+  PinCurrentThread(cpus_);
   SetCurrentThreadPriority(priority_);
   while (true) {
     std::function<void()> task;

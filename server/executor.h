@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace decision::server {
@@ -48,11 +50,27 @@ void SetCurrentThreadPriority(ThreadPriority priority);
 // cpusets set it), bounded by its cgroup's CPU quota rounded up (a container's CPU limit).
 // The default number of training and scoring threads. Reads a file: call it at start-up.
 int CpusAvailable();
+// `cpus` bounded by the cgroup's CPU quota as CpusAvailable bounds it, at least 1.
+int CpuQuotaBound(int cpus);
+
+// The CPUs of a list such as "2-3" or "0,4-5" (Linux's cpuset list format), each once and in
+// order; INVALID_ARGUMENT naming what is wrong otherwise (empty, not numbers, a range
+// backwards, a CPU past CPU_SETSIZE).
+absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view list);
+// `cpus` (in order) as a list that ParseCpuList reads back: "0-1,3".
+std::string FormatCpuList(const std::vector<int>& cpus);
+// The CPUs the calling thread may run on (its affinity mask), in order.
+std::vector<int> CurrentThreadCpus();
+// Restricts the calling thread to `cpus` (nothing if empty); the threads it creates
+// afterwards inherit the mask. Failures are reported on stderr.
+void PinCurrentThread(const std::vector<int>& cpus);
 
 class Executor {
  public:
-  // `name` names the threads (at most 15 characters are kept); they run at `priority`.
-  Executor(int threads, std::string name, ThreadPriority priority = ThreadPriority::kNormal);
+  // `name` names the threads (at most 15 characters are kept); they run at `priority`, on
+  // `cpus` if not empty (PinCurrentThread).
+  Executor(int threads, std::string name, ThreadPriority priority = ThreadPriority::kNormal,
+           std::vector<int> cpus = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -68,6 +86,7 @@ class Executor {
 
   const std::string name_;
   const ThreadPriority priority_;
+  const std::vector<int> cpus_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

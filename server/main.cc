@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,6 +89,11 @@ ABSL_FLAG(std::string, background_priority, "low",
           "RocksDB's compactions at nice 19; only in a cgroup "
           "of its own, such as a container: SCHED_IDLE yields to every busy process of the "
           "cgroup) or normal");
+ABSL_FLAG(std::string, background_cpus, "",
+          "CPUs for the background threads (learner, scorers, trainer and XGBoost's threads, "
+          "maintenance, expert pool, RocksDB's flushes and compactions), e.g. 2-3 or 1,3; "
+          "the threads that answer requests then run on the other CPUs decisiond may use. "
+          "Empty: every thread may run on every CPU");
 ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
           "memory per problem for the experts' predictions on the divergence reservoir, kept "
           "so that a refresh predicts only the rows that changed (0: predict all rows at "
@@ -332,7 +338,7 @@ int Run() {
 
   SystemClock clock;
   Metrics metrics;
-  const ServiceOptions options = OptionsFromFlags();
+  ServiceOptions options = OptionsFromFlags();
   if (options.maintenance_interval_ms < 1 || absl::GetFlag(FLAGS_max_message_bytes) < 1024) {
     std::fprintf(stderr, "decisiond: --maintenance_interval_ms must be >= 1 and "
                          "--max_message_bytes >= 1024\n");
@@ -374,6 +380,36 @@ int Run() {
                  "--model_probe_memory_mb < 64 or --model_probe_timeout_ms < 100\n",
                  options.model_sandbox.probe_path.c_str());
     return 2;
+  }
+  if (const std::string list = absl::GetFlag(FLAGS_background_cpus); !list.empty()) {
+    absl::StatusOr<std::vector<int>> background = ParseCpuList(list);
+    if (!background.ok()) {
+      std::fprintf(stderr, "decisiond: --background_cpus: %s\n",
+                   std::string(background.status().message()).c_str());
+      return 2;
+    }
+    const std::vector<int> allowed = CurrentThreadCpus();
+    std::vector<int> request_cpus;
+    std::set_difference(allowed.begin(), allowed.end(), background->begin(), background->end(),
+                        std::back_inserter(request_cpus));
+    if (!std::includes(allowed.begin(), allowed.end(), background->begin(),
+                       background->end())) {
+      std::fprintf(stderr, "decisiond: --background_cpus=%s names CPUs decisiond may not run "
+                           "on: it may run on %s\n",
+                   list.c_str(), FormatCpuList(allowed).c_str());
+      return 2;
+    }
+    if (request_cpus.empty()) {
+      std::fprintf(stderr, "decisiond: --background_cpus=%s leaves no CPU for the threads "
+                           "that answer requests: decisiond may run on %s\n",
+                   list.c_str(), FormatCpuList(allowed).c_str());
+      return 2;
+    }
+    options.background_cpus = *std::move(background);
+    // This thread, and every thread it starts from here on (gRPC's, the writer, the
+    // blocking executor, the metrics server): the request CPUs. The background threads
+    // move to theirs as they start (ServiceOptions::background_cpus).
+    PinCurrentThread(request_cpus);
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const std::shared_ptr<grpc::ServerCredentials> credentials = ServerCredentialsFromFlags(listen);

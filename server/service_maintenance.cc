@@ -249,6 +249,7 @@ absl::Status DecisionService::MaintainStore() {
 }
 
 void DecisionService::MaintenanceLoop() {
+  PinCurrentThread(options_.background_cpus);
   // Never idle: with `idle`, nice 19 (the request threads first, but never starved by the
   // process's own idle threads).
   SetCurrentThreadPriority(options_.background_priority == ThreadPriority::kIdle
@@ -262,6 +263,7 @@ void DecisionService::MaintenanceLoop() {
 }
 
 void DecisionService::ExpertPoolLoop() {
+  PinCurrentThread(options_.background_cpus);
   SetCurrentThreadPriority(options_.background_priority);
   bool behind = false;
   while (!stop_.WaitForNotificationWithTimeout(

@@ -19,10 +19,11 @@ namespace decision::server {
 using storage::v1::TrainingJobRecord;
 
 Trainer::Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
-                 const TrainerHooks* hooks, ThreadPriority priority)
+                 const TrainerHooks* hooks, ThreadPriority priority, std::vector<int> cpus)
     : threads_per_job_(threads_per_job), book_(book), hooks_(hooks), gen_(seed) {
   if (background) {
-    thread_ = std::thread([this, priority] {
+    thread_ = std::thread([this, priority, cpus = std::move(cpus)] {
+      PinCurrentThread(cpus);
       SetCurrentThreadPriority(priority);
       Loop();
     });

@@ -35,6 +35,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,11 +68,11 @@ class Trainer {
   // With `background` false no thread is started and jobs run in RunPending (tests, and the
   // deterministic inline-maintenance mode). `book` and `hooks` (may be null) must outlive
   // the trainer.
-  // The background thread runs at `priority` (executor.h), and so do XGBoost's threads,
-  // which it creates.
+  // The background thread runs at `priority` (executor.h) on `cpus` (all if empty), and so
+  // do the training threads and XGBoost's, which it creates.
   Trainer(bool background, int threads_per_job, uint64_t seed, TrainingJobBook* book,
           const TrainerHooks* hooks = nullptr,
-          ThreadPriority priority = ThreadPriority::kNormal);
+          ThreadPriority priority = ThreadPriority::kNormal, std::vector<int> cpus = {});
   ~Trainer();
 
   struct Enqueued {

@@ -8,6 +8,7 @@
 // refresh, metrics export) is awaited by polling for the state with a generous timeout
 // (kPollTimeout); nothing asserts on elapsed time.
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -899,6 +901,97 @@ TEST_F(IntegrationTest, SigtermExitsCleanlyAndRestarts) {
   EXPECT_TRUE(Reward(problem, "left-pending", 0.5).first());
   RunRounds(problem, "t", 10, gen, 1);
   EXPECT_EQ(GetProblem(problem).samples(), 111);
+  EXPECT_EQ(Terminate(), 0);
+}
+
+// The CPUs of a list in Linux's format ("0-2,5", as /proc/PID/status prints them).
+std::set<int> CpusOf(const std::string& list) {
+  std::set<int> cpus;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> range = absl::StrSplit(part, '-');
+    const int first = std::stoi(range.front()), last = std::stoi(range.back());
+    for (int c = first; c <= last; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+// --background_cpus: the background threads run on those CPUs and the threads that answer
+// requests on the others; a list decisiond cannot keep refuses to start, saying why.
+TEST_F(IntegrationTest, BackgroundCpusSplitTheThreadsAndBadListsRefuseToStart) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::set<int> allowed;  // what decisiond inherits
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) allowed.insert(c);
+  }
+  std::vector<std::pair<std::string, std::string>> refused = {
+      {"x", "not a CPU or a range"},
+      {"3-2", "backwards"},
+      {absl::StrJoin(allowed, ","), "leaves no CPU for the threads that answer requests"},
+  };
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!allowed.count(c)) {
+      refused.push_back({std::to_string(c), "names CPUs decisiond may not run on"});
+      break;
+    }
+  }
+  const std::string log_path = dir_ + ".stderr";
+  for (const auto& [list, why] : refused) {
+    {
+      StderrToFile redirect(log_path);
+      EXPECT_FALSE(DecisiondProcess::Start(dir_, {"--background_cpus=" + list}).ok()) << list;
+    }
+    const std::string said = absl::StrJoin(ReadLines(log_path), "\n");
+    EXPECT_NE(said.find(why), std::string::npos) << list << ": " << said;
+  }
+  std::filesystem::remove(log_path);
+  // With one CPU every list is refused (its own is, above); with more, the last is the
+  // background's.
+  if (allowed.size() < 2) return;
+  const int background = *allowed.rbegin();
+  std::set<int> request = allowed;
+  request.erase(background);
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--background_cpus=" + std::to_string(background)}));
+  const std::string problem = "pinned";
+  CreateProblem(problem);
+  std::mt19937_64 gen(8);
+  RunRounds(problem, "p", 50, gen, 1);
+  ASSERT_NO_FATAL_FAILURE(WaitUntilSettled(problem));
+
+  std::map<std::string, std::vector<std::set<int>>> cpus_by_name;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", process_->pid(), "/task"))) {
+    std::string name;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (absl::StartsWith(line, "Cpus_allowed_list:")) {
+        cpus_by_name[name].push_back(
+            CpusOf(std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)))));
+      }
+    }
+  }
+  const std::set<int> only_background = {background};
+  int rocksdb_threads = 0;
+  for (const auto& [name, masks] : cpus_by_name) {
+    const bool background_thread = name == "learner" || name == "scorer" ||
+                                   name == "trainer" || name == "expert-pool" ||
+                                   name == "maintenance" || absl::StartsWith(name, "rocksdb:");
+    rocksdb_threads += absl::StartsWith(name, "rocksdb:") ? static_cast<int>(masks.size()) : 0;
+    // Threads no one named (started by RocksDB in the store's Open, or by the allocator
+    // before main ran) say nothing about the split.
+    if (name == "decisiond" || absl::StartsWith(name, "jemalloc")) continue;
+    for (const std::set<int>& mask : masks) {
+      EXPECT_EQ(mask, background_thread ? only_background : request) << name;
+    }
+  }
+  for (const char* name : {"learner", "trainer", "expert-pool", "maintenance", "writer",
+                           "blocking"}) {
+    EXPECT_TRUE(cpus_by_name.count(name)) << name << " is not among decisiond's threads";
+  }
+  EXPECT_GT(rocksdb_threads, 0);
+  EXPECT_EQ(GetProblem(problem).samples(), 50);
   EXPECT_EQ(Terminate(), 0);
 }
 

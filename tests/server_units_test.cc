@@ -248,6 +248,45 @@ TEST(ExecutorTest, ThreadsRunAtTheirPriority) {
   EXPECT_EQ(getpriority(PRIO_PROCESS, 0), own_nice);
 }
 
+// --background_cpus's lists: Linux's cpuset format, strictly; FormatCpuList writes what
+// ParseCpuList reads back.
+TEST(CpuListTest, ListsAreParsedStrictlyAndWrittenBack) {
+  EXPECT_EQ(*ParseCpuList("3"), std::vector<int>({3}));
+  EXPECT_EQ(*ParseCpuList("0,4-6,2"), std::vector<int>({0, 2, 4, 5, 6}));
+  EXPECT_EQ(*ParseCpuList("1-1,1"), std::vector<int>({1}));
+  for (const char* bad : {"", "a", "1,", ",1", "1-", "-1", "2-1", " 1", "1 ", "+1", "1-2-3",
+                          "0x1", "1024", "99999999999"}) {
+    const absl::StatusOr<std::vector<int>> cpus = ParseCpuList(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(cpus.status())) << "'" << bad << "'";
+    EXPECT_NE(cpus.status().message().find("CPU list"), absl::string_view::npos) << bad;
+  }
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(FormatCpuList({}), "");
+  EXPECT_EQ(*ParseCpuList(FormatCpuList({0, 1, 2, 5, 7, 8})), std::vector<int>({0, 1, 2, 5, 7, 8}));
+}
+
+// An executor's threads run on its CPUs; the creating thread keeps its own.
+TEST(ExecutorTest, ThreadsRunOnTheirCpus) {
+  const auto observed = [](Executor& executor) {
+    std::vector<int> cpus;
+    absl::Notification ran;
+    executor.Schedule([&] {
+      cpus = CurrentThreadCpus();
+      ran.Notify();
+    });
+    ran.WaitForNotification();
+    return cpus;
+  };
+  const std::vector<int> own = CurrentThreadCpus();
+  ASSERT_FALSE(own.empty());
+  const std::vector<int> one = {own.back()};
+  Executor pinned(1, "pinned", ThreadPriority::kNormal, one);
+  EXPECT_EQ(observed(pinned), one);
+  EXPECT_EQ(CurrentThreadCpus(), own);
+  Executor unpinned(1, "unpinned");  // no CPUs: the creating thread's
+  EXPECT_EQ(observed(unpinned), own);
+}
+
 TEST(ParallelForTest, EveryTaskRunsOnceAndHelpersTakeSome) {
   Executor pool(3, "helper");
   std::vector<std::atomic<int>> runs(200);
