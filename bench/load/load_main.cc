@@ -97,6 +97,12 @@ ABSL_FLAG(bool, auto_train, false,
 ABSL_FLAG(double, divergence_refresh_turnover, -1.0,
           "the problem's divergence_refresh_turnover (negative: the server's default, 0.5; 0: "
           "re-estimate the divergences at every batch boundary)");
+ABSL_FLAG(std::string, decisiond_background_cpus, "",
+          "CPUs for decisiond's background threads (decisiond --background_cpus): decisiond "
+          "is started on --server_cpus plus these, with its request threads on "
+          "--server_cpus; the null server stays on --server_cpus alone. decisiond's CPU then "
+          "includes its background threads' on these CPUs (the server-busy row reads low), "
+          "and the client-busy row shows them where these are the client's CPUs");
 ABSL_FLAG(std::string, decisiond_flags, "",
           "extra decisiond flags, space-separated (e.g. \"--durable_choose\")");
 ABSL_FLAG(std::string, token, "",
@@ -268,13 +274,21 @@ class ScopedAffinity {
 const cpu_set_t* server_cpus = nullptr;
 const cpu_set_t* client_cpus = nullptr;
 
-// Starts a server child process on the server CPUs.
+// Starts a server child process on the server CPUs, and on `extra` too if not null.
 absl::StatusOr<std::unique_ptr<decision::testing::ChildProcess>> StartServer(
-    const std::vector<std::string>& args, std::string* line) {
-  ScopedAffinity pin(server_cpus);
+    const std::vector<std::string>& args, std::string* line,
+    const cpu_set_t* extra = nullptr) {
+  cpu_set_t both;
+  const cpu_set_t* cpus = server_cpus;
+  if (server_cpus != nullptr && extra != nullptr) {
+    CPU_OR(&both, server_cpus, extra);
+    cpus = &both;
+  }
+  ScopedAffinity pin(cpus);
   if (!pin.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot pin the servers to --server_cpus=", absl::GetFlag(FLAGS_server_cpus)));
+        "cannot pin the servers to --server_cpus=", absl::GetFlag(FLAGS_server_cpus),
+        extra != nullptr ? " plus --decisiond_background_cpus" : ""));
   }
   return decision::testing::ChildProcess::Start(args, line);
 }
@@ -901,6 +915,10 @@ int main(int argc, char** argv) {
               "(RPCs / 2); load average at start %s\n",
               server_cpu_list.empty() ? "any" : server_cpu_list.c_str(),
               client_cpu_list.empty() ? "any" : client_cpu_list.c_str(), LoadAverage().c_str());
+  if (const std::string b = absl::GetFlag(FLAGS_decisiond_background_cpus); !b.empty()) {
+    std::printf("load: decisiond's background threads on CPU %s (--background_cpus)\n",
+                b.c_str());
+  }
   std::vector<Result> real_results;
   std::vector<Result> null_results = DriveNullServer("null", levels, {});
   if (null_results.empty()) return 1;
@@ -922,11 +940,20 @@ int main(int argc, char** argv) {
     if (largest > (uintmax_t{4} << 20) - (64 << 10)) {
       args.push_back(absl::StrCat("--max_message_bytes=", largest + (uintmax_t{1} << 20)));
     }
+    const std::string background = absl::GetFlag(FLAGS_decisiond_background_cpus);
+    cpu_set_t background_set;
+    if (!background.empty()) {
+      if (server_cpus == nullptr || !ParseCpus(background, &background_set)) {
+        std::fprintf(stderr, "load: bad --decisiond_background_cpus (it needs --server_cpus)\n");
+        return 2;
+      }
+      args.push_back("--background_cpus=" + background);
+    }
     for (absl::string_view flag :
          absl::StrSplit(absl::GetFlag(FLAGS_decisiond_flags), ' ', absl::SkipEmpty())) {
       args.emplace_back(flag);
     }
-    auto real = StartServer(args, &line);
+    auto real = StartServer(args, &line, background.empty() ? nullptr : &background_set);
     if (!real.ok()) {
       std::fprintf(stderr, "load: %s\n", real.status().ToString().c_str());
       return 1;
