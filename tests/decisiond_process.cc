@@ -76,6 +76,20 @@ std::string MakeTempDir() {
   return root + "/decisiond-test-fallback";
 }
 
+bool ParseCpus(absl::string_view text, cpu_set_t* set) {
+  CPU_ZERO(set);
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const std::vector<absl::string_view> range = absl::StrSplit(item, '-');
+    int from, to;
+    if (range.size() > 2 || !absl::SimpleAtoi(range[0], &from) ||
+        !absl::SimpleAtoi(range.back(), &to) || from < 0 || to < from || to >= CPU_SETSIZE) {
+      return false;
+    }
+    for (int c = from; c <= to; ++c) CPU_SET(c, set);
+  }
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     const std::vector<std::string>& argv_in, std::string* first_line) {
   // The child inherits stdin, stdout (this pipe) and stderr only: no other descriptor of

@@ -3,6 +3,7 @@
 #ifndef DECISION_TESTS_DECISIOND_PROCESS_H_
 #define DECISION_TESTS_DECISIOND_PROCESS_H_
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "decision/v1/decision.grpc.pb.h"
 
 namespace decision::testing {
@@ -20,6 +22,10 @@ namespace decision::testing {
 // A fresh empty directory under $TEST_TMPDIR or /tmp, removed with its contents when the
 // test program exits normally (DECISION_KEEP_TEST_DIRS=1 keeps it).
 std::string MakeTempDir();
+
+// Parses a CPU list in Linux's format ("0", "0,2", "1-3", as taskset takes it and
+// /proc/PID/status prints it); false if it is not one.
+bool ParseCpus(absl::string_view text, cpu_set_t* set);
 
 // A child process started with its stdout on a pipe, returned once it printed its first
 // line (servers print their address there).

@@ -55,6 +55,7 @@ namespace {
 using testing::DecisiondProcess;
 using testing::HttpGet;
 using testing::MakeTempDir;
+using testing::ParseCpus;
 
 constexpr int kArms = 4;
 constexpr int kFeatures = 3;
@@ -905,12 +906,12 @@ TEST_F(IntegrationTest, SigtermExitsCleanlyAndRestarts) {
 }
 
 // The CPUs of a list in Linux's format ("0-2,5", as /proc/PID/status prints them).
-std::set<int> CpusOf(const std::string& list) {
+std::set<int> CpusOf(absl::string_view list) {
+  cpu_set_t set;
+  EXPECT_TRUE(ParseCpus(list, &set)) << list;
   std::set<int> cpus;
-  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    const std::vector<std::string> range = absl::StrSplit(part, '-');
-    const int first = std::stoi(range.front()), last = std::stoi(range.back());
-    for (int c = first; c <= last; ++c) cpus.insert(c);
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.insert(c);
   }
   return cpus;
 }
@@ -968,7 +969,7 @@ TEST_F(IntegrationTest, BackgroundCpusSplitTheThreadsAndBadListsRefuseToStart) {
     for (std::string line; std::getline(status, line);) {
       if (absl::StartsWith(line, "Cpus_allowed_list:")) {
         cpus_by_name[name].push_back(
-            CpusOf(std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)))));
+            CpusOf(absl::StripAsciiWhitespace(absl::string_view(line).substr(line.find(':') + 1))));
       }
     }
   }

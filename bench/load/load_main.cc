@@ -235,21 +235,6 @@ std::string LoadAverage() {
   return absl::StrCat(one, " ", five, " ", fifteen);
 }
 
-// Parses a CPU list ("0", "0,2", "1-3"); false if it is not one.
-bool ParseCpus(const std::string& text, cpu_set_t* set) {
-  CPU_ZERO(set);
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    const std::vector<absl::string_view> range = absl::StrSplit(item, '-');
-    int from, to;
-    if (range.size() > 2 || !absl::SimpleAtoi(range[0], &from) ||
-        !absl::SimpleAtoi(range.back(), &to) || from < 0 || to < from || to >= CPU_SETSIZE) {
-      return false;
-    }
-    for (int c = from; c <= to; ++c) CPU_SET(c, set);
-  }
-  return true;
-}
-
 // Pins the calling thread to `set` for its lifetime, then gives it its mask back: a child
 // forked meanwhile keeps `set`, and so do the threads it starts.
 class ScopedAffinity {
@@ -851,14 +836,14 @@ int main(int argc, char** argv) {
   const std::string server_cpu_list = absl::GetFlag(FLAGS_server_cpus),
                     client_cpu_list = absl::GetFlag(FLAGS_client_cpus);
   if (!server_cpu_list.empty()) {
-    if (!ParseCpus(server_cpu_list, &server_set)) {
+    if (!decision::testing::ParseCpus(server_cpu_list, &server_set)) {
       std::fprintf(stderr, "load: bad --server_cpus\n");
       return 2;
     }
     server_cpus = &server_set;
   }
   if (!client_cpu_list.empty()) {
-    if (!ParseCpus(client_cpu_list, &client_set)) {
+    if (!decision::testing::ParseCpus(client_cpu_list, &client_set)) {
       std::fprintf(stderr, "load: bad --client_cpus\n");
       return 2;
     }
@@ -943,7 +928,7 @@ int main(int argc, char** argv) {
     const std::string background = absl::GetFlag(FLAGS_decisiond_background_cpus);
     cpu_set_t background_set;
     if (!background.empty()) {
-      if (server_cpus == nullptr || !ParseCpus(background, &background_set)) {
+      if (server_cpus == nullptr || !decision::testing::ParseCpus(background, &background_set)) {
         std::fprintf(stderr, "load: bad --decisiond_background_cpus (it needs --server_cpus)\n");
         return 2;
       }
