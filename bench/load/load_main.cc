@@ -6,9 +6,11 @@
 //   build/bench/load --experts_from=DIR --contexts=bench/data/letter.csv   # XGBoost experts
 //
 // The client uses gRPC's callback API: each of `concurrency` slots keeps one RPC in flight
-// and issues the next from the completion of the last. A slot sends the Reward of one of its
-// own earlier decisions once that reward is due (--reward_delay_ms after the decision),
-// otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a reward.
+// and issues the next from the completion of the last (the closed loop), or, with
+// --rate=R, at its share of R pairs per second (paced: the same offered rate for both
+// servers, where the closed loop gives each its own throughput). A slot sends the Reward of
+// one of its own earlier decisions once that reward is due (--reward_delay_ms after the
+// decision), otherwise a new Choose. A share of decisions (--unrewarded_share) never gets a reward.
 // Both servers run as child processes on loopback, on this same machine, pinned to
 // --server_cpus while this client runs on --client_cpus (sched_setaffinity: a child inherits
 // the mask of the thread that forks it, and every thread it starts inherits it in turn). The
@@ -18,7 +20,9 @@
 // default 10% of decisions unrewarded there are 1.9 RPCs per decision). While it measures,
 // load reads decisiond's /metrics once a second for its learning lag
 // (decision_learning_lag_samples, decision_learning_delay_seconds) and prints n/a where
-// decisiond has none.
+// decisiond has none, and its own time for Choose, from the handler's entry to its answer
+// (decision_rpc_latency_seconds{method="Choose"}): what of the Choose latency the client
+// sees is decisiond's work, and what is gRPC, the kernel and waiting for a CPU.
 //
 // --experts_from=DIR registers the XGBoost models of DIR (bench/make_tree_experts.sh makes 32
 // trained on letter) instead of the synthetic linear experts; --contexts=CSV draws the
@@ -40,12 +44,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
+#include <queue>
 #include <random>
 #include <string>
 #include <thread>
@@ -58,9 +65,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "decision/v1/decision.grpc.pb.h"
 #include "tests/decisiond_process.h"
 
@@ -88,6 +97,11 @@ ABSL_FLAG(int, arms, 26, "arms K");
 ABSL_FLAG(int, features, 16, "features d");
 ABSL_FLAG(int64_t, reward_delay_ms, 0, "delay between a decision and its reward");
 ABSL_FLAG(double, unrewarded_share, 0.1, "share of decisions that never get a reward");
+ABSL_FLAG(double, rate, 0.0,
+          "offered Choose+Reward pairs per second, each slot pacing its RPCs to its share "
+          "(0: closed loop, each slot's next RPC goes out when its last is answered). A rate "
+          "both servers sustain compares them at the same work per second: in the closed loop "
+          "the faster server also batches more per wake-up, on both sides of the connection");
 ABSL_FLAG(int, channels, 4, "gRPC channels (connections) the client threads share");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the features and of the linear experts");
 ABSL_FLAG(bool, auto_train, false,
@@ -174,6 +188,10 @@ struct Result {
   int client_cpu_count = 0;
   bool lag_read = false;      // whether /metrics was read (decisiond only)
   LagSeries lag[kNumLagMetrics];
+  // decisiond's own time for Choose, from its entry into the handler to its answer
+  // (decision_rpc_latency_seconds{method="Choose"}): cumulative bucket counts by upper
+  // bound (s), at the first and the last scrape.
+  std::vector<std::pair<double, double>> handler0, handler1;
   double rpcs() const { return static_cast<double>(choose_us.size() + reward_us.size()); }
   double rps() const { return rpcs() / seconds; }
   // A pair is a Choose and a Reward: two RPCs.
@@ -327,11 +345,42 @@ std::vector<double> MetricValues(absl::string_view text, absl::string_view name)
   return values;
 }
 
+// The cumulative buckets (upper bound in s, count) of decision_rpc_latency_seconds for
+// `method`, in the exposition's order (ascending), +Inf last.
+std::vector<std::pair<double, double>> HandlerBuckets(absl::string_view text,
+                                                      absl::string_view method) {
+  std::vector<std::pair<double, double>> buckets;
+  const std::string label = absl::StrCat("method=\"", method, "\"");
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (!absl::ConsumePrefix(&line, "decision_rpc_latency_seconds_bucket{") ||
+        !absl::StrContains(line, label)) {
+      continue;
+    }
+    const size_t le = line.find("le=\"");
+    const size_t close = line.rfind('}');
+    if (le == absl::string_view::npos || close == absl::string_view::npos || close < le) continue;
+    const absl::string_view bound = line.substr(le + 4, line.find('"', le + 4) - (le + 4));
+    double upper, count;
+    if (bound == "+Inf") {
+      upper = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(bound, &upper)) {
+      continue;
+    }
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(line.substr(close + 1)), &count)) continue;
+    buckets.emplace_back(upper, count);
+  }
+  return buckets;
+}
+
 // One read of /metrics into the lag series; `first`: the histogram's start values.
 void ScrapeLag(const std::string& metrics_address, bool first, Result* r) {
   const std::string text = FetchMetrics(metrics_address);
   if (text.empty()) return;
   r->lag_read = true;
+  if (std::vector<std::pair<double, double>> b = HandlerBuckets(text, "Choose"); !b.empty()) {
+    if (first) r->handler0 = b;
+    r->handler1 = std::move(b);
+  }
   for (int m = 0; m < kNumLagMetrics; ++m) {
     const std::string name = kLagMetrics[m].first;
     LagSeries& lag = r->lag[m];
@@ -382,16 +431,74 @@ absl::StatusOr<std::vector<std::vector<double>>> ReadContexts(const std::string&
 // The --contexts rows, read in main (empty: uniform features).
 std::vector<std::vector<double>> contexts;
 
+// Runs callbacks at given times on a thread of its own: the paced slots' next RPCs (--rate).
+class Pacer {
+ public:
+  Pacer() : thread_([this] { Run(); }) {}
+  ~Pacer() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      cv_.Signal();
+    }
+    thread_.join();
+  }
+
+  void At(Clock::time_point at, std::function<void()> f) {
+    absl::MutexLock lock(&mu_);
+    queue_.push(Item{at, seq_++, std::move(f)});
+    cv_.Signal();
+  }
+
+ private:
+  struct Item {
+    Clock::time_point at;
+    int64_t seq;  // first in, first run among equal times
+    std::function<void()> f;
+    bool operator>(const Item& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+  };
+
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (!done_) {
+      if (queue_.empty()) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      const auto now = Clock::now();
+      if (queue_.top().at > now) {
+        cv_.WaitWithTimeout(&mu_, absl::FromChrono(queue_.top().at - now));
+        continue;
+      }
+      std::function<void()> f = std::move(const_cast<Item&>(queue_.top()).f);
+      queue_.pop();
+      mu_.Unlock();
+      f();
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_;
+  int64_t seq_ = 0;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 // One slot of the load: keeps one RPC in flight with the callback API, issuing the next
 // one from the completion of the last. It sends the Reward of one of its own earlier
-// decisions once that reward is due, otherwise a new Choose.
+// decisions once that reward is due, otherwise a new Choose. With a `pacer`, its RPCs start
+// `interval` apart (a slot that fell behind its schedule sends at once until it has caught
+// up).
 class Slot {
  public:
   Slot(v1::DecisionService::Stub* stub, const std::string& problem, int index,
        Clock::time_point measure_from, Clock::time_point end, Result* result,
-       std::function<void()> finished)
+       std::function<void()> finished, Pacer* pacer, Clock::duration interval,
+       Clock::time_point first)
       : stub_(stub), index_(index), measure_from_(measure_from), end_(end), result_(result),
-        finished_(std::move(finished)),
+        finished_(std::move(finished)), pacer_(pacer), interval_(interval), next_at_(first),
         gen_(absl::GetFlag(FLAGS_seed) * 1000 + index),
         delay_(std::chrono::milliseconds(absl::GetFlag(FLAGS_reward_delay_ms))),
         unrewarded_(absl::GetFlag(FLAGS_unrewarded_share)) {
@@ -399,6 +506,11 @@ class Slot {
     for (int f = 0; f < absl::GetFlag(FLAGS_features); ++f) choose_.add_features(0.0);
     reward_.set_problem_id(problem);
     problem_ = problem;
+  }
+
+  void Start() {
+    if (pacer_ == nullptr) return Next();
+    pacer_->At(next_at_, [this] { Next(); });
   }
 
   void Next() {
@@ -444,6 +556,9 @@ class Slot {
         due_.emplace_back(now + delay_, choose_.event_id());
       }
     }
+    if (pacer_ != nullptr && (next_at_ += interval_) > now) {
+      return pacer_->At(next_at_, [this] { Next(); });
+    }
     Next();
   }
 
@@ -453,6 +568,9 @@ class Slot {
   const Clock::time_point measure_from_, end_;
   Result* result_;  // this slot's own
   std::function<void()> finished_;
+  Pacer* const pacer_;  // null: closed loop
+  const Clock::duration interval_;
+  Clock::time_point next_at_;  // when the slot's next RPC is due (paced)
   std::mt19937_64 gen_;
   std::uniform_real_distribution<double> feature_{0.0, 1.0};
   const std::chrono::milliseconds delay_;
@@ -487,16 +605,24 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   std::vector<Result> per_slot(concurrency);
   absl::Mutex mu;
   int running = concurrency;
+  // Paced: each slot sends one RPC every `interval` (a pair is two RPCs), the slots'
+  // schedules staggered across one interval.
+  const double rate = absl::GetFlag(FLAGS_rate);
+  std::unique_ptr<Pacer> pacer = rate > 0 ? std::make_unique<Pacer>() : nullptr;
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(rate > 0 ? concurrency / (2 * rate) : 0.0));
   std::vector<std::unique_ptr<Slot>> slots;
   for (int w = 0; w < concurrency; ++w) {
-    slots.push_back(std::make_unique<Slot>(stubs[w % stubs.size()].get(), problem, w,
-                                           measure_from, end, &per_slot[w], [&] {
-                                             absl::MutexLock lock(&mu);
-                                             --running;
-                                           }));
+    slots.push_back(std::make_unique<Slot>(
+        stubs[w % stubs.size()].get(), problem, w, measure_from, end, &per_slot[w],
+        [&] {
+          absl::MutexLock lock(&mu);
+          --running;
+        },
+        pacer.get(), interval, start + interval * w / concurrency));
   }
   Result total;
-  for (auto& slot : slots) slot->Next();
+  for (auto& slot : slots) slot->Start();
   std::this_thread::sleep_until(measure_from);
   const double server0 = ProcessCpuSeconds(server), client0 = ProcessCpuSeconds(getpid());
   const double proxy0 = proxy > 0 ? ProcessCpuSeconds(proxy) : 0.0;
@@ -685,6 +811,27 @@ void PrintLevel(int concurrency, Result& n, Result& r) {
     std::printf("  %-48s %12s %12s\n", what.c_str(), "-",
                 r.lag_read ? r.lag[m].Format().c_str() : "n/a");
   }
+  // Where decisiond's Choose time goes: in its handler, or around it (gRPC, the kernel,
+  // waiting for a CPU). The histogram's buckets are a factor of 2 apart.
+  if (!r.handler1.empty() && r.handler0.size() == r.handler1.size()) {
+    const double total = r.handler1.back().second - r.handler0.back().second;
+    double p99 = 0;
+    std::string over;
+    for (size_t b = 0; b < r.handler1.size() && total > 0; ++b) {
+      const double below = r.handler1[b].second - r.handler0[b].second;
+      if (p99 == 0 && below >= 0.99 * total) p99 = r.handler1[b].first;
+      const double upper = r.handler1[b].first;
+      if (std::abs(upper - 0.00064) < 1e-7 || std::abs(upper - 0.00128) < 1e-7) {
+        absl::StrAppendFormat(&over, "%s%.2f%% > %.2f ms", over.empty() ? "" : ", ",
+                              100 * (total - below) / total, 1e3 * upper);
+      }
+    }
+    std::printf("  %-48s %12s %12s\n", "Choose in decisiond's handler: p99 at most (ms)", "-",
+                p99 > 0 && std::isfinite(p99) ? absl::StrFormat("%.2f", 1e3 * p99).c_str()
+                                                : "n/a");
+    std::printf("  %-48s %12s %12s\n", "Choose in decisiond's handler: share slower", "-",
+                over.empty() ? "n/a" : over.c_str());
+  }
   std::fflush(stdout);
 }
 
@@ -861,6 +1008,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "load: bad --concurrency\n");
     return 2;
   }
+  if (!(absl::GetFlag(FLAGS_rate) >= 0)) {
+    std::fprintf(stderr, "load: bad --rate (pairs per second, 0 for the closed loop)\n");
+    return 2;
+  }
   if (!ParseList(absl::GetFlag(FLAGS_calibrate_work_us), 1, &work_us)) {
     std::fprintf(stderr, "load: bad --calibrate_work_us\n");
     return 2;
@@ -903,6 +1054,11 @@ int main(int argc, char** argv) {
   if (const std::string b = absl::GetFlag(FLAGS_decisiond_background_cpus); !b.empty()) {
     std::printf("load: decisiond's background threads on CPU %s (--background_cpus)\n",
                 b.c_str());
+  }
+  if (const double rate = absl::GetFlag(FLAGS_rate); rate > 0) {
+    std::printf("load: paced at %.0f pairs/s offered (--rate): each slot sends an RPC every "
+                "concurrency / (2 x rate) s\n",
+                rate);
   }
   std::vector<Result> real_results;
   std::vector<Result> null_results = DriveNullServer("null", levels, {});
