@@ -145,7 +145,7 @@ struct ServiceOptions {
   // RocksDB's flushes and compactions (their threads start in Open). Empty: they may run on
   // every CPU the process may. The threads that answer requests (gRPC's, the writer, the
   // blocking executor) are the caller's to place: decisiond's main restricts itself to the
-  // other CPUs before it starts them. With a list, the default training and scoring thread
+  // other CPUs before it starts them, and restarts jemalloc's purge thread on these. With a list, the default training and scoring thread
   // counts follow its length. On a saturated core, priorities alone leave a Choose waiting
   // for the CPU (bench/README.md, "Issue 15 at a glance"); CPUs of their own do not.
   std::vector<int> background_cpus;

@@ -31,6 +31,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -42,6 +44,7 @@
 #include "server/auth.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
+#include "server/executor.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
 #include "server/placement.h"
@@ -209,6 +212,24 @@ decision::server::ServiceOptions::Allocator JemallocHooks() {
     return bytes;
   };
   return hooks;
+}
+
+// jemalloc starts its background purge thread at the first allocation, before main could pin
+// anything; restarted from a thread on `cpus`, it runs there (a thread inherits its creator's
+// CPUs). Nothing if it is off (MALLOC_CONF).
+void MoveAllocatorThread(const std::vector<int>& cpus) {
+  bool enabled = false;
+  size_t size = sizeof(enabled);
+  if (mallctl("background_thread", &enabled, &size, nullptr, 0) != 0 || !enabled) return;
+  std::thread([&cpus] {
+    decision::server::PinCurrentThread(cpus);
+    bool off = false, on = true;
+    if (mallctl("background_thread", nullptr, nullptr, &off, sizeof(off)) != 0 ||
+        mallctl("background_thread", nullptr, nullptr, &on, sizeof(on)) != 0) {
+      std::fprintf(stderr, "decisiond: could not restart jemalloc's background thread on "
+                           "--background_cpus\n");
+    }
+  }).join();
 }
 #endif
 
@@ -410,6 +431,9 @@ int Run() {
     // blocking executor, the metrics server): the request CPUs. The background threads
     // move to theirs as they start (ServiceOptions::background_cpus).
     PinCurrentThread(request_cpus);
+#ifdef DECISION_JEMALLOC
+    MoveAllocatorThread(options.background_cpus);
+#endif
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const std::shared_ptr<grpc::ServerCredentials> credentials = ServerCredentialsFromFlags(listen);
