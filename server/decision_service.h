@@ -145,9 +145,10 @@ struct ServiceOptions {
   // RocksDB's flushes and compactions (their threads start in Open). Empty: they may run on
   // every CPU the process may. The threads that answer requests (gRPC's, the writer, the
   // blocking executor) are the caller's to place: decisiond's main restricts itself to the
-  // other CPUs before it starts them, and restarts jemalloc's purge thread on these. With a list, the default training and scoring thread
-  // counts follow its length. On a saturated core, priorities alone leave a Choose waiting
-  // for the CPU (bench/README.md, "Issue 15 at a glance"); CPUs of their own do not.
+  // other CPUs before it starts them, and restarts jemalloc's purge thread on these. With a
+  // list, the default training and scoring thread counts follow its length. On a saturated
+  // core, priorities alone leave a Choose waiting for the CPU (bench/README.md, "Issue 15 at
+  // a glance"); CPUs of their own do not.
   std::vector<int> background_cpus;
   // Where a client's XGBoost model is first loaded and scored (model_sandbox.h). Without a
   // probe_path, models are only checked in-process (core/xgboost_model_check.h).
