@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,13 +196,20 @@ std::unique_ptr<v1::DecisionService::Stub> DecisiondProcess::NewStub() const {
       grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
 }
 
-absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path,
+                                    std::chrono::milliseconds timeout) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
     return absl::InvalidArgumentError("bad address " + address);
   }
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::UnavailableError("no socket for " + address);
+  timeval limit{};
+  limit.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  limit.tv_usec = static_cast<suseconds_t>(timeout.count() % 1000 * 1000);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -212,7 +220,8 @@ absl::StatusOr<std::string> HttpGet(const std::string& address, const std::strin
   }
   const std::string request =
       absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     close(fd);
     return absl::UnavailableError("write failed");
   }

@@ -96,8 +96,11 @@ grpc::Status Call(grpc::Status (v1::DecisionService::Stub::*method)(grpc::Client
 // *status is the answer's status (0 UNKNOWN, 1 SERVING, 2 NOT_SERVING, -1 undecodable).
 grpc::Status HealthCheck(const std::string& address, const std::string& service, int* status);
 
-// GET http://address/path over a plain socket; returns the body.
-absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
+// GET http://address/path over a plain socket (IPv4 HOST:PORT); returns the body of a 200
+// answer. A send or receive that waits longer than `timeout` fails the request.
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path,
+                                    std::chrono::milliseconds timeout =
+                                        std::chrono::seconds(30));
 
 }  // namespace decision::testing
 

@@ -34,11 +34,9 @@
 // which decisiond's ratio is read.
 #include <grpcpp/grpcpp.h>
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,7 +50,6 @@
 #include <functional>
 #include <iterator>
 #include <limits>
-#include <queue>
 #include <random>
 #include <string>
 #include <thread>
@@ -69,8 +66,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "decision/v1/decision.grpc.pb.h"
+#include "bench/load/pacer.h"
 #include "tests/decisiond_process.h"
 
 ABSL_FLAG(std::string, decisiond, DECISIOND_BINARY, "decisiond binary");
@@ -296,36 +293,6 @@ absl::StatusOr<std::unique_ptr<decision::testing::ChildProcess>> StartServer(
   return decision::testing::ChildProcess::Start(args, line);
 }
 
-// GET http://HOST:PORT/metrics (HTTP/1.0: the server closes the connection after the body);
-// empty on any failure.
-std::string FetchMetrics(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return "";
-  const std::string host = host_port.substr(0, colon), port = host_port.substr(colon + 1);
-  addrinfo hints{}, *found = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) return "";
-  const int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
-  std::string response;
-  if (fd >= 0) {
-    timeval timeout{2, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    const std::string request = absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", host_port,
-                                             "\r\n\r\n");
-    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-        send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-            static_cast<ssize_t>(request.size())) {
-      char buf[16384];
-      for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) response.append(buf, n);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
 // The values of the series of metric `name` in a Prometheus text exposition.
 std::vector<double> MetricValues(absl::string_view text, absl::string_view name) {
   std::vector<double> values;
@@ -374,8 +341,11 @@ std::vector<std::pair<double, double>> HandlerBuckets(absl::string_view text,
 
 // One read of /metrics into the lag series; `first`: the histogram's start values.
 void ScrapeLag(const std::string& metrics_address, bool first, Result* r) {
-  const std::string text = FetchMetrics(metrics_address);
-  if (text.empty()) return;
+  // A read that takes over 2 s is skipped: the measurement goes on.
+  const absl::StatusOr<std::string> got =
+      decision::testing::HttpGet(metrics_address, "/metrics", std::chrono::seconds(2));
+  if (!got.ok() || got->empty()) return;
+  const std::string& text = *got;
   r->lag_read = true;
   if (std::vector<std::pair<double, double>> b = HandlerBuckets(text, "Choose"); !b.empty()) {
     if (first) r->handler0 = b;
@@ -431,61 +401,6 @@ absl::StatusOr<std::vector<std::vector<double>>> ReadContexts(const std::string&
 // The --contexts rows, read in main (empty: uniform features).
 std::vector<std::vector<double>> contexts;
 
-// Runs callbacks at given times on a thread of its own: the paced slots' next RPCs (--rate).
-class Pacer {
- public:
-  Pacer() : thread_([this] { Run(); }) {}
-  ~Pacer() {
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      cv_.Signal();
-    }
-    thread_.join();
-  }
-
-  void At(Clock::time_point at, std::function<void()> f) {
-    absl::MutexLock lock(&mu_);
-    queue_.push(Item{at, seq_++, std::move(f)});
-    cv_.Signal();
-  }
-
- private:
-  struct Item {
-    Clock::time_point at;
-    int64_t seq;  // first in, first run among equal times
-    std::function<void()> f;
-    bool operator>(const Item& o) const { return at != o.at ? at > o.at : seq > o.seq; }
-  };
-
-  void Run() {
-    absl::MutexLock lock(&mu_);
-    while (!done_) {
-      if (queue_.empty()) {
-        cv_.Wait(&mu_);
-        continue;
-      }
-      const auto now = Clock::now();
-      if (queue_.top().at > now) {
-        cv_.WaitWithTimeout(&mu_, absl::FromChrono(queue_.top().at - now));
-        continue;
-      }
-      std::function<void()> f = std::move(const_cast<Item&>(queue_.top()).f);
-      queue_.pop();
-      mu_.Unlock();
-      f();
-      mu_.Lock();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> queue_;
-  int64_t seq_ = 0;
-  bool done_ = false;
-  std::thread thread_;
-};
-
 // One slot of the load: keeps one RPC in flight with the callback API, issuing the next
 // one from the completion of the last. It sends the Reward of one of its own earlier
 // decisions once that reward is due, otherwise a new Choose. With a `pacer`, its RPCs start
@@ -495,7 +410,7 @@ class Slot {
  public:
   Slot(v1::DecisionService::Stub* stub, const std::string& problem, int index,
        Clock::time_point measure_from, Clock::time_point end, Result* result,
-       std::function<void()> finished, Pacer* pacer, Clock::duration interval,
+       std::function<void()> finished, decision::bench::Pacer* pacer, Clock::duration interval,
        Clock::time_point first)
       : stub_(stub), index_(index), measure_from_(measure_from), end_(end), result_(result),
         finished_(std::move(finished)), pacer_(pacer), interval_(interval), next_at_(first),
@@ -568,7 +483,7 @@ class Slot {
   const Clock::time_point measure_from_, end_;
   Result* result_;  // this slot's own
   std::function<void()> finished_;
-  Pacer* const pacer_;  // null: closed loop
+  decision::bench::Pacer* const pacer_;  // null: closed loop
   const Clock::duration interval_;
   Clock::time_point next_at_;  // when the slot's next RPC is due (paced)
   std::mt19937_64 gen_;
@@ -608,7 +523,8 @@ Result Drive(const std::string& address, const std::string& problem, int concurr
   // Paced: each slot sends one RPC every `interval` (a pair is two RPCs), the slots'
   // schedules staggered across one interval.
   const double rate = absl::GetFlag(FLAGS_rate);
-  std::unique_ptr<Pacer> pacer = rate > 0 ? std::make_unique<Pacer>() : nullptr;
+  std::unique_ptr<decision::bench::Pacer> pacer =
+      rate > 0 ? std::make_unique<decision::bench::Pacer>() : nullptr;
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(rate > 0 ? concurrency / (2 * rate) : 0.0));
   std::vector<std::unique_ptr<Slot>> slots;
