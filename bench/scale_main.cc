@@ -156,7 +156,7 @@ void WaitAllActive(DecisionService& service) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  // As decisiond (server/main.cc): no lock-order graph kept on every Mutex acquisition.
+  // As decisiond (server/decisiond_main.cc): no lock-order graph kept on every Mutex acquisition.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const int64_t samples = absl::GetFlag(FLAGS_samples);
   const int d = absl::GetFlag(FLAGS_features);

@@ -539,7 +539,8 @@ int Run() {
 int main(int argc, char** argv) {
   // Debian's Abseil is built with deadlock detection on: it costs a graph update per lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::SetProgramUsageMessage("decisiond: contextual-bandit decisions with stochastic experts");
+  absl::SetProgramUsageMessage(
+      "decisiond [--flag=value ...]: contextual-bandit decisions with stochastic experts");
   absl::ParseCommandLine(argc, argv);
 #ifdef __GLIBC__
   // Before any thread starts. A fixed threshold also stops glibc's dynamic one: large
