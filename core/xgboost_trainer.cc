@@ -307,6 +307,18 @@ double RelativeTrainingCost(const XgboostTrainOptions& options) {
   return static_cast<double>(options.rounds) * (options.max_depth + 4);
 }
 
+bool FitRoundsToModelLimits(int num_arms, const XgboostModelLimits& limits,
+                            XgboostTrainOptions* options) {
+  if (options->linear || num_arms < 1 || options->rounds < 1) return false;
+  const int64_t arms = num_arms;
+  const int64_t nodes_per_tree = (int64_t{2} << std::clamp(options->max_depth, 0, 40)) - 1;
+  const int64_t fit = std::max<int64_t>(
+      1, std::min(limits.max_trees / arms, limits.max_total_nodes / (arms * nodes_per_tree)));
+  if (options->rounds <= fit) return false;
+  options->rounds = static_cast<int>(fit);
+  return true;
+}
+
 XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen) {
   XgboostTrainOptions train;
   train.linear = linear;

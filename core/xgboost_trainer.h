@@ -26,6 +26,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/xgboost_model_check.h"
 
 namespace decision {
 
@@ -105,6 +106,17 @@ TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
 // depth 3, 6 or 10 with 10, 20 or 40 boosting rounds and column sampling 0.6 or 0.8; or a
 // gblinear logistic regression with L2 penalty 0.01 .. 10).
 XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen);
+
+// Caps the rounds of a tree recipe (not gblinear) so that the model it trains on num_arms
+// arms passes `limits` whatever the data: multi:softprob grows num_arms trees a round, each
+// of at most 2^(max_depth + 1) - 1 nodes, so rounds <= limits.max_trees / num_arms and
+// rounds <= limits.max_total_nodes / (num_arms x that), and at least 1. A model past the
+// limits would be refused at registration, after its training's time and memory were
+// spent. With CheckXgboostModel's default limits it caps nothing below 205 arms (depth 10,
+// 40 rounds: 16.4M nodes at 200 arms); at 2048 arms it leaves depth 10 four rounds and
+// depth 3 or 6 32. Returns whether it capped.
+bool FitRoundsToModelLimits(int num_arms, const XgboostModelLimits& limits,
+                            XgboostTrainOptions* options);
 
 // How long training with `options` takes relative to other options on the same training
 // set (for ordering the experts of a job, not a prediction of seconds). Trees: rounds x

@@ -59,6 +59,7 @@
 #ifndef DECISION_SERVER_PROBLEM_H_
 #define DECISION_SERVER_PROBLEM_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -102,6 +103,16 @@ namespace decision::server {
 std::string RandomEventId();
 
 inline constexpr size_t kMaxTrainingSamples = 200'000;
+// Training holds a gradient, a curvature and a prediction per sample and arm (about 24
+// bytes; 490 MB for 20,000 samples at 1,024 arms, measured), so a training set's rows x
+// arms is bounded too: 2^23, about 200 MB per expert in training. Below 42 arms
+// kMaxTrainingSamples binds first.
+inline constexpr size_t kMaxTrainingRowArms = size_t{1} << 23;
+// The most samples a training set of a problem with `num_arms` arms holds (the newest).
+inline size_t MaxTrainingSamples(int num_arms) {
+  return std::min(kMaxTrainingSamples, kMaxTrainingRowArms / static_cast<size_t>(
+                                                                 std::max(num_arms, 1)));
+}
 
 // How a problem's experts are fitted (AutoTrainConfig.training_objective).
 inline TrainingObjective TrainingObjectiveOf(const storage::v1::ProblemRecord& r) {

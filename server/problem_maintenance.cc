@@ -531,6 +531,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
       TrainingObjectiveOf(record_) == TrainingObjective::kImportanceWeighted;
   // The samples retention kept, of the first `samples` (0: all).
   const absl::Status enough = absl::CancelledError("the first samples are read");
+  const size_t max_samples = MaxTrainingSamples(record_.num_arms());
   absl::Status read = env_.store->ForEachSample(
       index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) {
         if (samples > 0 && seq >= samples) return enough;
@@ -542,10 +543,8 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
         }
         set.Add(absl::MakeConstSpan(s.features().data(), s.features_size()), s.arm(),
                 s.reward(), s.propensity());
-        // The newest kMaxTrainingSamples are kept: memory stays within twice that.
-        if (set.size() >= 2 * kMaxTrainingSamples) {
-          set.DropOldest(set.size() - kMaxTrainingSamples);
-        }
+        // The newest max_samples are kept: memory stays within twice that.
+        if (set.size() >= 2 * max_samples) set.DropOldest(set.size() - max_samples);
         return absl::OkStatus();
       });
   if (read.ok() || read == enough) read = absl::OkStatus();
@@ -555,7 +554,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
         absl::StrCat("problem ", id(), " has no joined sample",
                      rewarded_only ? " with a positive reward" : "", " to train on"));
   }
-  if (set.size() > kMaxTrainingSamples) set.DropOldest(set.size() - kMaxTrainingSamples);
+  if (set.size() > max_samples) set.DropOldest(set.size() - max_samples);
   return set;
 }
 

@@ -155,6 +155,9 @@ absl::Status Trainer::Run(const Job& job) {
   update();
   absl::StatusOr<TrainingSet> set = p.TrainingSetFromLog(r.samples());
   if (!set.ok()) return fail(absl::StrCat("no training set: ", set.status().message()));
+  if (hooks_ != nullptr && hooks_->on_training_set) {
+    hooks_->on_training_set(r.job_id(), set->size());
+  }
   const int num_arms = p.record().num_arms();
   const int total = r.tree_experts() + r.linear_experts();
   auto skip = [&](int i, absl::string_view why) {
@@ -194,6 +197,8 @@ absl::Status Trainer::Run(const Job& job) {
   for (int i = first; i < total; ++i) {
     Training& t = training[static_cast<size_t>(i)];
     t.options = SampleExpertOptions(/*linear=*/i >= r.tree_experts(), /*threads=*/1, gen_);
+    // What registration would refuse is not trained (many arms: fewer rounds).
+    FitRoundsToModelLimits(num_arms, XgboostModelLimits(), &t.options);
     t.options.objective = objective;
     t.bootstrap_seed = whole_log ? 0 : gen_();
     cost[static_cast<size_t>(i)] = RelativeTrainingCost(t.options);

@@ -61,6 +61,8 @@ struct TrainerHooks {
   // When expert `expert` of job `job_id` starts training (after before_expert), with the
   // recipe it trains with.
   std::function<void(int64_t job_id, int expert, const XgboostTrainOptions& recipe)> on_start;
+  // Once job `job_id` has read its training set from the log, with its number of samples.
+  std::function<void(int64_t job_id, size_t samples)> on_training_set;
 };
 
 class Trainer {

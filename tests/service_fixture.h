@@ -40,7 +40,7 @@ class ServiceTest : public ::testing::Test {
   void Open() {
     ServiceOptions options;
     options.data_dir = dir_;
-    options.seed = 7;
+    options.seed = seed_;
     options.start_maintenance_thread = start_maintenance_threads_;
     options.inline_maintenance = inline_maintenance_;
     options.durable_choose = durable_choose_;
@@ -332,6 +332,7 @@ class ServiceTest : public ::testing::Test {
   // n-th expert count the ones before it as registered.
   // TrainingJobTest.AJobTrainsTheSameModelsOnAnyNumberOfThreads covers several.
   int training_threads_ = 1;
+  uint64_t seed_ = 7;  // ServiceOptions::seed
   int scoring_threads_ = ServiceOptions().scoring_threads;
   std::string dir_;
   FakeClock clock_;

@@ -232,6 +232,79 @@ TEST_F(TrainingJobTest, AFailedJobRecordsWhyAndIsNotResumed) {
   EXPECT_EQ(Job(r->job_id())->SerializeAsString(), job.SerializeAsString());
 }
 
+// A problem with many arms: multi:softprob grows a tree per arm and round, and a recipe of
+// 40 rounds made 81,920 trees at 2048 arms, which registration refused after training: the
+// job failed at its first such expert, every time. The trainer now caps the rounds of each
+// tree recipe to what registration accepts (a depth-10 recipe gets four at 2048 arms).
+TEST_F(TrainingJobTest, AJobOnManyArmsTrainsOnlyModelsThatRegister) {
+  // Seed 12 draws two depth-10, 40-round recipes first.
+  ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
+  seed_ = 12;
+  Open();
+  constexpr int kManyArms = 2048;
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(kManyArms);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1'000'000);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  for (int i = 0; i < 64; ++i) {
+    const v1::ChooseResponse c = Choose("p");
+    ASSERT_TRUE(Reward("p", c.event_id(), c.arm() % 2 == 0 ? 1.0 : 0.0).ok());
+  }
+  absl::Mutex mu;
+  std::vector<XgboostTrainOptions> recipes;
+  trainer_hooks_.on_start = [&](int64_t, int, const XgboostTrainOptions& recipe) {
+    absl::MutexLock lock(&mu);
+    recipes.push_back(recipe);
+  };
+  const absl::StatusOr<v1::TrainExpertsResponse> r = Train(2, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::TrainingJob job = WaitForEnd(r->job_id());
+  EXPECT_EQ(job.state(), v1::TRAINING_JOB_STATE_SUCCEEDED) << job.ShortDebugString();
+  EXPECT_EQ(job.expert_ids_size(), 2) << job.ShortDebugString();
+  ExpectJobAccountsForItsExperts(job);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(recipes.size(), 2);
+  for (const XgboostTrainOptions& recipe : recipes) {
+    EXPECT_EQ(recipe.max_depth, 10);
+    EXPECT_EQ(recipe.rounds, 4);
+  }
+}
+
+// Training keeps a gradient, a curvature and a prediction per sample and arm, so a job
+// reads at most 2^23 / K samples of the log (the newest): 2048 at 4096 arms. Below 42 arms
+// the 200,000 samples of kMaxTrainingSamples bind first.
+TEST_F(TrainingJobTest, AJobOnManyArmsReadsAtMostItsRowsTimesArmsOfTheLog) {
+  EXPECT_EQ(MaxTrainingSamples(2), kMaxTrainingSamples);
+  EXPECT_EQ(MaxTrainingSamples(41), kMaxTrainingSamples);
+  EXPECT_EQ(MaxTrainingSamples(42), (size_t{1} << 23) / 42);
+  EXPECT_EQ(MaxTrainingSamples(4096), 2048);
+  v1::CreateProblemRequest create;
+  create.set_problem_id("p");
+  create.mutable_config()->set_num_arms(4096);
+  create.mutable_config()->set_num_features(kFeatures);
+  create.mutable_config()->set_reward_wait_ms(1'000'000);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  for (int i = 0; i < 2100; ++i) {
+    const v1::ChooseResponse c = Choose("p");
+    ASSERT_TRUE(Reward("p", c.event_id(), c.arm() % 2 == 0 ? 1.0 : 0.0).ok());
+  }
+  absl::Notification read;
+  size_t samples_read = 0;
+  trainer_hooks_.on_training_set = [&](int64_t, size_t samples) {
+    samples_read = samples;
+    read.Notify();
+  };
+  // The job stops there, as a shutdown would stop it: training is not what is tested.
+  trainer_hooks_.before_expert = [](int64_t, int) { return absl::CancelledError("test"); };
+  ASSERT_TRUE(Train(0, 1).ok());
+  ASSERT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  EXPECT_EQ(samples_read, 2048);
+}
+
 // TrainExperts answers OK only for a job it recorded.
 TEST_F(TrainingJobTest, AJobThatCannotBeRecordedIsRefusedAndNotQueued) {
   SetUpProblem();

@@ -327,5 +327,74 @@ TEST(XgboostTrainer, GblinearIsTrainedAsLibxgboostTrainsIt) {
   }
 }
 
+// A tree recipe is capped to what registration accepts: num_arms trees a round, each of at
+// most 2^(depth + 1) - 1 nodes, within CheckXgboostModel's limits whatever the data; gblinear
+// and problems of up to 204 arms keep every recipe.
+TEST(XgboostTrainer, TreeRoundsFitTheModelLimitsAtAnyNumberOfArms) {
+  const XgboostModelLimits limits;
+  for (int arms : {2, 26, 204, 205, 256, 1638, 1639, 2048, 4096}) {
+    for (int depth : {3, 6, 10}) {
+      for (int rounds : {10, 20, 40}) {
+        XgboostTrainOptions o;
+        o.max_depth = depth;
+        o.rounds = rounds;
+        const bool capped = FitRoundsToModelLimits(arms, limits, &o);
+        const int64_t trees = int64_t{arms} * o.rounds;
+        const int64_t nodes = trees * ((int64_t{2} << depth) - 1);
+        EXPECT_LE(trees, limits.max_trees) << arms << " arms, depth " << depth;
+        EXPECT_LE(nodes, limits.max_total_nodes) << arms << " arms, depth " << depth;
+        EXPECT_EQ(capped, o.rounds < rounds);
+        EXPECT_GE(o.rounds, 1);
+        // No more rounds are taken than the limits need.
+        if (capped) {
+          EXPECT_TRUE((trees + arms > limits.max_trees) ||
+                      (nodes + arms * ((int64_t{2} << depth) - 1) > limits.max_total_nodes))
+              << arms << " arms, depth " << depth;
+        }
+        if (arms <= 204) EXPECT_FALSE(capped) << arms << " arms, depth " << depth;
+      }
+    }
+  }
+  XgboostTrainOptions deep;
+  deep.max_depth = 10;
+  deep.rounds = 40;
+  EXPECT_TRUE(FitRoundsToModelLimits(2048, limits, &deep));
+  EXPECT_EQ(deep.rounds, 4);
+  XgboostTrainOptions linear;
+  linear.linear = true;
+  linear.rounds = 30;
+  EXPECT_FALSE(FitRoundsToModelLimits(4096, limits, &linear));
+  EXPECT_EQ(linear.rounds, 30);
+  // Limits too small for one round still leave one.
+  XgboostModelLimits tiny;
+  tiny.max_trees = 1;
+  EXPECT_TRUE(FitRoundsToModelLimits(26, tiny, &deep));
+  EXPECT_EQ(deep.rounds, 1);
+}
+
+// The capped recipe trains a model that the loader accepts: 2048 arms, depth 10 (four
+// rounds; forty would make 81,920 trees, past the 65,536 registration allows).
+TEST(XgboostTrainer, ACappedRecipeOnManyArmsTrainsALoadableModel) {
+  constexpr int kArms = 2048;
+  TrainingSet set;
+  set.num_features = 3;
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int i = 0; i < 64; ++i) {
+    const double x[3] = {u(gen), u(gen), u(gen)};
+    set.Add(x, static_cast<int>(x[0] * kArms), u(gen) < 0.5 ? 1.0 : 0.0, 1.0 / kArms);
+  }
+  XgboostTrainOptions o;
+  o.max_depth = 10;
+  o.rounds = 40;
+  ASSERT_TRUE(FitRoundsToModelLimits(kArms, XgboostModelLimits(), &o));
+  const absl::StatusOr<std::string> model = TrainXgboostModel(set, kArms, o);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const auto expert = MakeXgboostExpert(kArms, 3, *model, 0.05);
+  ASSERT_TRUE(expert.ok()) << expert.status();
+  std::vector<double> probs(kArms);
+  ASSERT_TRUE((*expert)->Predict(std::vector<double>{0.5, 0.5, 0.5}, absl::MakeSpan(probs)).ok());
+}
+
 }  // namespace
 }  // namespace decision
