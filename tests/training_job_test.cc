@@ -99,6 +99,20 @@ class TrainingJobTest : public ServiceTest {
     CreateProblem("p", /*wait_ms=*/1'000'000);
     PlayRounds("p", 300);
   }
+  // Problem "p" with `arms` arms and `rounds` joined samples, the even arms rewarded.
+  void SetUpProblemWithArms(int arms, int rounds) {
+    v1::CreateProblemRequest create;
+    create.set_problem_id("p");
+    create.mutable_config()->set_num_arms(arms);
+    create.mutable_config()->set_num_features(kFeatures);
+    create.mutable_config()->set_reward_wait_ms(1'000'000);
+    v1::Problem created;
+    ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+    for (int i = 0; i < rounds; ++i) {
+      const v1::ChooseResponse c = Choose("p");
+      ASSERT_TRUE(Reward("p", c.event_id(), c.arm() % 2 == 0 ? 1.0 : 0.0).ok());
+    }
+  }
 };
 
 // Issue 15: batch boundaries follow rounds. A maintenance round that comes late (here: the
@@ -241,18 +255,7 @@ TEST_F(TrainingJobTest, AJobOnManyArmsTrainsOnlyModelsThatRegister) {
   ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
   seed_ = 12;
   Open();
-  constexpr int kManyArms = 2048;
-  v1::CreateProblemRequest create;
-  create.set_problem_id("p");
-  create.mutable_config()->set_num_arms(kManyArms);
-  create.mutable_config()->set_num_features(kFeatures);
-  create.mutable_config()->set_reward_wait_ms(1'000'000);
-  v1::Problem created;
-  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
-  for (int i = 0; i < 64; ++i) {
-    const v1::ChooseResponse c = Choose("p");
-    ASSERT_TRUE(Reward("p", c.event_id(), c.arm() % 2 == 0 ? 1.0 : 0.0).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(SetUpProblemWithArms(2048, 64));
   absl::Mutex mu;
   std::vector<XgboostTrainOptions> recipes;
   trainer_hooks_.on_start = [&](int64_t, int, const XgboostTrainOptions& recipe) {
@@ -281,17 +284,7 @@ TEST_F(TrainingJobTest, AJobOnManyArmsReadsAtMostItsRowsTimesArmsOfTheLog) {
   EXPECT_EQ(MaxTrainingSamples(41), kMaxTrainingSamples);
   EXPECT_EQ(MaxTrainingSamples(42), (size_t{1} << 23) / 42);
   EXPECT_EQ(MaxTrainingSamples(4096), 2048);
-  v1::CreateProblemRequest create;
-  create.set_problem_id("p");
-  create.mutable_config()->set_num_arms(4096);
-  create.mutable_config()->set_num_features(kFeatures);
-  create.mutable_config()->set_reward_wait_ms(1'000'000);
-  v1::Problem created;
-  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
-  for (int i = 0; i < 2100; ++i) {
-    const v1::ChooseResponse c = Choose("p");
-    ASSERT_TRUE(Reward("p", c.event_id(), c.arm() % 2 == 0 ? 1.0 : 0.0).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(SetUpProblemWithArms(4096, 2100));
   absl::Notification read;
   size_t samples_read = 0;
   trainer_hooks_.on_training_set = [&](int64_t, size_t samples) {
