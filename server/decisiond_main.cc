@@ -94,7 +94,8 @@ ABSL_FLAG(std::string, background_priority, "low",
           "cgroup) or normal");
 ABSL_FLAG(std::string, background_cpus, "",
           "CPUs for the background threads (learner, scorers, trainer and XGBoost's threads, "
-          "maintenance, expert pool, RocksDB's flushes and compactions), e.g. 2-3 or 1,3; "
+          "maintenance, expert pool, RocksDB's flushes and compactions, jemalloc's purge "
+          "thread), e.g. 2-3 or 1,3; "
           "the threads that answer requests then run on the other CPUs decisiond may use. "
           "Empty: every thread may run on every CPU");
 ABSL_FLAG(int64_t, reservoir_predictions_mb, 128,
