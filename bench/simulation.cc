@@ -311,6 +311,8 @@ class Simulation {
     std::vector<TrainingSet> resamples;
     for (int i = 0; i < count; ++i) {
       recipes.push_back(SampleExpertOptions(i >= o_.tree_experts_per_batch, 1, gen_));
+      FitTreeRecipeToMemory(training_.num_features, kMaxTrainingHistogramBytes,
+                            &recipes.back());
       FitRoundsToModelLimits(k_, XgboostModelLimits(), &recipes.back());
       recipes.back().objective = o_.objective;
       if (o_.bootstrap) resamples.push_back(Bootstrap(training_, o_.objective, gen_));

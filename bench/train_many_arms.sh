@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# One training job on a problem with many arms: what it costs decisiond in time and memory,
-# and whether its experts register. A problem of ARMS arms and 4 features is fed SAMPLES
-# rewarded decisions (`decisionctl replay` of a generated labelled CSV, label = an arm from
-# the first feature), then `decisionctl train --tree_experts=4 --linear_experts=0 --wait`
-# runs one job. Prints the job's line, its wall time, decisiond's peak RSS (sampled every
-# 0.2 s) and decisiond's CPU time.
+# One training job on a problem with many arms or many features: what it costs decisiond in
+# time and memory, and whether its experts register. A problem of ARMS arms and FEATURES
+# features is fed SAMPLES rewarded decisions (`decisionctl replay` of a generated labelled
+# CSV, label = an arm from the first feature), then `decisionctl train --tree_experts=4
+# --linear_experts=0 --wait` runs one job. Prints the job's line, its wall time,
+# decisiond's peak RSS (sampled every 0.2 s) and decisiond's CPU time.
 #
-# Usage: bench/train_many_arms.sh [ARMS SAMPLES]      (default 2048 12000)
+# Usage: bench/train_many_arms.sh [ARMS SAMPLES FEATURES]      (default 2048 12000 4)
 # DECISIOND=PATH runs another decisiond (A/B runs: copy it with decision_model_probe, which
 # it looks for beside itself); SEED is decisiond's --seed (default 1: the same recipes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-arms=${1:-2048} samples=${2:-12000}
+arms=${1:-2048} samples=${2:-12000} features=${3:-4}
 dir=$(mktemp -d)
-awk -v n="$samples" -v k="$arms" 'BEGIN {
-  srand(1); print "a,b,c,d,label";
+awk -v n="$samples" -v k="$arms" -v d="$features" 'BEGIN {
+  srand(1);
+  for (f = 0; f < d; f++) printf "x%d,", f;
+  print "label";
   for (i = 0; i < n; i++) {
-    a = rand(); printf "%.4f,%.4f,%.4f,%.4f,%d\n", a, rand(), rand(), rand(), int(a * k) % k;
+    a = rand(); printf "%.4f,", a;
+    for (f = 1; f < d; f++) printf "%.4f,", rand();
+    printf "%d\n", int(a * k) % k;
   } }' > "$dir/data.csv"
 "${DECISIOND:-build/server/decisiond}" --seed="${SEED:-1}" --data_dir="$dir/store" \
   --listen=127.0.0.1:50072 --metrics_listen= >"$dir/decisiond.log" 2>&1 &
@@ -24,7 +28,7 @@ pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="build/client/decisionctl --server=127.0.0.1:50072"
 until $C health >/dev/null 2>&1; do sleep 0.2; done
-$C create-problem big --arms="$arms" --features=4 >/dev/null
+$C create-problem big --arms="$arms" --features="$features" >/dev/null
 $C replay big --data="$dir/data.csv" >/dev/null
 (while kill -0 $pid 2>/dev/null; do
   awk '/VmRSS/ {print $2}' /proc/$pid/status 2>/dev/null || true
@@ -36,4 +40,4 @@ $C train big --tree_experts=4 --linear_experts=0 --wait | tail -1 | cut -c1-300 
 end=$(date +%s.%N)
 cpu=$(awk '{printf "%.1f", ($14 + $15) / 100}' /proc/$pid/stat)
 peak=$(sort -n "$dir/rss.txt" | tail -1)
-echo "arms $arms, samples $samples: job $(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}') s, decisiond peak RSS $((peak / 1024)) MiB, CPU $cpu s"
+echo "arms $arms, features $features, samples $samples: job $(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}') s, decisiond peak RSS $((peak / 1024)) MiB, CPU $cpu s"

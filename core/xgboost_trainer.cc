@@ -319,6 +319,26 @@ bool FitRoundsToModelLimits(int num_arms, const XgboostModelLimits& limits,
   return true;
 }
 
+bool FitTreeRecipeToMemory(int num_features, int64_t budget_bytes,
+                           XgboostTrainOptions* options) {
+  if (options->linear || num_features < 1) return false;
+  // The largest histogram, per bin, of a tree of depth `depth`: every node's, every feature
+  // (in double: no overflow at any depth).
+  const auto per_bin = [&](int depth) {
+    return (std::ldexp(2.0, std::clamp(depth, 0, 1000)) - 1) * num_features * 16;
+  };
+  const double budget = static_cast<double>(budget_bytes);
+  const int depth = options->max_depth, bins = options->max_bin;
+  if (per_bin(depth) * bins <= budget) return false;
+  while (options->max_depth > 1 && per_bin(options->max_depth) * kMinTrainingBins > budget) {
+    --options->max_depth;
+  }
+  const double most = std::min(bins, 256), least = std::min<double>(kMinTrainingBins, most);
+  options->max_bin = static_cast<int>(
+      std::clamp(std::floor(budget / per_bin(options->max_depth)), least, most));
+  return options->max_depth != depth || options->max_bin != bins;
+}
+
 XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRef gen) {
   XgboostTrainOptions train;
   train.linear = linear;
@@ -369,7 +389,8 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
                                                      set.copies_of(i), " copies, not >= 1"));
     }
   }
-  if (o.rounds < 1 || o.max_depth < 1 || !(o.learning_rate > 0) || o.threads < 1 ||
+  if (o.rounds < 1 || o.max_depth < 1 || o.max_bin < 2 || !(o.learning_rate > 0) ||
+      o.threads < 1 ||
       !(o.colsample_bytree > 0 && o.colsample_bytree <= 1) ||
       !(o.subsample > 0 && o.subsample <= 1) || !(o.l1 >= 0) || !(o.l2 >= 0)) {
     return absl::InvalidArgumentError("invalid xgboost training options");
@@ -431,10 +452,11 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
       {"seed", std::to_string(o.seed % 2147483647)},
       {"verbosity", "0"},
       {"tree_method", "hist"},
+      {"max_bin", std::to_string(o.max_bin)},
   };
   for (const auto& [name, value] : params) {
     if (o.linear && (name == "max_depth" || name == "colsample_bytree" || name == "subsample" ||
-                     name == "tree_method")) {
+                     name == "tree_method" || name == "max_bin")) {
       continue;
     }
     if (XGBoosterSetParam(h.booster, name.c_str(), value.c_str()) != 0) {

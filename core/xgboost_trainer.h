@@ -66,6 +66,7 @@ struct XgboostTrainOptions {
   double subsample = 1.0;
   double l2 = 1.0;  // lambda
   double l1 = 0.0;  // alpha
+  int max_bin = 256;  // trees: histogram bins per feature (XGBoost's default)
   int threads = 1;
   uint64_t seed = 0;
   TrainingObjective objective = TrainingObjective::kLikelihood;
@@ -117,6 +118,18 @@ XgboostTrainOptions SampleExpertOptions(bool linear, int threads, absl::BitGenRe
 // depth 3 or 6 32. Returns whether it capped.
 bool FitRoundsToModelLimits(int num_arms, const XgboostModelLimits& limits,
                             XgboostTrainOptions* options);
+
+// XGBoost's hist method keeps, for every node it expands, a histogram of 16 bytes (a
+// gradient and a curvature sum) per bin of every feature: up to (2^(max_depth + 1) - 1) x
+// num_features x max_bin x 16 bytes while a tree trains, whatever the samples (17 GB at
+// 2048 features, depth 10 and 256 bins). Fits a tree recipe to `budget_bytes`: fewer bins,
+// down to kMinTrainingBins, then less depth, down to 1 (then the bins that fit, at most
+// 256). No recipe of the six data sets of bench/data changes at kMaxTrainingHistogramBytes
+// (digits, 64 features at depth 10, is the closest). Returns whether it changed anything.
+inline constexpr int kMinTrainingBins = 16;
+inline constexpr int64_t kMaxTrainingHistogramBytes = int64_t{512} << 20;
+bool FitTreeRecipeToMemory(int num_features, int64_t budget_bytes,
+                           XgboostTrainOptions* options);
 
 // How long training with `options` takes relative to other options on the same training
 // set (for ordering the experts of a job, not a prediction of seconds). Trees: rounds x

@@ -103,15 +103,18 @@ namespace decision::server {
 std::string RandomEventId();
 
 inline constexpr size_t kMaxTrainingSamples = 200'000;
-// Training holds a gradient, a curvature and a prediction per sample and arm (about 24
-// bytes; 490 MB for 20,000 samples at 1,024 arms, measured), so a training set's rows x
-// arms is bounded too: 2^23, about 200 MB per expert in training. Below 42 arms
-// kMaxTrainingSamples binds first.
-inline constexpr size_t kMaxTrainingRowArms = size_t{1} << 23;
-// The most samples a training set of a problem with `num_arms` arms holds (the newest).
-inline size_t MaxTrainingSamples(int num_arms) {
-  return std::min(kMaxTrainingSamples, kMaxTrainingRowArms / static_cast<size_t>(
-                                                                 std::max(num_arms, 1)));
+// Training holds, per sample, a gradient, a curvature and a prediction per arm (about 24
+// bytes; 490 MB for 20,000 samples at 1,024 arms, measured) and its features in XGBoost's
+// matrix and binned copy (about 20 bytes each), so a training set's samples x (arms +
+// features) is bounded too: 2^23, about 200 MB per expert in training. Where arms +
+// features <= 41, kMaxTrainingSamples binds first (letter: 199,728 samples).
+inline constexpr size_t kMaxTrainingSampleColumns = size_t{1} << 23;
+// The most samples a training set of a problem with `num_arms` arms and `num_features`
+// features holds (the newest), at least 1.
+inline size_t MaxTrainingSamples(int num_arms, int num_features) {
+  const size_t columns = static_cast<size_t>(std::max(num_arms, 1)) +
+                         static_cast<size_t>(std::max(num_features, 0));
+  return std::clamp<size_t>(kMaxTrainingSampleColumns / columns, 1, kMaxTrainingSamples);
 }
 
 // How a problem's experts are fitted (AutoTrainConfig.training_objective).

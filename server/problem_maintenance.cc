@@ -531,7 +531,7 @@ absl::StatusOr<TrainingSet> Problem::TrainingSetFromLog(int64_t samples) {
       TrainingObjectiveOf(record_) == TrainingObjective::kImportanceWeighted;
   // The samples retention kept, of the first `samples` (0: all).
   const absl::Status enough = absl::CancelledError("the first samples are read");
-  const size_t max_samples = MaxTrainingSamples(record_.num_arms());
+  const size_t max_samples = MaxTrainingSamples(record_.num_arms(), record_.num_features());
   absl::Status read = env_.store->ForEachSample(
       index_, 0, 0, [&](int64_t seq, const storage::v1::SampleRecord& s) {
         if (samples > 0 && seq >= samples) return enough;

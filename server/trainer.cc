@@ -197,7 +197,9 @@ absl::Status Trainer::Run(const Job& job) {
   for (int i = first; i < total; ++i) {
     Training& t = training[static_cast<size_t>(i)];
     t.options = SampleExpertOptions(/*linear=*/i >= r.tree_experts(), /*threads=*/1, gen_);
-    // What registration would refuse is not trained (many arms: fewer rounds).
+    // Bounded memory (many features: fewer bins, less depth), and nothing that
+    // registration would refuse (many arms: fewer rounds).
+    FitTreeRecipeToMemory(p.record().num_features(), kMaxTrainingHistogramBytes, &t.options);
     FitRoundsToModelLimits(num_arms, XgboostModelLimits(), &t.options);
     t.options.objective = objective;
     t.bootstrap_seed = whole_log ? 0 : gen_();

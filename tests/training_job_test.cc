@@ -276,14 +276,17 @@ TEST_F(TrainingJobTest, AJobOnManyArmsTrainsOnlyModelsThatRegister) {
   }
 }
 
-// Training keeps a gradient, a curvature and a prediction per sample and arm, so a job
-// reads at most 2^23 / K samples of the log (the newest): 2048 at 4096 arms. Below 42 arms
-// the 200,000 samples of kMaxTrainingSamples bind first.
+// Training keeps a gradient, a curvature and a prediction per sample and arm, and the
+// sample's features, so a job reads at most 2^23 / (arms + features) samples of the log
+// (the newest): 2046 at 4096 arms and 3 features. Where arms + features <= 41 the 200,000
+// samples of kMaxTrainingSamples bind first.
 TEST_F(TrainingJobTest, AJobOnManyArmsReadsAtMostItsRowsTimesArmsOfTheLog) {
-  EXPECT_EQ(MaxTrainingSamples(2), kMaxTrainingSamples);
-  EXPECT_EQ(MaxTrainingSamples(41), kMaxTrainingSamples);
-  EXPECT_EQ(MaxTrainingSamples(42), (size_t{1} << 23) / 42);
-  EXPECT_EQ(MaxTrainingSamples(4096), 2048);
+  EXPECT_EQ(MaxTrainingSamples(2, 3), kMaxTrainingSamples);
+  EXPECT_EQ(MaxTrainingSamples(26, 15), kMaxTrainingSamples);
+  EXPECT_EQ(MaxTrainingSamples(26, 16), (size_t{1} << 23) / 42);  // letter
+  EXPECT_EQ(MaxTrainingSamples(4096, 3), (size_t{1} << 23) / 4099);
+  EXPECT_EQ(MaxTrainingSamples(2, 65536), (size_t{1} << 23) / 65538);
+  EXPECT_EQ(MaxTrainingSamples(4096, 65536 * 128), 1);
   ASSERT_NO_FATAL_FAILURE(SetUpProblemWithArms(4096, 2100));
   absl::Notification read;
   size_t samples_read = 0;
@@ -295,7 +298,7 @@ TEST_F(TrainingJobTest, AJobOnManyArmsReadsAtMostItsRowsTimesArmsOfTheLog) {
   trainer_hooks_.before_expert = [](int64_t, int) { return absl::CancelledError("test"); };
   ASSERT_TRUE(Train(0, 1).ok());
   ASSERT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(120)));
-  EXPECT_EQ(samples_read, 2048);
+  EXPECT_EQ(samples_read, (size_t{1} << 23) / (4096 + kFeatures));
 }
 
 // TrainExperts answers OK only for a job it recorded.

@@ -351,7 +351,9 @@ TEST(XgboostTrainer, TreeRoundsFitTheModelLimitsAtAnyNumberOfArms) {
                       (nodes + arms * ((int64_t{2} << depth) - 1) > limits.max_total_nodes))
               << arms << " arms, depth " << depth;
         }
-        if (arms <= 204) EXPECT_FALSE(capped) << arms << " arms, depth " << depth;
+        if (arms <= 204) {
+          EXPECT_FALSE(capped) << arms << " arms, depth " << depth;
+        }
       }
     }
   }
@@ -370,6 +372,52 @@ TEST(XgboostTrainer, TreeRoundsFitTheModelLimitsAtAnyNumberOfArms) {
   tiny.max_trees = 1;
   EXPECT_TRUE(FitRoundsToModelLimits(26, tiny, &deep));
   EXPECT_EQ(deep.rounds, 1);
+}
+
+// A tree recipe is fitted to the histogram memory bound: (2^(depth + 1) - 1) x features x
+// bins x 16 bytes within the budget, the bins first (down to 16), then the depth. The six
+// data sets' shapes keep every recipe; wide contexts get fewer bins, then less depth.
+TEST(XgboostTrainer, TreeRecipesFitTheirHistogramsInTheMemoryBudget) {
+  const auto bound = [](const XgboostTrainOptions& o, int features) {
+    return (std::ldexp(2.0, o.max_depth) - 1) * features * o.max_bin * 16;
+  };
+  const double budget = static_cast<double>(kMaxTrainingHistogramBytes);
+  // letter, satimage, shuttle, digits, vowel, glass (bench/data).
+  for (int features : {16, 36, 9, 64, 10, 9}) {
+    for (int depth : {3, 6, 10}) {
+      XgboostTrainOptions o;
+      o.max_depth = depth;
+      EXPECT_FALSE(FitTreeRecipeToMemory(features, kMaxTrainingHistogramBytes, &o));
+      EXPECT_EQ(o.max_depth, depth);
+      EXPECT_EQ(o.max_bin, 256);
+    }
+  }
+  for (int features : {65, 256, 2048, 65536}) {
+    for (int depth : {3, 6, 10}) {
+      XgboostTrainOptions o;
+      o.max_depth = depth;
+      FitTreeRecipeToMemory(features, kMaxTrainingHistogramBytes, &o);
+      EXPECT_LE(bound(o, features), budget) << features << " features, depth " << depth;
+      EXPECT_LE(o.max_depth, depth);
+      EXPECT_GE(o.max_bin, kMinTrainingBins);
+      EXPECT_LE(o.max_bin, 256);
+      // The depth is cut only where the fewest bins do not fit.
+      if (o.max_depth < depth) {
+        XgboostTrainOptions deeper = o;
+        ++deeper.max_depth;
+        deeper.max_bin = kMinTrainingBins;
+        EXPECT_GT(bound(deeper, features), budget) << features << " features, depth " << depth;
+      }
+    }
+  }
+  XgboostTrainOptions wide;
+  wide.max_depth = 10;
+  EXPECT_TRUE(FitTreeRecipeToMemory(2048, kMaxTrainingHistogramBytes, &wide));
+  EXPECT_EQ(wide.max_depth, 9);
+  EXPECT_EQ(wide.max_bin, 16);
+  XgboostTrainOptions linear;
+  linear.linear = true;
+  EXPECT_FALSE(FitTreeRecipeToMemory(65536, kMaxTrainingHistogramBytes, &linear));
 }
 
 // The capped recipe trains a model that the loader accepts: 2048 arms, depth 10 (four
