@@ -367,7 +367,11 @@ absl::StatusOr<std::string> TrainXgboostModel(const TrainingSet& set, int num_ar
     return absl::InvalidArgumentError(
         absl::StrCat("training needs at least 2 arms, got ", num_arms));
   }
-  if (set.num_features < 1 || set.rows.size() != set.size() * set.num_features ||
+  if (set.num_features < 1) {
+    // A problem without features: a model could not depend on the context.
+    return absl::InvalidArgumentError("training needs at least one feature, the set has none");
+  }
+  if (set.rows.size() != set.size() * set.num_features ||
       set.rewards.size() != set.size() || set.propensities.size() != set.size() ||
       (!set.copies.empty() && set.copies.size() != set.size())) {
     return absl::InvalidArgumentError(

@@ -775,6 +775,11 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
     trees = 3;
     linear = 1;
   }
+  if (p->record().num_features() == 0) {
+    // Its experts could not depend on a context; the job would only fail in the background.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "problem ", p->id(), " has no features: there is no context to train experts on"));
+  }
   if (p->Summary().samples() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("problem ", p->id(), " has no joined sample to train on"));

@@ -723,6 +723,31 @@ TEST_F(ServiceTest, TrainExpertsNeedsAPositiveReward) {
   EXPECT_TRUE(service_->TrainExperts(train, &queued).ok());
 }
 
+// A problem without features has no context an expert could depend on: TrainExperts is
+// FAILED_PRECONDITION and says so (the job used to fail in the background, saying that
+// the training set's sizes disagree).
+TEST_F(ServiceTest, TrainExpertsNeedsFeatures) {
+  v1::CreateProblemRequest create;
+  create.set_problem_id("z");
+  create.mutable_config()->set_num_arms(3);
+  create.mutable_config()->set_num_features(0);
+  v1::Problem created;
+  ASSERT_TRUE(service_->CreateProblem(create, &created).ok());
+  for (int i = 0; i < 5; ++i) {
+    v1::ChooseRequest choose;
+    choose.set_problem_id("z");
+    v1::ChooseResponse chosen;
+    ASSERT_TRUE(service_->Choose(choose, &chosen).ok());
+    ASSERT_TRUE(Reward("z", chosen.event_id(), 1.0).ok());
+  }
+  v1::TrainExpertsRequest train;
+  train.set_problem_id("z");
+  v1::TrainExpertsResponse queued;
+  const absl::Status s = service_->TrainExperts(train, &queued);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no features"));
+}
+
 }  // namespace
 }  // namespace decision::server
 

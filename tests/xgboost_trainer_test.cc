@@ -192,6 +192,12 @@ TEST(XgboostTrainer, RejectsBadTrainingSets) {
   o.rounds = 0;
   EXPECT_EQ(TrainXgboostModel(ok, 3, o).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TrainXgboostModel(ok, 1, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // A problem without features: the message says so (it used to say that sizes disagree).
+  TrainingSet featureless;
+  featureless.Add(std::vector<double>{}, 1, 1.0, 0.5);
+  const absl::Status none = TrainXgboostModel(featureless, 3, {}).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("at least one feature"), absl::string_view::npos) << none;
   // Rewards outside [0, 1] and propensities outside (0, 1].
   for (const auto& [reward, propensity] :
        {std::pair<double, double>{1.5, 0.5}, {-0.5, 0.5}, {1.0, 0.0}, {1.0, 1.5}}) {
