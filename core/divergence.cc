@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "core/kernels.h"
 #include "core/numeric.h"
+#include "core/status_macros.h"
 
 namespace decision {
 
@@ -124,10 +127,6 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
   }
-  if (n == 0) {
-    *out = DivergenceMatrix::Identity(0);
-    return absl::OkStatus();
-  }
   if (!absent.empty() && absent.size() != static_cast<size_t>(n)) {
     return absl::InvalidArgumentError(
         absl::StrCat(absent.size(), " absent-expert flags for ", n, " experts"));
@@ -140,32 +139,44 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
   if (rows == 0) {
     return absl::InvalidArgumentError("divergences need at least one context");
   }
-  // Probabilities are in (0, 1], except for arms that were not eligible for a context
-  // (Expert::PredictBatchEligible): 0 under every expert alike.
-  const absl::Span<const double> first =
-      first_present == n ? absl::Span<const double>() : predictions[first_present];
   for (int e = 0; e < n; ++e) {
-    if (is_absent(e)) continue;
-    if (predictions[e].size() != rows * num_arms) {
+    if (!is_absent(e) && predictions[e].size() != rows * num_arms) {
       return absl::InvalidArgumentError(
           absl::StrCat("expert ", e, " has ", predictions[e].size(),
                        " predicted probabilities, expected ", rows, " x ", num_arms));
     }
-    for (size_t i = 0; i < predictions[e].size(); ++i) {
-      const double p = predictions[e][i];
-      if (!(p >= 0.0 && p <= 1.0 + 1e-9)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "expert ", e, " gives probability ", p,
-            "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
-      }
-      if ((p == 0.0) != (first[i] == 0.0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "expert ", e, " gives probability ", p, " to arm ", i % num_arms, " of context ",
-            i / num_arms, " and expert ", first_present, " ", first[i],
-            "; divergences need every eligible arm's probability in (0, 1] (smooth the "
-            "expert) and 0 for the others"));
-      }
-    }
+  }
+  const size_t k = static_cast<size_t>(num_arms);
+  return ComputeDivergences(
+      n, rows,
+      [&](int e, size_t begin, size_t end, absl::Span<double> block) {
+        std::copy(predictions[e].begin() + begin * k, predictions[e].begin() + end * k,
+                  block.begin());
+        return absl::OkStatus();
+      },
+      num_arms, num_groups, previous, keep, out, fixed, absent, DivergenceLimits());
+}
+
+absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContexts predict,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
+                                absl::Span<const bool> absent, const DivergenceLimits& limits,
+                                DivergenceWork* work) {
+  const int n = num_experts;
+  if (num_arms < 1 || num_groups < 1) {
+    return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
+  }
+  if (n == 0) {
+    *out = DivergenceMatrix::Identity(0);
+    if (work != nullptr) *work = DivergenceWork();
+    return absl::OkStatus();
+  }
+  if (num_rows == 0) {
+    return absl::InvalidArgumentError("divergences need at least one context");
+  }
+  if (!absent.empty() && absent.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(absent.size(), " absent-expert flags for ", n, " experts"));
   }
   if (keep > 0 && (previous == nullptr || previous->num_experts < keep)) {
     return absl::InvalidArgumentError("previous divergences do not cover the kept experts");
@@ -174,6 +185,7 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
     return absl::InvalidArgumentError(
         absl::StrCat(fixed.size(), " fixed-expert flags for ", n, " experts"));
   }
+  const auto is_absent = [&](int e) { return !absent.empty() && absent[e]; };
   const int covered = previous == nullptr ? 0 : std::min(n, previous->num_experts);
   const auto copied = [&](int i, int j) {
     return (i < keep && j < keep) ||
@@ -181,22 +193,12 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
   };
   // A fixed expert's row is read by no estimate: its pairs (f, j) that are not copied are 1.
   const auto row_read = [&](int i) { return !is_absent(i) && (fixed.empty() || !fixed[i]); };
-  const int groups = static_cast<int>(std::min<size_t>(num_groups, rows));
-  const size_t group_size = rows / groups;
-  // log pi once per expert, context and arm (not once per pair), for the rows computed.
-  std::vector<std::vector<double>> log_predictions(n);
-  for (int e = 0; e < n; ++e) {
-    if (!row_read(e)) continue;
-    log_predictions[e].resize(predictions[e].size());
-    for (size_t i = 0; i < predictions[e].size(); ++i) {
-      log_predictions[e][i] = std::log(predictions[e][i]);
-    }
-  }
 
   DivergenceMatrix d = DivergenceMatrix::Identity(n);
-  std::vector<double> log_means(groups), means(groups);
-  std::vector<double> log_terms(group_size), f2_terms(group_size);
-  std::vector<double> scratch(2 * group_size * num_arms);
+  // The pairs computed, in row-major order; the others are copied or stay 1.
+  std::vector<std::pair<int, int>> pairs;
+  std::vector<bool> read(n, false);  // experts whose predictions a computed pair reads
+  std::vector<bool> logs(n, false);  // ... and whose logarithms it reads (as pi_i)
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       const size_t ij = static_cast<size_t>(i) * n + j;
@@ -206,30 +208,121 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
         continue;
       }
       if (i == j || !row_read(i) || is_absent(j)) continue;  // 1, from Identity
-      for (int g = 0; g < groups; ++g) {
-        // A group's contexts are contiguous rows: one vectorised pass over all of them.
-        const size_t at = g * group_size * num_arms;
-        DivergenceTerms(&predictions[i][at], &log_predictions[i][at], &predictions[j][at],
-                        group_size, num_arms, scratch.data(), log_terms.data(),
-                        f2_terms.data());
-        double f2_sum = 0.0;
-        for (double f2 : f2_terms) f2_sum += f2;
-        log_means[g] = LogSumExp(log_terms) - std::log(static_cast<double>(group_size));
-        means[g] = f2_sum / group_size;
-      }
-      // Median in log space. For an even count the median is the mean of the two middle
-      // values in linear space: log((e^a + e^b) / 2).
-      std::sort(log_means.begin(), log_means.end());
-      double log_median;
-      if (groups % 2 == 1) {
-        log_median = log_means[groups / 2];
-      } else {
-        const double pair[2] = {log_means[groups / 2 - 1], log_means[groups / 2]};
-        log_median = LogSumExp(pair) - std::log(2.0);
-      }
-      d.m[ij] = 1.0 + std::max(0.0, log_median);
-      d.sigma[ij] = std::sqrt(std::max(1.0, MedianInPlace(absl::MakeSpan(means))));
+      pairs.emplace_back(i, j);
+      read[i] = read[j] = logs[i] = true;
     }
+  }
+  const size_t k = static_cast<size_t>(num_arms);
+  const int groups = static_cast<int>(std::min<size_t>(num_groups, num_rows));
+  const size_t group_size = num_rows / groups;
+  int readers = 0, loggers = 0, first_read = -1;
+  for (int e = 0; e < n; ++e) {
+    if (read[e] && first_read < 0) first_read = e;
+    readers += read[e] ? 1 : 0;
+    loggers += logs[e] ? 1 : 0;
+  }
+  const double row_bytes = static_cast<double>((readers + loggers) * k * sizeof(double));
+  const size_t block = std::clamp<size_t>(
+      row_bytes == 0.0 ? group_size
+                       : static_cast<size_t>(static_cast<double>(limits.max_block_bytes) /
+                                             row_bytes),
+      1, group_size);
+  if (work != nullptr) {
+    work->rows_read = pairs.empty() ? 0 : group_size * groups;
+    work->block_rows = pairs.empty() ? 0 : block;
+    work->terms = static_cast<int64_t>(pairs.size() * k * work->rows_read);
+  }
+  if (pairs.empty()) {
+    *out = std::move(d);
+    return absl::OkStatus();
+  }
+
+  std::vector<std::vector<double>> pi(n), log_pi(n);
+  for (int e = 0; e < n; ++e) {
+    if (read[e]) pi[e].resize(block * k);
+    if (logs[e]) log_pi[e].resize(block * k);
+  }
+  // Per pair and group: the log of the mean of exp(log f1 term), and the mean f2 term.
+  std::vector<double> log_means(pairs.size() * groups), means(pairs.size() * groups);
+  // Per pair, over the current group: log-sum-exp as a running maximum and a sum shifted by
+  // it (with one block per group, the same operations as LogSumExp), and the f2 sum.
+  std::vector<double> lse_max(pairs.size()), lse_sum(pairs.size()), f2_sum(pairs.size());
+  std::vector<double> log_terms(block), f2_terms(block), scratch(2 * block * k);
+  for (int g = 0; g < groups; ++g) {
+    std::fill(lse_max.begin(), lse_max.end(), -HUGE_VAL);
+    std::fill(lse_sum.begin(), lse_sum.end(), 0.0);
+    std::fill(f2_sum.begin(), f2_sum.end(), 0.0);
+    for (size_t at = 0; at < group_size; at += block) {
+      // A group's contexts are contiguous rows.
+      const size_t begin = g * group_size + at;
+      const size_t rows = std::min(block, group_size - at);
+      const size_t values = rows * k;
+      // Probabilities are in (0, 1], except for arms that were not eligible for a context
+      // (Expert::PredictBatchEligible): 0 under every expert alike.
+      for (int e = 0; e < n; ++e) {
+        if (!read[e]) continue;
+        DECISION_RETURN_IF_ERROR(
+            predict(e, begin, begin + rows, absl::MakeSpan(pi[e].data(), values)));
+        for (size_t i = 0; i < values; ++i) {
+          const double p = pi[e][i];
+          if (!(p >= 0.0 && p <= 1.0 + 1e-9)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "expert ", e, " gives probability ", p,
+                "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
+          }
+          if ((p == 0.0) != (pi[first_read][i] == 0.0)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "expert ", e, " gives probability ", p, " to arm ", i % k, " of context ",
+                begin + i / k, " and expert ", first_read, " ", pi[first_read][i],
+                "; divergences need every eligible arm's probability in (0, 1] (smooth the "
+                "expert) and 0 for the others"));
+          }
+        }
+        // log pi once per expert, context and arm (not once per pair).
+        if (logs[e]) {
+          for (size_t i = 0; i < values; ++i) log_pi[e][i] = std::log(pi[e][i]);
+        }
+      }
+      for (size_t p = 0; p < pairs.size(); ++p) {
+        const auto [i, j] = pairs[p];
+        // One vectorised pass over the block's contexts.
+        DivergenceTerms(pi[i].data(), log_pi[i].data(), pi[j].data(), rows, k, scratch.data(),
+                        log_terms.data(), f2_terms.data());
+        for (size_t r = 0; r < rows; ++r) f2_sum[p] += f2_terms[r];
+        double block_max = -HUGE_VAL;
+        for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, log_terms[r]);
+        if (block_max > lse_max[p]) {
+          if (lse_sum[p] != 0.0) lse_sum[p] *= std::exp(lse_max[p] - block_max);
+          lse_max[p] = block_max;
+        }
+        if (!std::isinf(lse_max[p])) {
+          for (size_t r = 0; r < rows; ++r) lse_sum[p] += std::exp(log_terms[r] - lse_max[p]);
+        }
+      }
+    }
+    for (size_t p = 0; p < pairs.size(); ++p) {
+      const double lse =
+          std::isinf(lse_max[p]) ? lse_max[p] : lse_max[p] + std::log(lse_sum[p]);
+      log_means[p * groups + g] = lse - std::log(static_cast<double>(group_size));
+      means[p * groups + g] = f2_sum[p] / group_size;
+    }
+  }
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    const size_t ij = static_cast<size_t>(pairs[p].first) * n + pairs[p].second;
+    const absl::Span<double> pair_log_means(&log_means[p * groups], groups);
+    // Median in log space. For an even count the median is the mean of the two middle
+    // values in linear space: log((e^a + e^b) / 2).
+    std::sort(pair_log_means.begin(), pair_log_means.end());
+    double log_median;
+    if (groups % 2 == 1) {
+      log_median = pair_log_means[groups / 2];
+    } else {
+      const double middle[2] = {pair_log_means[groups / 2 - 1], pair_log_means[groups / 2]};
+      log_median = LogSumExp(middle) - std::log(2.0);
+    }
+    d.m[ij] = 1.0 + std::max(0.0, log_median);
+    d.sigma[ij] =
+        std::sqrt(std::max(1.0, MedianInPlace(absl::MakeSpan(&means[p * groups], groups))));
   }
   *out = std::move(d);
   return absl::OkStatus();

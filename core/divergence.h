@@ -19,9 +19,11 @@
 #ifndef DECISION_CORE_DIVERGENCE_H_
 #define DECISION_CORE_DIVERGENCE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -98,6 +100,41 @@ class ContextReservoir {
 // REQUIRES: equal sizes; pi_j(v) > 0, or pi_i(v) = pi_j(v) = 0 (an arm not eligible).
 double LogF1Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
 double F2Term(absl::Span<const double> pi_i, absl::Span<const double> pi_j);
+
+// Bounds on what one divergence computation holds (ComputeDivergences). It reads N x R x K
+// predictions: at a problem's caps (N = 256 experts, K = 4096 arms, R = 2048 contexts)
+// 17 GB held at once, twice that with their logarithms. Its cost, O(pairs x R x K), is
+// bounded where experts are admitted (the service's --max_divergence_terms).
+struct DivergenceLimits {
+  // Bytes of predictions (with their logarithms) held at once for all the experts read:
+  // the contexts are read in blocks of rows that fit (at least one row). Only the
+  // log-sum-exp over a group's contexts is taken across blocks, so smaller blocks change
+  // results in the last bits only, and a block of a whole group (any problem whose
+  // experts' predictions on a group of contexts fit) not at all.
+  int64_t max_block_bytes = int64_t{64} << 20;
+};
+
+// What one computation read.
+struct DivergenceWork {
+  size_t rows_read = 0;   // contexts read: groups x their size (0 if no pair is computed)
+  size_t block_rows = 0;  // contexts read at a time
+  int64_t terms = 0;      // per-context terms evaluated: pairs computed x rows_read x K
+};
+
+// Writes `out` ((end - begin) x K, row-major) with `expert`'s distributions on contexts
+// [begin, end) of the R. Called once per block of contexts for each expert read, blocks
+// in increasing order. An error stops the computation and is returned as is.
+using PredictContexts = absl::FunctionRef<absl::Status(int expert, size_t begin, size_t end,
+                                                       absl::Span<double> out)>;
+
+// Divergences of `num_experts` experts from their predictions on `num_rows` contexts,
+// read through `predict` in blocks within `limits` (above). Otherwise as the overloads
+// below, which read the predictions from memory. `work` (optional) says what was read.
+absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContexts predict,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
+                                absl::Span<const bool> absent, const DivergenceLimits& limits,
+                                DivergenceWork* work = nullptr);
 
 // Divergences from predictions on R contexts. `predictions[e]` is expert e's R x K
 // distributions, row-major. Pairs (i, j) with both i, j < keep are copied from `previous`

@@ -40,6 +40,7 @@ Problem::Env DecisionService::ProblemEnv() const {
   env.metrics_pair_experts = options_.metrics_pair_experts;
   env.max_experts = options_.max_experts_per_problem;
   env.max_memory_bytes = options_.max_problem_memory_mb << 20;
+  env.max_divergence_terms = options_.max_divergence_terms;
   return env;
 }
 

@@ -122,6 +122,8 @@ struct ServiceOptions {
   int max_experts_per_problem = 256;
   // What a problem's estimator state and samples in memory may reach (Problem::Env), MB.
   int64_t max_problem_memory_mb = 1024;
+  // What one divergence computation of a problem may evaluate (Problem::Env), in terms.
+  int64_t max_divergence_terms = int64_t{1} << 33;
   // The divergence pair series cover at most this many active experts per problem, those
   // of highest UCB (Problem::Env).
   int metrics_pair_experts = 16;

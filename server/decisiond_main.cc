@@ -118,6 +118,11 @@ ABSL_FLAG(int64_t, max_problem_memory_mb, 1024,
           "cap per problem on the memory that grows with its experts (the estimator's state "
           "and the samples kept in memory: decision_problem_memory_bytes); RegisterExpert and "
           "training jobs that would pass it get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_divergence_terms, int64_t{1} << 33,
+          "cap per problem on the per-context terms (ordered pair of experts x context x arm) "
+          "one divergence computation evaluates, about 2.8 ns each here: the default, 2^33, "
+          "is about 24 s of CPU; RegisterExpert and training jobs that would pass it get "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_pair_experts, 16,
           "the divergence pair series (decision_divergence_mij, _sigmaij) cover at most this many "
           "active experts per problem, those of highest UCB: 2 n (n - 1) series; "
@@ -256,6 +261,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
   options.metrics_pair_experts = absl::GetFlag(FLAGS_metrics_pair_experts);
   options.max_experts_per_problem = absl::GetFlag(FLAGS_max_experts_per_problem);
   options.max_problem_memory_mb = absl::GetFlag(FLAGS_max_problem_memory_mb);
+  options.max_divergence_terms = absl::GetFlag(FLAGS_max_divergence_terms);
   // An unknown name is refused in main, before anything starts.
   options.background_priority =
       ParseThreadPriority(absl::GetFlag(FLAGS_background_priority))
@@ -387,9 +393,11 @@ int Run() {
       options.metrics_pair_experts < 0 || options.metrics_pair_experts > 256 ||
       options.max_experts_per_problem < 1 ||
       options.max_experts_per_problem > kMaxExpertsPerProblem ||
-      options.max_problem_memory_mb < 1 || options.max_problem_memory_mb > (int64_t{1} << 30)) {
+      options.max_problem_memory_mb < 1 || options.max_problem_memory_mb > (int64_t{1} << 30) ||
+      options.max_divergence_terms < 1) {
     std::fprintf(stderr,
-                 "decisiond: --max_pending_decisions and --max_problems must be >= 1, "
+                 "decisiond: --max_pending_decisions, --max_problems and "
+                 "--max_divergence_terms must be >= 1, "
                  "--max_pending_decisions_mb and --max_problem_memory_mb in [1, 1073741824], "
                  "--metrics_pair_experts in [0, 256] and --max_experts_per_problem in [1, %d]\n",
                  kMaxExpertsPerProblem);

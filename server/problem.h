@@ -210,6 +210,9 @@ class Problem {
     // reservoir in (reservoir_predictions.h); experts past it are predicted in full at
     // every divergence computation.
     int64_t reservoir_predictions_bytes = int64_t{128} << 20;
+    // Bounds on one divergence computation (core/divergence.h): the experts the cache
+    // above does not keep are predicted a block of contexts at a time, within these.
+    DivergenceLimits divergence_limits = {};
     // Caps on the decisions waiting for their reward (answered, not yet joined or
     // expired): a Choose that would make a new one past either gets RESOURCE_EXHAUSTED.
     // Chooses in flight at once may pass the cap by their number. The memory of one is
@@ -227,6 +230,9 @@ class Problem {
     int max_experts = 256;
     // RegisterExpert that would take MemoryBound past this gets RESOURCE_EXHAUSTED.
     int64_t max_memory_bytes = int64_t{1} << 30;
+    // RegisterExpert that would make one divergence computation evaluate more per-context
+    // terms than this (DivergenceTermsBound) gets RESOURCE_EXHAUSTED.
+    int64_t max_divergence_terms = int64_t{1} << 33;
   };
   // The memory that grows with a problem's experts, at `num_experts` experts: the
   // estimator's state at its bound (EstimatorStateBound) and a log chunk of samples in
@@ -235,6 +241,13 @@ class Problem {
   // at most.
   static int64_t MemoryBound(const storage::v1::ProblemRecord& record, int num_experts,
                              int num_retired = 0);
+  // The per-context terms (ordered pair x context x arm) one divergence computation of a
+  // problem can evaluate with `live` experts estimated and not retired or failed, of
+  // `loaded` with a model loaded: a refresh computes the live experts' pairs, a new
+  // expert's estimate its pairs with every loaded one, over the reservoir's R contexts.
+  // About 2.8 ns a term on the reference machine (bench/core_bench BM_DivergenceTerms).
+  static int64_t DivergenceTermsBound(const storage::v1::ProblemRecord& record, int live,
+                                      int loaded);
   // The estimated memory of one pending decision: its features, plus its record, event id
   // and index entries.
   static constexpr int64_t PendingDecisionBytes(int num_features) {
@@ -722,9 +735,13 @@ class Problem {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Divergences of `models` over the reservoir's rows, keeping the block of experts
   // [0, keep) from `previous`. The models' predictions on rows they have already predicted
-  // come from reservoir_predictions_. A model that fails on a context is quarantined and
-  // scored as its stand-in; the rows and columns of quarantined experts keep their
-  // `previous` values (they weigh the samples those experts chose while they were healthy).
+  // come from reservoir_predictions_; the experts it does not keep are predicted a block
+  // of contexts at a time (Env::divergence_limits). A model that fails on a context is
+  // quarantined and scored as its stand-in; the rows and columns of quarantined experts
+  // keep their `previous` values (they weigh the samples those experts chose while they
+  // were healthy). A model meets the contexts it is predicted on: every reservoir row when
+  // the cache keeps its predictions, the rows the estimate reads (all but the last
+  // R mod G) when read in blocks.
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
       std::vector<std::shared_ptr<const Expert>> models, const ReservoirCopy& reservoir,
       const DivergenceMatrix& previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);

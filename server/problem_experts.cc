@@ -114,6 +114,12 @@ bool Problem::FoldRetiredLocked() {
   return folded;
 }
 
+int64_t Problem::DivergenceTermsBound(const storage::v1::ProblemRecord& record, int live,
+                                      int loaded) {
+  const int64_t pairs = std::max(int64_t{live} * (live - 1), 2 * int64_t{loaded - 1});
+  return std::max<int64_t>(pairs, 0) * record.num_arms() * record.divergence_reservoir();
+}
+
 int Problem::RetiredInEstimatorLocked() const {
   int retired = 0;
   for (int k = 0; k < ducb_.num_experts(); ++k) retired += ducb_.estimator().Retired(k);
@@ -296,6 +302,24 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
           "problem ", id(), ": a new expert would take the memory of its ", experts_.size() + 1,
           " experts' estimator state and samples in memory to ", bytes / 1048576.0,
           " MB, over the cap (--max_problem_memory_mb=", env_.max_memory_bytes >> 20, ")"));
+    }
+    {
+      int live = 1, loaded = 1;  // with the new one
+      for (int e = 0; e < experts_.size(); ++e) {
+        if (experts_.Unloaded(e)) continue;
+        ++loaded;
+        if (experts_.at(e).failure.empty() && !experts_.Frozen(e)) ++live;
+      }
+      if (const int64_t terms = DivergenceTermsBound(record_, live, loaded);
+          terms > env_.max_divergence_terms) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "problem ", id(), ": with a new expert a divergence computation would evaluate ",
+            terms, " terms (", live, " live experts' ordered pairs x ", record_.num_arms(),
+            " arms x ", record_.divergence_reservoir(),
+            " reservoir contexts), over the cap (--max_divergence_terms=",
+            env_.max_divergence_terms,
+            "); retire experts, or create the problem with a smaller divergence_reservoir"));
+      }
     }
     // Under expert_writes_mu_: no other registration can pass this check meanwhile.
     const double budget = record_.scoring_budget_us();
@@ -495,47 +519,73 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
       absent[e] = experts_.Unloaded(e) || (fixed[e] && covered == n);
     }
   }
-  // Each expert's predictions as the cache holds them (shared, not copied).
+  // The experts whose predictions the cache keeps are predicted in full (the rows that
+  // changed since the last computation) and held here, shared with the cache. The others
+  // are predicted by ComputeDivergences a block of contexts at a time, only the contexts
+  // it reads, so that a computation holds at most the cache's budget plus
+  // DivergenceLimits::max_block_bytes: tens of experts on thousands of arms held in full
+  // would be gigabytes (64 MB an expert at 4096 arms).
   std::vector<ReservoirPredictions::Shared> held(n);
-  std::vector<absl::Span<const double>> predictions(n);
   std::vector<ScoringFailure> failures;
-  for (int e = 0; e < n; ++e) {
-    if (absent[e]) continue;
-    absl::StatusOr<ReservoirPredictions::Shared> p =
-        reservoir_predictions_.Predict(e, models[e], contexts, reservoir.stamps,
-                                       reservoir.eligible);
-    absl::Status s = p.status();
-    if (p.ok()) {
-      held[e] = *std::move(p);
-      for (const double v : *held[e]) {
-        if (!(v >= 0.0 && v <= 1.0)) {
-          s = absl::InvalidArgumentError(absl::StrCat("a probability of ", v));
-          break;
-        }
+  const auto fail = [&](int e, absl::string_view reason) {
+    failures.push_back({e, absl::StrCat("divergence estimation: ", reason)});
+    models[e] = stand_in_;
+    held[e] = nullptr;
+    if (e < covered) fixed[e] = true;  // an expert that failed just now keeps its pairs too
+  };
+  const auto check = [](absl::Span<const double> p) {
+    for (const double v : p) {
+      if (!(v >= 0.0 && v <= 1.0)) {
+        return absl::InvalidArgumentError(absl::StrCat("a probability of ", v));
       }
     }
-    if (!s.ok()) {
-      failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
-      models[e] = stand_in_;
-      auto uniform = std::make_shared<std::vector<double>>(rows * k);
-      const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
-                                                            reservoir.eligible.end());
-      DECISION_RETURN_IF_ERROR(
-          models[e]->PredictBatchEligible(contexts, rows, eligible, absl::MakeSpan(*uniform)));
-      held[e] = std::move(uniform);
+    return absl::OkStatus();
+  };
+  for (int e = 0; e < n; ++e) {
+    if (absent[e] || !reservoir_predictions_.WouldKeep(e, rows, k)) continue;
+    absl::StatusOr<ReservoirPredictions::Shared> p = reservoir_predictions_.Predict(
+        e, models[e], contexts, reservoir.stamps, reservoir.eligible);
+    const absl::Status s = p.ok() ? check(**p) : p.status();
+    if (s.ok()) {
+      held[e] = *std::move(p);
+    } else {
+      fail(e, s.message());
     }
-    predictions[e] = *held[e];
+  }
+  const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
+                                                        reservoir.eligible.end());
+  int failed_now = -1;  // an expert that failed on a block of contexts
+  const auto predict = [&](int e, size_t begin, size_t end,
+                           absl::Span<double> out) -> absl::Status {
+    if (held[e] != nullptr) {
+      std::copy(held[e]->begin() + begin * k, held[e]->begin() + end * k, out.begin());
+      return absl::OkStatus();
+    }
+    absl::Status s = models[e]->PredictBatchEligible(
+        absl::MakeConstSpan(contexts).subspan(begin * d, (end - begin) * d), end - begin,
+        eligible.empty() ? absl::Span<const absl::Span<const int32_t>>()
+                         : absl::MakeConstSpan(eligible).subspan(begin, end - begin),
+        out);
+    if (s.ok()) s = check(out);
+    if (!s.ok()) failed_now = e;
+    return s;
+  };
+  DivergenceMatrix out;
+  while (true) {
+    failed_now = -1;
+    const absl::Status s = ComputeDivergences(
+        n, rows, predict, k, record_.divergence_groups(), &previous, keep, &out,
+        absl::MakeConstSpan(fixed.get(), n), absl::MakeConstSpan(absent.get(), n),
+        env_.divergence_limits);
+    // Again, with the expert that failed scored as its stand-in (which does not fail).
+    if (failed_now >= 0 && models[failed_now] != stand_in_) {
+      fail(failed_now, s.message());
+      continue;
+    }
+    DECISION_RETURN_IF_ERROR(s);
+    break;
   }
   QuarantineFailures(failures);
-  // An expert that failed just now keeps its pairs too.
-  for (const ScoringFailure& f : failures) {
-    if (f.expert < covered) fixed[f.expert] = true;
-  }
-  DivergenceMatrix out;
-  DECISION_RETURN_IF_ERROR(ComputeDivergences(predictions, k, record_.divergence_groups(),
-                                              &previous, keep, &out,
-                                              absl::MakeConstSpan(fixed.get(), n),
-                                              absl::MakeConstSpan(absent.get(), n)));
   return out;
 }
 

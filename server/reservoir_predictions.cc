@@ -96,6 +96,15 @@ absl::StatusOr<ReservoirPredictions::Shared> ReservoirPredictions::Predict(
   return out;
 }
 
+bool ReservoirPredictions::WouldKeep(int expert, size_t rows, size_t k) const {
+  const int64_t need = static_cast<int64_t>(rows * (sizeof(uint64_t) + k * sizeof(double)));
+  absl::MutexLock lock(&mu_);
+  int64_t others = bytes_;
+  const auto it = entries_.find(expert);
+  if (it != entries_.end()) others -= BytesOf(it->second);  // replaced (another model) or resized
+  return others + need <= budget_bytes_;
+}
+
 void ReservoirPredictions::Drop(int expert) {
   absl::MutexLock lock(&mu_);
   const auto it = entries_.find(expert);

@@ -11,7 +11,8 @@
 // result is the same as predicting all R rows (tests/reservoir_predictions_test.cc).
 //
 // Memory is bounded: an expert is kept only while the total stays within the budget given
-// at construction; the others are predicted in full at every call, as without the cache.
+// at construction; the others are predicted in full at every call, as without the cache
+// (WouldKeep tells them apart beforehand).
 //
 // Thread safety: thread-safe. A call holds the cache's lock while its model predicts, so
 // calls are serialised (they come from the maintenance work of one problem).
@@ -52,6 +53,11 @@ class ReservoirPredictions {
                                  absl::Span<const uint64_t> stamps,
                                  absl::Span<const std::vector<int32_t>> eligible = {})
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether Predict(expert, ...) on `rows` rows of `k` arms would keep its result within
+  // the budget (a resized entry's spare capacity aside): a caller that holds what Predict
+  // returns for several experts at once asks first, and predicts the others in pieces.
+  bool WouldKeep(int expert, size_t rows, size_t k) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets expert `expert`'s predictions (and its model: the entry holds it).
   void Drop(int expert) ABSL_LOCKS_EXCLUDED(mu_);

@@ -181,6 +181,48 @@ TEST_F(CapsTest, ARegistrationPastTheMemoryBudgetIsRefused) {
   EXPECT_EQ(Experts().size(), 11u);
 }
 
+// --max_divergence_terms: a divergence refresh computes every ordered pair of live experts
+// over the reservoir's contexts and arms, so the cap bounds the live experts. At 4 arms and
+// 2048 contexts, a cap of 8 x 4 x 2048 terms takes 3 (6 pairs) and refuses a 4th (12).
+// Nothing stored changes; a retired expert makes room; a problem past a lowered cap loads.
+TEST_F(CapsTest, ARegistrationPastTheDivergenceCostCapIsRefused) {
+  storage::v1::ProblemRecord letter;
+  letter.set_num_arms(26);
+  letter.set_divergence_reservoir(2048);
+  const int64_t cap = ServiceOptions().max_divergence_terms;
+  EXPECT_LE(Problem::DivergenceTermsBound(letter, 256, 256), cap);  // never binds on letter
+  storage::v1::ProblemRecord wide = letter;
+  wide.set_num_arms(4096);
+  EXPECT_LE(Problem::DivergenceTermsBound(wide, 32, 256), cap);
+  EXPECT_GT(Problem::DivergenceTermsBound(wide, 33, 33), cap);
+
+  max_divergence_terms_ = 8 * kArms * 2048;
+  Reopen();
+  CreateProblem("p");  // the uniform expert
+  RegisterLinear("p", 2.0);
+  RegisterLinear("p", 1.0);
+  v1::RegisterExpertRequest req = LinearRequest("p", 3.0);
+  v1::Expert e;
+  absl::Status s = service_->RegisterExpert(req, &e);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("--max_divergence_terms=65536"));
+  EXPECT_THAT(s.message(), HasSubstr("4 live experts"));
+  EXPECT_EQ(Experts().size(), 3u);
+  // A retired expert's pairs are kept, not computed: room for one more.
+  RunMaintenanceUntilActive("p");
+  ASSERT_TRUE(Retire("p", 1).ok());
+  s = service_->RegisterExpert(req, &e);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Experts().size(), 4u);
+  // Past a lowered cap the problem still loads and serves.
+  max_divergence_terms_ = 1;
+  Reopen();
+  EXPECT_EQ(Experts().size(), 4u);
+  v1::ChooseResponse r;
+  EXPECT_TRUE(TryChoose("p", kFeatures, &r).ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(service_->RegisterExpert(LinearRequest("p", 4.0), &e)));
+}
+
 // The divergence pair series cover only the --metrics_pair_experts active experts of highest
 // UCB, and follow the pool when it changes without a new sample (a retirement): the export
 // that skips an unchanged problem does not skip that.

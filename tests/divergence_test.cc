@@ -228,6 +228,126 @@ TEST(Divergence, EstimateFromExpertsOnReservoir) {
   EXPECT_EQ(from_experts.sigma, direct.sigma);
 }
 
+// `n` experts' distributions over `k` arms on `rows` shared contexts: softmax of a random
+// linear map of three features, smoothed, so that the divergences vary with the context.
+std::vector<std::vector<double>> RandomExperts(int n, int k, size_t rows, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal;
+  std::vector<double> x(rows * 3);
+  for (double& v : x) v = normal(gen);
+  std::vector<std::vector<double>> p(n, std::vector<double>(rows * k));
+  for (int e = 0; e < n; ++e) {
+    std::vector<double> w(static_cast<size_t>(k) * 3);
+    for (double& v : w) v = normal(gen);
+    for (size_t r = 0; r < rows; ++r) {
+      double total = 0.0;
+      for (int a = 0; a < k; ++a) {
+        double z = 0.0;
+        for (int f = 0; f < 3; ++f) z += w[a * 3 + f] * x[r * 3 + f];
+        p[e][r * k + a] = std::exp(z);
+        total += p[e][r * k + a];
+      }
+      for (int a = 0; a < k; ++a) {
+        p[e][r * k + a] = 0.9 * p[e][r * k + a] / total + 0.1 / k;
+      }
+    }
+  }
+  return p;
+}
+
+// The callback form over predictions held in memory, recording the rows it was asked for.
+struct Reader {
+  const std::vector<std::vector<double>>& p;
+  size_t k;
+  std::vector<std::vector<std::pair<size_t, size_t>>> asked;  // per expert: [begin, end)
+  absl::Status Read(int e, size_t begin, size_t end, absl::Span<double> out) {
+    asked[e].emplace_back(begin, end);
+    EXPECT_EQ(out.size(), (end - begin) * k);
+    std::copy(p[e].begin() + begin * k, p[e].begin() + end * k, out.begin());
+    return absl::OkStatus();
+  }
+};
+
+absl::Status ComputeBy(Reader* reader, int groups, const DivergenceLimits& limits,
+                       DivergenceMatrix* out, DivergenceWork* work, int keep = 0,
+                       const DivergenceMatrix* previous = nullptr,
+                       absl::Span<const bool> absent = {}) {
+  const int n = static_cast<int>(reader->p.size());
+  reader->asked.assign(n, {});
+  return ComputeDivergences(
+      n, reader->p[0].size() / reader->k,
+      [reader](int e, size_t begin, size_t end, absl::Span<double> block) {
+        return reader->Read(e, begin, end, block);
+      },
+      static_cast<int>(reader->k), groups, previous, keep, out, {}, absent, limits, work);
+}
+
+// Blocks of contexts smaller than a group give the same divergences (to rounding: the
+// log-sum-exp runs over blocks), and a block of a whole group (the default, whenever the
+// predictions fit) the same bits as the predictions held in full.
+TEST(Divergence, BlocksOfContextsGiveTheSameDivergences) {
+  constexpr int kArms = 7, kGroups = 4;
+  const auto p = RandomExperts(5, kArms, 96, 11);  // groups of 24 contexts
+  DivergenceMatrix whole;
+  ASSERT_TRUE(ComputeDivergences(p, kArms, kGroups, nullptr, 0, &whole).ok());
+  Reader reader{p, kArms, {}};
+  // The predictions and their logarithms of the five experts: 2 x 5 x 7 doubles a row.
+  const int64_t row_bytes = 2 * 5 * kArms * sizeof(double);
+  for (const size_t block : {size_t{1}, size_t{5}, size_t{24}}) {
+    DivergenceLimits limits;
+    limits.max_block_bytes = static_cast<int64_t>(block) * row_bytes;
+    DivergenceMatrix blocked;
+    DivergenceWork work;
+    ASSERT_TRUE(ComputeBy(&reader, kGroups, limits, &blocked, &work).ok());
+    EXPECT_EQ(work.block_rows, block);
+    EXPECT_EQ(work.rows_read, 96u);
+    EXPECT_EQ(work.terms, 20 * kArms * 96);
+    for (const auto& asked : reader.asked) {
+      ASSERT_EQ(asked.size(), (24 + block - 1) / block * kGroups);
+      for (const auto& [begin, end] : asked) EXPECT_LE(end - begin, block);
+    }
+    for (size_t ij = 0; ij < whole.m.size(); ++ij) {
+      if (block == 24) {
+        EXPECT_EQ(blocked.m[ij], whole.m[ij]);
+        EXPECT_EQ(blocked.sigma[ij], whole.sigma[ij]);
+      } else {
+        EXPECT_NEAR(blocked.m[ij], whole.m[ij], 1e-12 * whole.m[ij]) << block;
+        EXPECT_NEAR(blocked.sigma[ij], whole.sigma[ij], 1e-12 * whole.sigma[ij]) << block;
+      }
+    }
+  }
+}
+
+// Only what is computed is read: nothing when every pair is copied, not an absent expert,
+// and the computation stops at the first error a read returns.
+TEST(Divergence, ReadsOnlyWhatItComputes) {
+  constexpr int kArms = 3;
+  const auto p = RandomExperts(4, kArms, 8, 14);
+  Reader reader{p, kArms, {}};
+  DivergenceMatrix full, got;
+  DivergenceWork work;
+  ASSERT_TRUE(ComputeBy(&reader, 2, DivergenceLimits(), &full, &work).ok());
+  ASSERT_TRUE(ComputeBy(&reader, 2, DivergenceLimits(), &got, &work, 4, &full).ok());
+  EXPECT_EQ(got.m, full.m);
+  EXPECT_EQ(work.rows_read, 0u);
+  for (const auto& asked : reader.asked) EXPECT_TRUE(asked.empty());
+  const bool absent[4] = {false, true, false, false};
+  ASSERT_TRUE(ComputeBy(&reader, 2, DivergenceLimits(), &got, &work, 0, nullptr, absent).ok());
+  EXPECT_TRUE(reader.asked[1].empty());
+  EXPECT_FALSE(reader.asked[2].empty());
+  EXPECT_EQ(got.M(2, 3), full.M(2, 3));
+  const absl::Status s = ComputeDivergences(
+      4, 8,
+      [](int e, size_t, size_t, absl::Span<double> out) {
+        if (e == 2) return absl::InternalError("model 2 broke");
+        std::fill(out.begin(), out.end(), 1.0 / kArms);
+        return absl::OkStatus();
+      },
+      kArms, 2, nullptr, 0, &got, {}, {}, DivergenceLimits());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), HasSubstr("model 2 broke"));
+}
+
 TEST(ContextReservoir, BoundedAndUniform) {
   // Offer 0..999 to a reservoir of 100, many times: every value is kept ~10% of the time.
   std::vector<int> kept(1000, 0);

@@ -817,7 +817,8 @@ TEST_F(IntegrationTest, CapFlagsOutOfRangeRefuseToStart) {
        {"--max_experts_per_problem=0", "--max_experts_per_problem=257", "--max_problems=0",
         "--max_pending_decisions=0", "--max_pending_decisions_mb=0",
         "--metrics_pair_experts=-1", "--metrics_pair_experts=257",
-        "--max_problem_memory_mb=0", "--malloc_mmap_threshold_kb=-1",
+        "--max_problem_memory_mb=0", "--max_divergence_terms=0",
+        "--malloc_mmap_threshold_kb=-1",
         "--malloc_mmap_threshold_kb=32769"}) {
     EXPECT_FALSE(DecisiondProcess::Start(dir_, {flag}).ok()) << flag;
   }

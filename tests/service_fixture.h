@@ -59,8 +59,10 @@ class ServiceTest : public ::testing::Test {
     options.metrics_pair_experts = metrics_pair_experts_;
     options.max_experts_per_problem = max_experts_per_problem_;
     options.max_problem_memory_mb = max_problem_memory_mb_;
+    options.max_divergence_terms = max_divergence_terms_;
     options.training_threads = training_threads_;
     options.scoring_threads = scoring_threads_;
+    options.reservoir_predictions_mb = reservoir_predictions_mb_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -328,6 +330,8 @@ class ServiceTest : public ::testing::Test {
   int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
   int max_experts_per_problem_ = ServiceOptions().max_experts_per_problem;
   int64_t max_problem_memory_mb_ = ServiceOptions().max_problem_memory_mb;
+  int64_t max_divergence_terms_ = ServiceOptions().max_divergence_terms;
+  int64_t reservoir_predictions_mb_ = ServiceOptions().reservoir_predictions_mb;
   // One at a time, not ServiceOptions' default (one per CPU): tests that stop a job at its
   // n-th expert count the ones before it as registered.
   // TrainingJobTest.AJobTrainsTheSameModelsOnAnyNumberOfThreads covers several.
