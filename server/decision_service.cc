@@ -289,6 +289,13 @@ absl::Status DecisionService::CreateProblemNow(const v1::CreateProblemRequest& r
                                                v1::Problem* response) {
   DECISION_ASSIGN_OR_RETURN(storage::v1::ProblemRecord record,
                             ProblemRecordFromConfig(request.problem_id(), request.config()));
+  // Every job would fail (TrainExperts refuses such a problem). Here, not in the validation
+  // stored problems are loaded with: one created before this check still loads.
+  if (record.auto_train() && record.num_features() == 0) {
+    return absl::InvalidArgumentError(
+        "config.auto_train.enabled needs config.num_features >= 1: without features there is "
+        "no context to train experts on");
+  }
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("new problems"));
   record.set_created_at_ms(clock_->NowMs());
   // One creation at a time: the id is checked, the problem written, then published, without

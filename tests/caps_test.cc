@@ -39,6 +39,14 @@ class CapsTest : public ServiceTest {
     v1::Problem p;
     return service_->CreateProblem(req, &p);
   }
+  // After a cap was lowered below what problem "p" holds: it still loads, with its
+  // `experts`, and serves.
+  void ExpectReopenedAndServing(size_t experts) {
+    Reopen();
+    EXPECT_EQ(Experts().size(), experts);
+    v1::ChooseResponse r;
+    EXPECT_TRUE(TryChoose("p", kFeatures, &r).ok());
+  }
   std::vector<std::string> ProblemIds() {
     v1::ListProblemsRequest req;
     v1::ListProblemsResponse resp;
@@ -140,10 +148,7 @@ TEST_F(CapsTest, ARegistrationPastTheExpertCapIsRefused) {
   EXPECT_THAT(s.message(), HasSubstr("--max_experts_per_problem=3"));
   EXPECT_EQ(Experts().size(), 3u);
   max_experts_per_problem_ = 2;
-  Reopen();
-  EXPECT_EQ(Experts().size(), 3u);
-  v1::ChooseResponse r;
-  EXPECT_TRUE(TryChoose("p", kFeatures, &r).ok());
+  ExpectReopenedAndServing(3);
   EXPECT_TRUE(absl::IsResourceExhausted(service_->RegisterExpert(req, &e)));
   max_experts_per_problem_ = 4;
   Reopen();
@@ -216,10 +221,7 @@ TEST_F(CapsTest, ARegistrationPastTheDivergenceCostCapIsRefused) {
   EXPECT_EQ(Experts().size(), 4u);
   // Past a lowered cap the problem still loads and serves.
   max_divergence_terms_ = 1;
-  Reopen();
-  EXPECT_EQ(Experts().size(), 4u);
-  v1::ChooseResponse r;
-  EXPECT_TRUE(TryChoose("p", kFeatures, &r).ok());
+  ExpectReopenedAndServing(4);
   EXPECT_TRUE(absl::IsResourceExhausted(service_->RegisterExpert(LinearRequest("p", 4.0), &e)));
 }
 

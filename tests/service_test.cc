@@ -746,6 +746,16 @@ TEST_F(ServiceTest, TrainExpertsNeedsFeatures) {
   const absl::Status s = service_->TrainExperts(train, &queued);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no features"));
+  // Nor does CreateProblem take auto-training without features: every job would fail.
+  create.set_problem_id("y");
+  create.mutable_config()->mutable_auto_train()->set_enabled(true);
+  const absl::Status refused = service_->CreateProblem(create, &created);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("config.num_features >= 1"));
+  v1::GetProblemRequest get;
+  get.set_problem_id("y");
+  v1::Problem none;
+  EXPECT_EQ(service_->GetProblem(get, &none).code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
