@@ -53,6 +53,10 @@
 //                                        128 retired rows at 1, "unloaded" also skips 80
 //                                        retired experts unloaded (no kept sample of
 //                                        theirs). Items = pairs computed.
+//   BM_DivergenceRefreshThreads/<n>x<K>/<t>  a whole refresh (every ordered pair of n
+//                                        experts, R = 2048, 16 groups) split into t tasks
+//                                        (DivergenceThreads), t - 1 of them on threads
+//                                        started per step; real time. Items = terms.
 //   BM_UpdateLatency/<estimator>/32      the distribution of single-Learn latencies (p50,
 //                                        p99, p99.9, max, in us) over the first 300k samples
 //                                        of a fresh D-UCB with N = 32: the mean hides the
@@ -96,6 +100,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -984,6 +989,44 @@ void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {
   state.counters["pairs"] = static_cast<double>(pairs);
 }
 
+// A whole refresh of n experts over K arms and 2048 contexts (every ordered pair), with the
+// work split into `tasks` tasks (DivergenceThreads): one is the caller's, the others run on
+// threads started for each step, as ParallelFor hands tasks to the scorer threads.
+void BM_DivergenceRefreshThreads(benchmark::State& state, int n, int k, int tasks) {
+  constexpr size_t kRows = 2048;
+  std::mt19937_64 gen(kSeed + 4);
+  std::normal_distribution<double> logit(0.0, 3.0);
+  std::vector<std::vector<double>> predictions(n, std::vector<double>(kRows * k));
+  for (std::vector<double>& p : predictions) {
+    for (size_t r = 0; r < kRows; ++r) {
+      double* row = &p[r * k];
+      for (int a = 0; a < k; ++a) row[a] = logit(gen);
+      SoftmaxInPlace(absl::MakeSpan(row, k));
+    }
+  }
+  DivergenceThreads threads;
+  threads.tasks = tasks;
+  threads.run = [](int count, absl::FunctionRef<void(int)> fn) {
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < count; ++t) helpers.emplace_back([&fn, t] { fn(t); });
+    fn(0);
+    for (std::thread& h : helpers) h.join();
+  };
+  const auto read = [&](int e, size_t begin, size_t end, absl::Span<double> out) {
+    std::copy(predictions[e].begin() + begin * k, predictions[e].begin() + end * k,
+              out.begin());
+    return absl::OkStatus();
+  };
+  DivergenceMatrix out;
+  for (auto _ : state) {
+    absl::Status s = ComputeDivergences(n, kRows, read, k, 16, nullptr, 0, &out, {}, {},
+                                        DivergenceLimits(), nullptr, threads);
+    if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
+    benchmark::DoNotOptimize(out.m.data());
+  }
+  state.SetItemsProcessed(state.iterations() * int64_t{n} * (n - 1) * int64_t{kRows} * k);
+}
+
 // Fixed iteration counts for the benchmarks whose log grows: enough for a stable figure,
 // small enough to keep the log (and the memory) bounded.
 int64_t UpdateIterations(int n) { return n <= 8 ? 400000 : n <= 32 ? 200000 : 60000; }
@@ -1000,6 +1043,15 @@ void RegisterAll() {
                                NewExpertForm::kRetiredRows)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_NewExpertDivergences/unloaded", BM_NewExpertDivergences,
                                NewExpertForm::kUnloaded)->Unit(benchmark::kMillisecond);
+  for (const auto& [n, k] : {std::pair{32, 26}, std::pair{8, 4096}}) {
+    for (int tasks : {1, 2}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("BM_DivergenceRefreshThreads/", n, "x", k, "/", tasks).c_str(),
+          BM_DivergenceRefreshThreads, n, k, tasks)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
   for (EstimatorKind kind : {EstimatorKind::kMedianOfMeans, EstimatorKind::kClipped}) {
     const std::string k = KindName(kind);
     for (int n : {8, 32, 128}) {

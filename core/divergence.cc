@@ -161,7 +161,7 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
                                 absl::Span<const bool> absent, const DivergenceLimits& limits,
-                                DivergenceWork* work) {
+                                DivergenceWork* work, const DivergenceThreads& threads) {
   const int n = num_experts;
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
@@ -215,13 +215,13 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
   const size_t k = static_cast<size_t>(num_arms);
   const int groups = static_cast<int>(std::min<size_t>(num_groups, num_rows));
   const size_t group_size = num_rows / groups;
-  int readers = 0, loggers = 0, first_read = -1;
+  std::vector<int> readers;  // the experts read, in order
+  size_t loggers = 0;
   for (int e = 0; e < n; ++e) {
-    if (read[e] && first_read < 0) first_read = e;
-    readers += read[e] ? 1 : 0;
+    if (read[e]) readers.push_back(e);
     loggers += logs[e] ? 1 : 0;
   }
-  const double row_bytes = static_cast<double>((readers + loggers) * k * sizeof(double));
+  const double row_bytes = static_cast<double>((readers.size() + loggers) * k * sizeof(double));
   const size_t block = std::clamp<size_t>(
       row_bytes == 0.0 ? group_size
                        : static_cast<size_t>(static_cast<double>(limits.max_block_bytes) /
@@ -237,17 +237,37 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
     return absl::OkStatus();
   }
 
+  const int first_read = readers[0];
   std::vector<std::vector<double>> pi(n), log_pi(n);
   for (int e = 0; e < n; ++e) {
     if (read[e]) pi[e].resize(block * k);
     if (logs[e]) log_pi[e].resize(block * k);
   }
+  // Work split into at most `tasks` contiguous parts, each with its own scratch.
+  const int tasks = static_cast<int>(std::clamp<size_t>(
+      static_cast<size_t>(std::max(threads.tasks, 1)), 1, std::max(readers.size(), pairs.size())));
+  const auto run = [&](size_t items, absl::FunctionRef<void(int task, size_t from, size_t to)> fn) {
+    const int parts = static_cast<int>(std::min<size_t>(tasks, items));
+    const auto part = [&](int t) { fn(t, items * t / parts, items * (t + 1) / parts); };
+    if (threads.run == nullptr || parts < 2) {
+      for (int t = 0; t < parts; ++t) part(t);
+    } else {
+      threads.run(parts, part);
+    }
+  };
+  // Contexts per kernel call: its scratch (two values per arm and context) within 256 KB.
+  const size_t kernel_rows = std::clamp<size_t>((size_t{256} << 10) / (2 * k * sizeof(double)),
+                                                1, block);
+  struct Scratch {
+    std::vector<double> log_terms, f2_terms, terms;
+  };
+  std::vector<Scratch> scratch(tasks);
   // Per pair and group: the log of the mean of exp(log f1 term), and the mean f2 term.
   std::vector<double> log_means(pairs.size() * groups), means(pairs.size() * groups);
   // Per pair, over the current group: log-sum-exp as a running maximum and a sum shifted by
   // it (with one block per group, the same operations as LogSumExp), and the f2 sum.
   std::vector<double> lse_max(pairs.size()), lse_sum(pairs.size()), f2_sum(pairs.size());
-  std::vector<double> log_terms(block), f2_terms(block), scratch(2 * block * k);
+  std::vector<absl::Status> status(n);
   for (int g = 0; g < groups; ++g) {
     std::fill(lse_max.begin(), lse_max.end(), -HUGE_VAL);
     std::fill(lse_sum.begin(), lse_sum.end(), 0.0);
@@ -258,9 +278,9 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
       const size_t rows = std::min(block, group_size - at);
       const size_t values = rows * k;
       // Probabilities are in (0, 1], except for arms that were not eligible for a context
-      // (Expert::PredictBatchEligible): 0 under every expert alike.
-      for (int e = 0; e < n; ++e) {
-        if (!read[e]) continue;
+      // (Expert::PredictBatchEligible): 0 under every expert alike. The first expert read
+      // first: the others are checked against it.
+      const auto fill = [&](int e) -> absl::Status {
         DECISION_RETURN_IF_ERROR(
             predict(e, begin, begin + rows, absl::MakeSpan(pi[e].data(), values)));
         for (size_t i = 0; i < values; ++i) {
@@ -282,23 +302,43 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
         if (logs[e]) {
           for (size_t i = 0; i < values; ++i) log_pi[e][i] = std::log(pi[e][i]);
         }
-      }
-      for (size_t p = 0; p < pairs.size(); ++p) {
-        const auto [i, j] = pairs[p];
-        // One vectorised pass over the block's contexts.
-        DivergenceTerms(pi[i].data(), log_pi[i].data(), pi[j].data(), rows, k, scratch.data(),
-                        log_terms.data(), f2_terms.data());
-        for (size_t r = 0; r < rows; ++r) f2_sum[p] += f2_terms[r];
-        double block_max = -HUGE_VAL;
-        for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, log_terms[r]);
-        if (block_max > lse_max[p]) {
-          if (lse_sum[p] != 0.0) lse_sum[p] *= std::exp(lse_max[p] - block_max);
-          lse_max[p] = block_max;
+        return absl::OkStatus();
+      };
+      DECISION_RETURN_IF_ERROR(fill(first_read));
+      run(readers.size() - 1, [&](int, size_t from, size_t to) {
+        for (size_t r = from; r < to; ++r) status[readers[r + 1]] = fill(readers[r + 1]);
+      });
+      for (size_t r = 1; r < readers.size(); ++r) DECISION_RETURN_IF_ERROR(status[readers[r]]);
+      run(pairs.size(), [&](int task, size_t from, size_t to) {
+        Scratch& own = scratch[task];
+        own.log_terms.resize(rows);
+        own.f2_terms.resize(rows);
+        own.terms.resize(2 * kernel_rows * k);
+        for (size_t p = from; p < to; ++p) {
+          const auto [i, j] = pairs[p];
+          // Vectorised passes over the block's contexts, a few at a time so that the
+          // kernel's scratch stays in cache (each context's terms are its own: the same
+          // values whatever the split).
+          for (size_t r = 0; r < rows; r += kernel_rows) {
+            const size_t at = r * k, now = std::min(kernel_rows, rows - r);
+            DivergenceTerms(pi[i].data() + at, log_pi[i].data() + at, pi[j].data() + at, now,
+                            k, own.terms.data(), own.log_terms.data() + r,
+                            own.f2_terms.data() + r);
+          }
+          for (size_t r = 0; r < rows; ++r) f2_sum[p] += own.f2_terms[r];
+          double block_max = -HUGE_VAL;
+          for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, own.log_terms[r]);
+          if (block_max > lse_max[p]) {
+            if (lse_sum[p] != 0.0) lse_sum[p] *= std::exp(lse_max[p] - block_max);
+            lse_max[p] = block_max;
+          }
+          if (!std::isinf(lse_max[p])) {
+            for (size_t r = 0; r < rows; ++r) {
+              lse_sum[p] += std::exp(own.log_terms[r] - lse_max[p]);
+            }
+          }
         }
-        if (!std::isinf(lse_max[p])) {
-          for (size_t r = 0; r < rows; ++r) lse_sum[p] += std::exp(log_terms[r] - lse_max[p]);
-        }
-      }
+      });
     }
     for (size_t p = 0; p < pairs.size(); ++p) {
       const double lse =

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -121,20 +122,33 @@ struct DivergenceWork {
   int64_t terms = 0;      // per-context terms evaluated: pairs computed x rows_read x K
 };
 
+// How a computation may spread its work over threads. Each block's predictions (by expert)
+// and its terms (by pair) are split into at most `tasks` tasks, which `run(n, fn)` runs:
+// fn(0), ..., fn(n - 1), each once, possibly at once on several threads, returning when
+// all have run. Null `run`: in order, on the calling thread. Every pair's sums are made
+// in the same order whatever the split: the results do not depend on it.
+struct DivergenceThreads {
+  int tasks = 1;
+  std::function<void(int, absl::FunctionRef<void(int)>)> run;
+};
+
 // Writes `out` ((end - begin) x K, row-major) with `expert`'s distributions on contexts
 // [begin, end) of the R. Called once per block of contexts for each expert read, blocks
-// in increasing order. An error stops the computation and is returned as is.
+// in increasing order; with DivergenceThreads, for several experts at once. An error
+// stops the computation; the first expert's error (in expert order) is returned as is.
 using PredictContexts = absl::FunctionRef<absl::Status(int expert, size_t begin, size_t end,
                                                        absl::Span<double> out)>;
 
 // Divergences of `num_experts` experts from their predictions on `num_rows` contexts,
-// read through `predict` in blocks within `limits` (above). Otherwise as the overloads
-// below, which read the predictions from memory. `work` (optional) says what was read.
+// read through `predict` in blocks within `limits` (above), spread over `threads`.
+// Otherwise as the overloads below, which read the predictions from memory. `work`
+// (optional) says what was read.
 absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContexts predict,
                                 int num_arms, int num_groups, const DivergenceMatrix* previous,
                                 int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
                                 absl::Span<const bool> absent, const DivergenceLimits& limits,
-                                DivergenceWork* work = nullptr);
+                                DivergenceWork* work = nullptr,
+                                const DivergenceThreads& threads = {});
 
 // Divergences from predictions on R contexts. `predictions[e]` is expert e's R x K
 // distributions, row-major. Pairs (i, j) with both i, j < keep are copied from `previous`

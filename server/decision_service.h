@@ -83,8 +83,8 @@ struct ServiceOptions {
   // depend on it (Trainer). 0: as many as the CPUs decisiond may run on (CpusAvailable), or
   // as background_cpus has.
   int training_threads = 0;
-  // Threads that score joined samples and backfills at once: the learner or the backfill
-  // plus scoring_threads - 1 helpers, at the background priority. What is learned does not
+  // Threads that score joined samples and backfills and compute divergences at once: the
+  // learner or the expert pool plus scoring_threads - 1 helpers, at the background priority. What is learned does not
   // depend on it. 0: as many as the CPUs decisiond may run on (or background_cpus has), at
   // most kMaxDefaultScoringThreads.
   int scoring_threads = 0;

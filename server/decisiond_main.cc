@@ -73,8 +73,9 @@ ABSL_FLAG(int, training_threads, 0,
           "experts of a training job trained at once, one thread each (the models are the "
           "same at any value); 0: as many as the CPUs decisiond may run on");
 ABSL_FLAG(int, scoring_threads, 0,
-          "threads that score joined samples and backfills at once (what is learned is the "
-          "same at any value); 0: as many as the CPUs decisiond may run on, at most 16");
+          "threads that score joined samples and backfills and compute divergences at once "
+          "(what is learned is the same at any value); 0: as many as the CPUs decisiond may "
+          "run on, at most 16");
 ABSL_FLAG(int64_t, malloc_trim_interval_ms, 30000,
           "how often the memory the allocator holds free goes back to the operating system "
           "(jemalloc's purge of every arena, or glibc's malloc_trim in a build without "
@@ -120,9 +121,9 @@ ABSL_FLAG(int64_t, max_problem_memory_mb, 1024,
           "training jobs that would pass it get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_divergence_terms, int64_t{1} << 33,
           "cap per problem on the per-context terms (ordered pair of experts x context x arm) "
-          "one divergence computation evaluates, about 2.8 ns each here: the default, 2^33, "
-          "is about 24 s of CPU; RegisterExpert and training jobs that would pass it get "
-          "RESOURCE_EXHAUSTED");
+          "one divergence computation evaluates, 3 to 5 ns each here: the default, 2^33, is "
+          "27 to 45 s of CPU, shared by the expert-pool and scorer threads; RegisterExpert "
+          "and training jobs that would pass it get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, metrics_pair_experts, 16,
           "the divergence pair series (decision_divergence_mij, _sigmaij) cover at most this many "
           "active experts per problem, those of highest UCB: 2 n (n - 1) series; "

@@ -554,7 +554,10 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   }
   const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
                                                         reservoir.eligible.end());
-  int failed_now = -1;  // an expert that failed on a block of contexts
+  // The experts that failed on a block of contexts (written by the scorer threads, one
+  // entry each).
+  std::vector<char> failed_now(n);
+  std::vector<std::string> failed_reason(n);
   const auto predict = [&](int e, size_t begin, size_t end,
                            absl::Span<double> out) -> absl::Status {
     if (held[e] != nullptr) {
@@ -567,21 +570,34 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
                          : absl::MakeConstSpan(eligible).subspan(begin, end - begin),
         out);
     if (s.ok()) s = check(out);
-    if (!s.ok()) failed_now = e;
+    if (!s.ok()) {
+      failed_now[e] = 1;
+      failed_reason[e] = std::string(s.message());
+    }
     return s;
+  };
+  // The blocks' predictions (by expert) and terms (by pair) on the scorer threads too.
+  DivergenceThreads threads;
+  threads.tasks = 1 + (env_.scorers != nullptr ? env_.scorers->threads() : 0);
+  threads.run = [this](int tasks, absl::FunctionRef<void(int)> fn) {
+    ParallelFor(env_.scorers, tasks, fn);
   };
   DivergenceMatrix out;
   while (true) {
-    failed_now = -1;
+    std::fill(failed_now.begin(), failed_now.end(), 0);
     const absl::Status s = ComputeDivergences(
         n, rows, predict, k, record_.divergence_groups(), &previous, keep, &out,
         absl::MakeConstSpan(fixed.get(), n), absl::MakeConstSpan(absent.get(), n),
-        env_.divergence_limits);
-    // Again, with the expert that failed scored as its stand-in (which does not fail).
-    if (failed_now >= 0 && models[failed_now] != stand_in_) {
-      fail(failed_now, s.message());
-      continue;
+        env_.divergence_limits, nullptr, threads);
+    // Again, with the experts that failed scored as their stand-in (which does not fail).
+    bool again = false;
+    for (int e = 0; e < n; ++e) {
+      if (failed_now[e] && models[e] != stand_in_) {
+        fail(e, failed_reason[e]);
+        again = true;
+      }
     }
+    if (again) continue;
     DECISION_RETURN_IF_ERROR(s);
     break;
   }

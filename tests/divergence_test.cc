@@ -1,6 +1,7 @@
 #include "core/divergence.h"
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 #include "core/expert.h"
 
 namespace decision {
@@ -316,6 +318,52 @@ TEST(Divergence, BlocksOfContextsGiveTheSameDivergences) {
       }
     }
   }
+}
+
+// Spread over threads (a runner that starts one thread per task), the results are the
+// same bits as in order on one thread, at any split and block size; with several experts
+// failing at once, the first one's error is returned.
+TEST(Divergence, ThreadsGiveTheSameBits) {
+  constexpr int kArms = 7, kGroups = 4;
+  const auto p = RandomExperts(6, kArms, 96, 15);
+  DivergenceThreads threads;
+  threads.run = [](int n, absl::FunctionRef<void(int)> fn) {
+    std::vector<std::thread> started;
+    for (int t = 0; t < n; ++t) started.emplace_back([&fn, t] { fn(t); });
+    for (std::thread& t : started) t.join();
+  };
+  const auto read = [&p](int e, size_t begin, size_t end, absl::Span<double> out) {
+    std::copy(p[e].begin() + begin * kArms, p[e].begin() + end * kArms, out.begin());
+    return absl::OkStatus();
+  };
+  for (const int64_t block_bytes : {int64_t{1}, int64_t{64} << 20}) {
+    DivergenceLimits limits;
+    limits.max_block_bytes = block_bytes;
+    DivergenceMatrix alone, spread;
+    ASSERT_TRUE(ComputeDivergences(6, 96, read, kArms, kGroups, nullptr, 0, &alone, {}, {},
+                                   limits)
+                    .ok());
+    for (const int tasks : {2, 3, 7, 64}) {
+      threads.tasks = tasks;
+      ASSERT_TRUE(ComputeDivergences(6, 96, read, kArms, kGroups, nullptr, 0, &spread, {}, {},
+                                     limits, nullptr, threads)
+                      .ok());
+      EXPECT_EQ(spread.m, alone.m) << tasks;
+      EXPECT_EQ(spread.sigma, alone.sigma) << tasks;
+    }
+  }
+  threads.tasks = 6;
+  DivergenceMatrix got;
+  const absl::Status s = ComputeDivergences(
+      6, 96,
+      [](int e, size_t, size_t, absl::Span<double> out) {
+        if (e >= 3) return absl::InternalError(absl::StrCat("model ", e, " broke"));
+        std::fill(out.begin(), out.end(), 1.0 / kArms);
+        return absl::OkStatus();
+      },
+      kArms, kGroups, nullptr, 0, &got, {}, {}, DivergenceLimits(), nullptr, threads);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "model 3 broke");
 }
 
 // Only what is computed is read: nothing when every pair is copied, not an absent expert,

@@ -1417,9 +1417,10 @@ TEST_F(ServiceTest, AutoRetirementWaitsForThePapersWidthWhenTheProblemSelectsNar
 // A maintenance pass that retires several experts (here by the cap on active experts)
 // folds them under one checkpoint: it carries the estimators' whole state, and was written
 // once per retired expert before (bench/README.md, "Merging the record families").
-// The learner scores a batch on --scoring_threads threads, one expert each, and a backfill
-// splits its rows among them: the same requests give the same decisions, log and estimates
-// on one thread or four, the backfill of experts registered after 600 samples included.
+// The learner scores a batch on --scoring_threads threads, one expert each, a backfill
+// splits its rows among them, and a divergence computation its experts and pairs: the same
+// requests give the same decisions, log and estimates (divergences included) on one thread
+// or four, the backfill of experts registered after 600 samples included.
 TEST_F(ServiceTest, LearningIsTheSameOnAnyNumberOfScoringThreads) {
   std::vector<std::string> arms[2];
   v1::Estimates estimates[2];
