@@ -949,20 +949,28 @@ BENCHMARK_CAPTURE(BM_TrainBootstrap, copies, BootstrapForm::kCopies)
 
 enum class NewExpertForm { kEveryPair, kRetiredRows, kUnloaded };
 
+// `n` experts' softmax distributions of random logits (spread 3) over `k` arms on `rows`
+// contexts, row-major.
+std::vector<std::vector<double>> RandomSoftmaxPredictions(int n, size_t rows, int k,
+                                                          uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> logit(0.0, 3.0);
+  std::vector<std::vector<double>> predictions(n, std::vector<double>(rows * k));
+  for (std::vector<double>& p : predictions) {
+    for (size_t r = 0; r < rows; ++r) {
+      double* row = &p[r * k];
+      for (int a = 0; a < k; ++a) row[a] = logit(gen);
+      SoftmaxInPlace(absl::MakeSpan(row, k));
+    }
+  }
+  return predictions;
+}
+
 void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {
   constexpr int kExperts = 161, kRetired = 128, kUnloaded = 80;
   constexpr size_t kRows = 2048;
-  // Softmax distributions of random logits (spread 3), one set per expert.
-  std::mt19937_64 gen(kSeed + 3);
-  std::normal_distribution<double> logit(0.0, 3.0);
-  std::vector<std::vector<double>> predictions(kExperts, std::vector<double>(kRows * kArms));
-  for (std::vector<double>& p : predictions) {
-    for (size_t r = 0; r < kRows; ++r) {
-      double* row = &p[r * kArms];
-      for (int a = 0; a < kArms; ++a) row[a] = logit(gen);
-      SoftmaxInPlace(absl::MakeSpan(row, kArms));
-    }
-  }
+  const std::vector<std::vector<double>> predictions =
+      RandomSoftmaxPredictions(kExperts, kRows, kArms, kSeed + 3);
   const DivergenceMatrix previous = DivergenceMatrix::Identity(kExperts - 1);
   const std::unique_ptr<bool[]> fixed(new bool[kExperts]());
   const std::unique_ptr<bool[]> absent(new bool[kExperts]());
@@ -994,16 +1002,8 @@ void BM_NewExpertDivergences(benchmark::State& state, NewExpertForm form) {
 // threads started for each step, as ParallelFor hands tasks to the scorer threads.
 void BM_DivergenceRefreshThreads(benchmark::State& state, int n, int k, int tasks) {
   constexpr size_t kRows = 2048;
-  std::mt19937_64 gen(kSeed + 4);
-  std::normal_distribution<double> logit(0.0, 3.0);
-  std::vector<std::vector<double>> predictions(n, std::vector<double>(kRows * k));
-  for (std::vector<double>& p : predictions) {
-    for (size_t r = 0; r < kRows; ++r) {
-      double* row = &p[r * k];
-      for (int a = 0; a < k; ++a) row[a] = logit(gen);
-      SoftmaxInPlace(absl::MakeSpan(row, k));
-    }
-  }
+  const std::vector<std::vector<double>> predictions =
+      RandomSoftmaxPredictions(n, kRows, k, kSeed + 4);
   DivergenceThreads threads;
   threads.tasks = tasks;
   threads.run = [](int count, absl::FunctionRef<void(int)> fn) {

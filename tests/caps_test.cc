@@ -39,6 +39,12 @@ class CapsTest : public ServiceTest {
     v1::Problem p;
     return service_->CreateProblem(req, &p);
   }
+  // Problem "p" with its uniform expert and two linear ones.
+  void CreateWithThreeExperts() {
+    CreateProblem("p");
+    RegisterLinear("p", 2.0);
+    RegisterLinear("p", 1.0);
+  }
   // After a cap was lowered below what problem "p" holds: it still loads, with its
   // `experts`, and serves.
   void ExpectReopenedAndServing(size_t experts) {
@@ -138,9 +144,7 @@ TEST_F(CapsTest, ACreateProblemPastTheProblemCapIsRefused) {
 TEST_F(CapsTest, ARegistrationPastTheExpertCapIsRefused) {
   max_experts_per_problem_ = 3;
   Reopen();
-  CreateProblem("p");  // the uniform expert
-  RegisterLinear("p", 2.0);
-  RegisterLinear("p", 1.0);
+  CreateWithThreeExperts();
   v1::RegisterExpertRequest req = LinearRequest("p", 3.0);
   v1::Expert e;
   const absl::Status s = service_->RegisterExpert(req, &e);
@@ -203,9 +207,7 @@ TEST_F(CapsTest, ARegistrationPastTheDivergenceCostCapIsRefused) {
 
   max_divergence_terms_ = 8 * kArms * 2048;
   Reopen();
-  CreateProblem("p");  // the uniform expert
-  RegisterLinear("p", 2.0);
-  RegisterLinear("p", 1.0);
+  CreateWithThreeExperts();
   v1::RegisterExpertRequest req = LinearRequest("p", 3.0);
   v1::Expert e;
   absl::Status s = service_->RegisterExpert(req, &e);
