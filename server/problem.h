@@ -208,8 +208,8 @@ class Problem {
     int64_t decision_flush_ms = 20;  // the longest a deferred decision waits for a Choose
     const ProblemHooks* hooks = nullptr;
     // The most memory each problem keeps its experts' predictions on the divergence
-    // reservoir in (reservoir_predictions.h); experts past it are predicted in full at
-    // every divergence computation.
+    // reservoir in (reservoir_predictions.h); experts past it are predicted again at every
+    // divergence computation, a block of contexts at a time.
     int64_t reservoir_predictions_bytes = int64_t{128} << 20;
     // Bounds on one divergence computation (core/divergence.h): the experts the cache
     // above does not keep are predicted a block of contexts at a time, within these.
