@@ -554,10 +554,9 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   }
   const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
                                                         reservoir.eligible.end());
-  // The experts that failed on a block of contexts (written by the scorer threads, one
-  // entry each).
-  std::vector<char> failed_now(n);
-  std::vector<std::string> failed_reason(n);
+  // Why each expert failed on a block of contexts, if it did (written by the scorer
+  // threads, one entry each).
+  std::vector<absl::Status> failed_now(n);
   const auto predict = [&](int e, size_t begin, size_t end,
                            absl::Span<double> out) -> absl::Status {
     if (held[e] != nullptr) {
@@ -570,10 +569,7 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
                          : absl::MakeConstSpan(eligible).subspan(begin, end - begin),
         out);
     if (s.ok()) s = check(out);
-    if (!s.ok()) {
-      failed_now[e] = 1;
-      failed_reason[e] = std::string(s.message());
-    }
+    failed_now[e] = s;
     return s;
   };
   // The blocks' predictions (by expert) and terms (by pair) on the scorer threads too.
@@ -584,7 +580,7 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   };
   DivergenceMatrix out;
   while (true) {
-    std::fill(failed_now.begin(), failed_now.end(), 0);
+    std::fill(failed_now.begin(), failed_now.end(), absl::OkStatus());
     const absl::Status s = ComputeDivergences(
         n, rows, predict, k, record_.divergence_groups(), &previous, keep, &out,
         absl::MakeConstSpan(fixed.get(), n), absl::MakeConstSpan(absent.get(), n),
@@ -592,8 +588,8 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
     // Again, with the experts that failed scored as their stand-in (which does not fail).
     bool again = false;
     for (int e = 0; e < n; ++e) {
-      if (failed_now[e] && models[e] != stand_in_) {
-        fail(e, failed_reason[e]);
+      if (!failed_now[e].ok() && models[e] != stand_in_) {
+        fail(e, failed_now[e].message());
         again = true;
       }
     }
