@@ -157,19 +157,20 @@ absl::Status ComputeDivergences(absl::Span<const absl::Span<const double>> predi
       num_arms, num_groups, previous, keep, out, fixed, absent, DivergenceLimits());
 }
 
-absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContexts predict,
-                                int num_arms, int num_groups, const DivergenceMatrix* previous,
-                                int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
-                                absl::Span<const bool> absent, const DivergenceLimits& limits,
-                                DivergenceWork* work, const DivergenceThreads& threads) {
+absl::StatusOr<DivergenceComputation> DivergenceComputation::Start(
+    int num_experts, size_t num_rows, int num_arms, int num_groups,
+    const DivergenceMatrix* previous, int keep, absl::Span<const bool> fixed,
+    absl::Span<const bool> absent, const DivergenceLimits& limits) {
   const int n = num_experts;
   if (num_arms < 1 || num_groups < 1) {
     return absl::InvalidArgumentError("divergences need >= 1 arm and >= 1 group");
   }
+  DivergenceComputation c;
+  c.n_ = n;
+  c.k_ = static_cast<size_t>(num_arms);
   if (n == 0) {
-    *out = DivergenceMatrix::Identity(0);
-    if (work != nullptr) *work = DivergenceWork();
-    return absl::OkStatus();
+    c.d_ = DivergenceMatrix::Identity(0);
+    return c;
   }
   if (num_rows == 0) {
     return absl::InvalidArgumentError("divergences need at least one context");
@@ -194,58 +195,72 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
   // A fixed expert's row is read by no estimate: its pairs (f, j) that are not copied are 1.
   const auto row_read = [&](int i) { return !is_absent(i) && (fixed.empty() || !fixed[i]); };
 
-  DivergenceMatrix d = DivergenceMatrix::Identity(n);
-  // The pairs computed, in row-major order; the others are copied or stay 1.
-  std::vector<std::pair<int, int>> pairs;
+  c.d_ = DivergenceMatrix::Identity(n);
   std::vector<bool> read(n, false);  // experts whose predictions a computed pair reads
-  std::vector<bool> logs(n, false);  // ... and whose logarithms it reads (as pi_i)
+  c.logs_.assign(n, false);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
       const size_t ij = static_cast<size_t>(i) * n + j;
       if (copied(i, j)) {
-        d.m[ij] = previous->M(i, j);
-        d.sigma[ij] = previous->Sigma(i, j);
+        c.d_.m[ij] = previous->M(i, j);
+        c.d_.sigma[ij] = previous->Sigma(i, j);
         continue;
       }
       if (i == j || !row_read(i) || is_absent(j)) continue;  // 1, from Identity
-      pairs.emplace_back(i, j);
-      read[i] = read[j] = logs[i] = true;
+      c.pairs_.emplace_back(i, j);
+      read[i] = read[j] = true;
+      c.logs_[i] = true;
     }
   }
-  const size_t k = static_cast<size_t>(num_arms);
-  const int groups = static_cast<int>(std::min<size_t>(num_groups, num_rows));
-  const size_t group_size = num_rows / groups;
-  std::vector<int> readers;  // the experts read, in order
+  const size_t k = c.k_;
+  c.groups_ = static_cast<int>(std::min<size_t>(num_groups, num_rows));
+  c.group_size_ = num_rows / c.groups_;
   size_t loggers = 0;
   for (int e = 0; e < n; ++e) {
-    if (read[e]) readers.push_back(e);
-    loggers += logs[e] ? 1 : 0;
+    if (read[e]) c.readers_.push_back(e);
+    loggers += c.logs_[e] ? 1 : 0;
   }
-  const double row_bytes = static_cast<double>((readers.size() + loggers) * k * sizeof(double));
-  const size_t block = std::clamp<size_t>(
-      row_bytes == 0.0 ? group_size
+  const double row_bytes =
+      static_cast<double>((c.readers_.size() + loggers) * k * sizeof(double));
+  c.block_ = std::clamp<size_t>(
+      row_bytes == 0.0 ? c.group_size_
                        : static_cast<size_t>(static_cast<double>(limits.max_block_bytes) /
                                              row_bytes),
-      1, group_size);
-  if (work != nullptr) {
-    work->rows_read = pairs.empty() ? 0 : group_size * groups;
-    work->block_rows = pairs.empty() ? 0 : block;
-    work->terms = static_cast<int64_t>(pairs.size() * k * work->rows_read);
-  }
-  if (pairs.empty()) {
-    *out = std::move(d);
-    return absl::OkStatus();
-  }
-
-  const int first_read = readers[0];
-  std::vector<std::vector<double>> pi(n), log_pi(n);
+      1, c.group_size_);
+  if (c.pairs_.empty()) return c;  // nothing to read: done
+  c.work_.rows_read = c.group_size_ * c.groups_;
+  c.work_.block_rows = c.block_;
+  c.work_.terms = static_cast<int64_t>(c.pairs_.size() * k * c.work_.rows_read);
+  c.blocks_per_group_ = static_cast<int64_t>((c.group_size_ + c.block_ - 1) / c.block_);
+  c.blocks_ = c.groups_ * c.blocks_per_group_;
+  c.pi_.resize(n);
+  c.log_pi_.resize(n);
   for (int e = 0; e < n; ++e) {
-    if (read[e]) pi[e].resize(block * k);
-    if (logs[e]) log_pi[e].resize(block * k);
+    if (read[e]) c.pi_[e].resize(c.block_ * k);
+    if (c.logs_[e]) c.log_pi_[e].resize(c.block_ * k);
   }
+  c.kernel_rows_ = std::clamp<size_t>((size_t{256} << 10) / (2 * k * sizeof(double)), 1,
+                                      c.block_);
+  c.log_means_.resize(c.pairs_.size() * c.groups_);
+  c.means_.resize(c.pairs_.size() * c.groups_);
+  c.lse_max_.resize(c.pairs_.size());
+  c.lse_sum_.resize(c.pairs_.size());
+  c.f2_sum_.resize(c.pairs_.size());
+  return c;
+}
+
+absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_blocks,
+                                         const DivergenceThreads& threads) {
+  if (failed_) {
+    return absl::FailedPreconditionError("the divergence computation failed; start a new one");
+  }
+  const size_t k = k_;
+  const int first_read = readers_.empty() ? -1 : readers_[0];
   // Work split into at most `tasks` contiguous parts, each with its own scratch.
-  const int tasks = static_cast<int>(std::clamp<size_t>(
-      static_cast<size_t>(std::max(threads.tasks, 1)), 1, std::max(readers.size(), pairs.size())));
+  const int tasks = static_cast<int>(
+      std::clamp<size_t>(static_cast<size_t>(std::max(threads.tasks, 1)), 1,
+                         std::max<size_t>(1, std::max(readers_.size(), pairs_.size()))));
+  if (scratch_.size() < static_cast<size_t>(tasks)) scratch_.resize(tasks);
   const auto run = [&](size_t items, absl::FunctionRef<void(int task, size_t from, size_t to)> fn) {
     const int parts = static_cast<int>(std::min<size_t>(tasks, items));
     const auto part = [&](int t) { fn(t, items * t / parts, items * (t + 1) / parts); };
@@ -255,101 +270,107 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
       threads.run(parts, part);
     }
   };
-  // Contexts per kernel call: its scratch (two values per arm and context) within 256 KB.
-  const size_t kernel_rows = std::clamp<size_t>((size_t{256} << 10) / (2 * k * sizeof(double)),
-                                                1, block);
-  struct Scratch {
-    std::vector<double> log_terms, f2_terms, terms;
-  };
-  std::vector<Scratch> scratch(tasks);
-  // Per pair and group: the log of the mean of exp(log f1 term), and the mean f2 term.
-  std::vector<double> log_means(pairs.size() * groups), means(pairs.size() * groups);
-  // Per pair, over the current group: log-sum-exp as a running maximum and a sum shifted by
-  // it (with one block per group, the same operations as LogSumExp), and the f2 sum.
-  std::vector<double> lse_max(pairs.size()), lse_sum(pairs.size()), f2_sum(pairs.size());
-  std::vector<absl::Status> status(n);
-  for (int g = 0; g < groups; ++g) {
-    std::fill(lse_max.begin(), lse_max.end(), -HUGE_VAL);
-    std::fill(lse_sum.begin(), lse_sum.end(), 0.0);
-    std::fill(f2_sum.begin(), f2_sum.end(), 0.0);
-    for (size_t at = 0; at < group_size; at += block) {
-      // A group's contexts are contiguous rows.
-      const size_t begin = g * group_size + at;
-      const size_t rows = std::min(block, group_size - at);
-      const size_t values = rows * k;
-      // Probabilities are in (0, 1], except for arms that were not eligible for a context
-      // (Expert::PredictBatchEligible): 0 under every expert alike. The first expert read
-      // first: the others are checked against it.
-      const auto fill = [&](int e) -> absl::Status {
-        DECISION_RETURN_IF_ERROR(
-            predict(e, begin, begin + rows, absl::MakeSpan(pi[e].data(), values)));
-        for (size_t i = 0; i < values; ++i) {
-          const double p = pi[e][i];
-          if (!(p >= 0.0 && p <= 1.0 + 1e-9)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "expert ", e, " gives probability ", p,
-                "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
-          }
-          if ((p == 0.0) != (pi[first_read][i] == 0.0)) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "expert ", e, " gives probability ", p, " to arm ", i % k, " of context ",
-                begin + i / k, " and expert ", first_read, " ", pi[first_read][i],
-                "; divergences need every eligible arm's probability in (0, 1] (smooth the "
-                "expert) and 0 for the others"));
-          }
-        }
-        // log pi once per expert, context and arm (not once per pair).
-        if (logs[e]) {
-          for (size_t i = 0; i < values; ++i) log_pi[e][i] = std::log(pi[e][i]);
-        }
-        return absl::OkStatus();
-      };
-      DECISION_RETURN_IF_ERROR(fill(first_read));
-      run(readers.size() - 1, [&](int, size_t from, size_t to) {
-        for (size_t r = from; r < to; ++r) status[readers[r + 1]] = fill(readers[r + 1]);
-      });
-      for (size_t r = 1; r < readers.size(); ++r) DECISION_RETURN_IF_ERROR(status[readers[r]]);
-      run(pairs.size(), [&](int task, size_t from, size_t to) {
-        Scratch& own = scratch[task];
-        own.log_terms.resize(rows);
-        own.f2_terms.resize(rows);
-        own.terms.resize(2 * kernel_rows * k);
-        for (size_t p = from; p < to; ++p) {
-          const auto [i, j] = pairs[p];
-          // Vectorised passes over the block's contexts, a few at a time so that the
-          // kernel's scratch stays in cache (each context's terms are its own: the same
-          // values whatever the split).
-          for (size_t r = 0; r < rows; r += kernel_rows) {
-            const size_t at = r * k, now = std::min(kernel_rows, rows - r);
-            DivergenceTerms(pi[i].data() + at, log_pi[i].data() + at, pi[j].data() + at, now,
-                            k, own.terms.data(), own.log_terms.data() + r,
-                            own.f2_terms.data() + r);
-          }
-          for (size_t r = 0; r < rows; ++r) f2_sum[p] += own.f2_terms[r];
-          double block_max = -HUGE_VAL;
-          for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, own.log_terms[r]);
-          if (block_max > lse_max[p]) {
-            if (lse_sum[p] != 0.0) lse_sum[p] *= std::exp(lse_max[p] - block_max);
-            lse_max[p] = block_max;
-          }
-          if (!std::isinf(lse_max[p])) {
-            for (size_t r = 0; r < rows; ++r) {
-              lse_sum[p] += std::exp(own.log_terms[r] - lse_max[p]);
-            }
-          }
-        }
-      });
+  std::vector<absl::Status> status(n_);
+  for (int64_t step = 0; step < std::max<int64_t>(max_blocks, 1) && next_block_ < blocks_;
+       ++step) {
+    const int g = static_cast<int>(next_block_ / blocks_per_group_);
+    const size_t at = static_cast<size_t>(next_block_ % blocks_per_group_) * block_;
+    if (at == 0) {
+      std::fill(lse_max_.begin(), lse_max_.end(), -HUGE_VAL);
+      std::fill(lse_sum_.begin(), lse_sum_.end(), 0.0);
+      std::fill(f2_sum_.begin(), f2_sum_.end(), 0.0);
     }
-    for (size_t p = 0; p < pairs.size(); ++p) {
-      const double lse =
-          std::isinf(lse_max[p]) ? lse_max[p] : lse_max[p] + std::log(lse_sum[p]);
-      log_means[p * groups + g] = lse - std::log(static_cast<double>(group_size));
-      means[p * groups + g] = f2_sum[p] / group_size;
+    // A group's contexts are contiguous rows.
+    const size_t begin = g * group_size_ + at;
+    const size_t rows = std::min(block_, group_size_ - at);
+    const size_t values = rows * k;
+    // Probabilities are in (0, 1], except for arms that were not eligible for a context
+    // (Expert::PredictBatchEligible): 0 under every expert alike. The first expert read
+    // first: the others are checked against it.
+    const auto fill = [&](int e) -> absl::Status {
+      DECISION_RETURN_IF_ERROR(
+          predict(e, begin, begin + rows, absl::MakeSpan(pi_[e].data(), values)));
+      for (size_t i = 0; i < values; ++i) {
+        const double p = pi_[e][i];
+        if (!(p >= 0.0 && p <= 1.0 + 1e-9)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "expert ", e, " gives probability ", p,
+              "; divergences need every arm's probability in (0, 1] (smooth the expert)"));
+        }
+        if ((p == 0.0) != (pi_[first_read][i] == 0.0)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "expert ", e, " gives probability ", p, " to arm ", i % k, " of context ",
+              begin + i / k, " and expert ", first_read, " ", pi_[first_read][i],
+              "; divergences need every eligible arm's probability in (0, 1] (smooth the "
+              "expert) and 0 for the others"));
+        }
+      }
+      // log pi once per expert, context and arm (not once per pair).
+      if (logs_[e]) {
+        for (size_t i = 0; i < values; ++i) log_pi_[e][i] = std::log(pi_[e][i]);
+      }
+      return absl::OkStatus();
+    };
+    absl::Status first = fill(first_read);
+    if (first.ok()) {
+      run(readers_.size() - 1, [&](int, size_t from, size_t to) {
+        for (size_t r = from; r < to; ++r) status[readers_[r + 1]] = fill(readers_[r + 1]);
+      });
+      for (size_t r = 1; r < readers_.size() && first.ok(); ++r) first = status[readers_[r]];
     }
+    if (!first.ok()) {
+      failed_ = true;
+      return first;
+    }
+    run(pairs_.size(), [&](int task, size_t from, size_t to) {
+      Scratch& own = scratch_[task];
+      own.log_terms.resize(rows);
+      own.f2_terms.resize(rows);
+      own.terms.resize(2 * kernel_rows_ * k);
+      for (size_t p = from; p < to; ++p) {
+        const auto [i, j] = pairs_[p];
+        // Vectorised passes over the block's contexts, a few at a time so that the
+        // kernel's scratch stays in cache (each context's terms are its own: the same
+        // values whatever the split).
+        for (size_t r = 0; r < rows; r += kernel_rows_) {
+          const size_t at = r * k, now = std::min(kernel_rows_, rows - r);
+          DivergenceTerms(pi_[i].data() + at, log_pi_[i].data() + at, pi_[j].data() + at, now,
+                          k, own.terms.data(), own.log_terms.data() + r,
+                          own.f2_terms.data() + r);
+        }
+        for (size_t r = 0; r < rows; ++r) f2_sum_[p] += own.f2_terms[r];
+        double block_max = -HUGE_VAL;
+        for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, own.log_terms[r]);
+        if (block_max > lse_max_[p]) {
+          if (lse_sum_[p] != 0.0) lse_sum_[p] *= std::exp(lse_max_[p] - block_max);
+          lse_max_[p] = block_max;
+        }
+        if (!std::isinf(lse_max_[p])) {
+          for (size_t r = 0; r < rows; ++r) {
+            lse_sum_[p] += std::exp(own.log_terms[r] - lse_max_[p]);
+          }
+        }
+      }
+    });
+    ++next_block_;
+    if (next_block_ % blocks_per_group_ == 0) {  // the group's last block
+      for (size_t p = 0; p < pairs_.size(); ++p) {
+        const double lse =
+            std::isinf(lse_max_[p]) ? lse_max_[p] : lse_max_[p] + std::log(lse_sum_[p]);
+        log_means_[p * groups_ + g] = lse - std::log(static_cast<double>(group_size_));
+        means_[p * groups_ + g] = f2_sum_[p] / group_size_;
+      }
+    }
+    if (next_block_ == blocks_) Finish();
   }
-  for (size_t p = 0; p < pairs.size(); ++p) {
-    const size_t ij = static_cast<size_t>(pairs[p].first) * n + pairs[p].second;
-    const absl::Span<double> pair_log_means(&log_means[p * groups], groups);
+  return absl::OkStatus();
+}
+
+void DivergenceComputation::Finish() {
+  const int n = n_, groups = groups_;
+  for (size_t p = 0; p < pairs_.size(); ++p) {
+    const size_t ij = static_cast<size_t>(pairs_[p].first) * n + pairs_[p].second;
+    const absl::Span<double> pair_log_means(&log_means_[p * groups], groups);
     // Median in log space. For an even count the median is the mean of the two middle
     // values in linear space: log((e^a + e^b) / 2).
     std::sort(pair_log_means.begin(), pair_log_means.end());
@@ -360,11 +381,32 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
       const double middle[2] = {pair_log_means[groups / 2 - 1], pair_log_means[groups / 2]};
       log_median = LogSumExp(middle) - std::log(2.0);
     }
-    d.m[ij] = 1.0 + std::max(0.0, log_median);
-    d.sigma[ij] =
-        std::sqrt(std::max(1.0, MedianInPlace(absl::MakeSpan(&means[p * groups], groups))));
+    d_.m[ij] = 1.0 + std::max(0.0, log_median);
+    d_.sigma[ij] =
+        std::sqrt(std::max(1.0, MedianInPlace(absl::MakeSpan(&means_[p * groups], groups))));
   }
-  *out = std::move(d);
+  // What only the computation needed.
+  pi_ = {};
+  log_pi_ = {};
+  scratch_ = {};
+}
+
+DivergenceMatrix DivergenceComputation::Take() { return std::move(d_); }
+
+absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContexts predict,
+                                int num_arms, int num_groups, const DivergenceMatrix* previous,
+                                int keep, DivergenceMatrix* out, absl::Span<const bool> fixed,
+                                absl::Span<const bool> absent, const DivergenceLimits& limits,
+                                DivergenceWork* work, const DivergenceThreads& threads) {
+  DECISION_ASSIGN_OR_RETURN(DivergenceComputation c,
+                            DivergenceComputation::Start(num_experts, num_rows, num_arms,
+                                                         num_groups, previous, keep, fixed,
+                                                         absent, limits));
+  if (work != nullptr) *work = c.work();
+  while (!c.done()) {
+    DECISION_RETURN_IF_ERROR(c.Step(predict, c.blocks(), threads));
+  }
+  *out = c.Take();
   return absl::OkStatus();
 }
 

@@ -22,11 +22,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/expert.h"
 
@@ -149,6 +151,72 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
                                 absl::Span<const bool> absent, const DivergenceLimits& limits,
                                 DivergenceWork* work = nullptr,
                                 const DivergenceThreads& threads = {});
+
+// One divergence computation (the first overload of ComputeDivergences, which runs one to
+// the end), resumable between blocks of contexts: a caller with a time budget runs a few
+// blocks per visit and comes back (the service's expert-pool round, so that one problem's
+// computation on thousands of arms does not hold up every other problem's backfill). It
+// gives the same results bit for bit however its blocks are spread over calls. Between
+// calls it holds the plan, one block's predictions (within DivergenceLimits) and a few
+// sums per pair and group.
+//
+// Thread safety: none; Step spreads its own work over `threads`.
+class DivergenceComputation {
+ public:
+  // Validates the arguments (as ComputeDivergences) and plans the pairs, the experts read
+  // and the blocks: no prediction is read. `previous` is read here only.
+  static absl::StatusOr<DivergenceComputation> Start(
+      int num_experts, size_t num_rows, int num_arms, int num_groups,
+      const DivergenceMatrix* previous, int keep, absl::Span<const bool> fixed,
+      absl::Span<const bool> absent, const DivergenceLimits& limits);
+
+  // Reads and computes the next `max_blocks` blocks (at least one; fewer if fewer are
+  // left). An error from `predict`, or a probability it gives that divergences cannot take,
+  // is returned (the first expert's, in expert order) and ends the computation: Start a new
+  // one to try again.
+  absl::Status Step(PredictContexts predict, int64_t max_blocks,
+                    const DivergenceThreads& threads = {});
+  bool done() const { return next_block_ == blocks_ && !failed_; }
+  // Blocks computed so far, and in all (groups x blocks per group; 0 when no pair is
+  // computed).
+  int64_t blocks_done() const { return next_block_; }
+  int64_t blocks() const { return blocks_; }
+  const DivergenceWork& work() const { return work_; }
+  // REQUIRES: done(). The matrix, moved out.
+  DivergenceMatrix Take();
+
+ private:
+  DivergenceComputation() = default;
+  // Medians of the groups' means into d_, once every block is computed.
+  void Finish();
+
+  int n_ = 0;
+  size_t k_ = 0;
+  int groups_ = 0;
+  size_t group_size_ = 0;
+  size_t block_ = 0;               // contexts per block
+  int64_t blocks_per_group_ = 0;
+  int64_t blocks_ = 0;
+  int64_t next_block_ = 0;         // the next block to compute: group x blocks_per_group_ + i
+  bool failed_ = false;
+  DivergenceWork work_;
+  DivergenceMatrix d_;             // the copied entries from the start, the rest at Finish
+  std::vector<std::pair<int, int>> pairs_;  // the pairs computed, in row-major order
+  std::vector<int> readers_;       // the experts read, in order
+  std::vector<bool> logs_;         // experts whose logarithms a pair reads (as pi_i)
+  // One block of predictions (and logarithms) per expert read.
+  std::vector<std::vector<double>> pi_, log_pi_;
+  size_t kernel_rows_ = 0;         // contexts per kernel call (its scratch within 256 KB)
+  struct Scratch {
+    std::vector<double> log_terms, f2_terms, terms;
+  };
+  std::vector<Scratch> scratch_;
+  // Per pair and group: the log of the mean of exp(log f1 term), and the mean f2 term.
+  std::vector<double> log_means_, means_;
+  // Per pair, over the current group: log-sum-exp as a running maximum and a sum shifted by
+  // it (with one block per group, the same operations as LogSumExp), and the f2 sum.
+  std::vector<double> lse_max_, lse_sum_, f2_sum_;
+};
 
 // Divergences from predictions on R contexts. `predictions[e]` is expert e's R x K
 // distributions, row-major. Pairs (i, j) with both i, j < keep are copied from `previous`

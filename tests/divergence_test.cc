@@ -396,6 +396,74 @@ TEST(Divergence, ReadsOnlyWhatItComputes) {
   EXPECT_THAT(s.message(), HasSubstr("model 2 broke"));
 }
 
+// Run a few blocks at a time (as the expert-pool round runs a refresh within its time
+// budget), a computation gives the same bits as run to the end in one call, whatever the
+// steps; it counts its blocks, and an error ends it.
+TEST(Divergence, StepsGiveTheSameBitsAsOneCall) {
+  constexpr int kArms = 7, kGroups = 4;
+  const auto p = RandomExperts(5, kArms, 98, 16);  // groups of 24; the last 2 rows unused
+  Reader reader{p, kArms, {}};
+  reader.asked.assign(5, {});
+  const auto read = [&reader](int e, size_t begin, size_t end, absl::Span<double> out) {
+    return reader.Read(e, begin, end, out);
+  };
+  DivergenceMatrix previous = DivergenceMatrix::Identity(5);
+  for (size_t ij = 0; ij < previous.m.size(); ++ij) previous.m[ij] = 1.0 + 0.01 * ij;
+  const bool fixed[5] = {false, false, false, true, false};
+  DivergenceLimits limits;
+  // Four experts read (expert 3's pairs are all kept), all four with their logarithms:
+  // blocks of 5 contexts.
+  limits.max_block_bytes = 5 * 2 * 4 * kArms * sizeof(double);
+  DivergenceMatrix whole;
+  ASSERT_TRUE(ComputeDivergences(5, 98, read, kArms, kGroups, &previous, 2, &whole, fixed, {},
+                                 limits)
+                  .ok());
+  for (const int64_t step : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{1000}}) {
+    absl::StatusOr<DivergenceComputation> c = DivergenceComputation::Start(
+        5, 98, kArms, kGroups, &previous, 2, fixed, {}, limits);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->blocks(), 5 * kGroups);  // ceil(24 / 5) blocks a group
+    EXPECT_EQ(c->work().block_rows, 5u);
+    int64_t calls = 0;
+    while (!c->done()) {
+      const int64_t before = c->blocks_done();
+      ASSERT_TRUE(c->Step(read, step).ok());
+      EXPECT_EQ(c->blocks_done(), std::min(before + step, c->blocks()));
+      ++calls;
+    }
+    EXPECT_EQ(calls, (c->blocks() + step - 1) / step);
+    const DivergenceMatrix stepped = c->Take();
+    EXPECT_EQ(stepped.m, whole.m) << step;
+    EXPECT_EQ(stepped.sigma, whole.sigma) << step;
+  }
+  EXPECT_TRUE(reader.asked[3].empty());
+  // Nothing to compute (every pair kept): done at the start, without a block.
+  absl::StatusOr<DivergenceComputation> kept =
+      DivergenceComputation::Start(5, 98, kArms, kGroups, &whole, 5, {}, {}, limits);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->done());
+  EXPECT_EQ(kept->blocks(), 0);
+  EXPECT_EQ(kept->Take().m, whole.m);
+  // An error in the third block (blocks of 4 contexts, every expert read) ends it.
+  absl::StatusOr<DivergenceComputation> c =
+      DivergenceComputation::Start(5, 98, kArms, kGroups, nullptr, 0, {}, {}, limits);
+  ASSERT_TRUE(c.ok());
+  const auto breaks = [&](int e, size_t begin, size_t end, absl::Span<double> out) {
+    if (e == 4 && begin >= 8) return absl::InternalError("model 4 broke");
+    return read(e, begin, end, out);
+  };
+  ASSERT_TRUE(c->Step(breaks, 2).ok());
+  const absl::Status s = c->Step(breaks, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(c->blocks_done(), 2);
+  EXPECT_FALSE(c->done());
+  EXPECT_EQ(c->Step(read, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(DivergenceComputation::Start(5, 0, kArms, kGroups, nullptr, 0, {}, {}, limits)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ContextReservoir, BoundedAndUniform) {
   // Offer 0..999 to a reservoir of 100, many times: every value is kept ~10% of the time.
   std::vector<int> kept(1000, 0);
