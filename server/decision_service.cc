@@ -712,7 +712,7 @@ absl::Status DecisionService::MaintainInline(Problem* p) {
   absl::MutexLock writes(&maintenance_mu_);
   absl::MutexLock pool(&pool_mu_);
   absl::Status m = MaintainWrites(p);
-  absl::Status grown = MaintainPool(p, std::chrono::hours(1));
+  absl::Status grown = MaintainPool(p, std::chrono::hours(1), std::chrono::milliseconds(-1));
   absl::Status trained = trainer_->RunPending();
   return !m.ok() ? m : !grown.ok() ? grown : trained;
 }

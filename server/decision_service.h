@@ -79,6 +79,13 @@ struct ServiceOptions {
   // throttle: boundaries closer than this in wall time merge into one, so fewer batches are
   // trained than the paper's schedule has. Ignored with inline_maintenance.
   int64_t min_refresh_interval_ms = 0;
+  // How long the expert-pool round computes one problem's divergence refresh per visit (at
+  // least one block of contexts) before it goes on to the other problems; the refresh
+  // resumes at the next visit, and the boundary passes once it is done. One refresh at
+  // thousands of arms is tens of seconds of CPU, and would otherwise hold up every other
+  // problem's backfills and refreshes that long. 0: one block a visit; < 0: a visit
+  // finishes the refresh it starts (as inline_maintenance does).
+  int64_t refresh_slice_ms = 100;
   // Experts of a training job trained at once, one XGBoost thread each; the models do not
   // depend on it (Trainer). 0: as many as the CPUs decisiond may run on (CpusAvailable), or
   // as background_cpus has.
@@ -400,7 +407,10 @@ class DecisionService {
   absl::Status MaintainWrites(Problem* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(maintenance_mu_);
   // One problem's expert pool; `backfill_budget` bounds the time spent reading a restart's
   // event ids and backfilling.
-  absl::Status MaintainPool(Problem* p, std::chrono::milliseconds backfill_budget)
+  // `refresh_slice` bounds the time spent on a divergence refresh (negative: no bound;
+  // ServiceOptions::refresh_slice_ms).
+  absl::Status MaintainPool(Problem* p, std::chrono::milliseconds backfill_budget,
+                            std::chrono::milliseconds refresh_slice)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu_);
 
   const ServiceOptions options_;

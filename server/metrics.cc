@@ -80,6 +80,13 @@ Metrics::Metrics()
                      .Help("Joined samples since the oldest batch boundary whose divergence "
                            "refresh or training job is not done: 0 when the schedule is kept")
                      .Register(*registry_)),
+      divergence_refresh_progress_(
+          prometheus::BuildGauge()
+              .Name("decision_divergence_refresh_progress")
+              .Help("The share of the divergence refresh in progress computed so far, 0 when "
+                    "none is: the expert-pool round computes a refresh a slice at a time "
+                    "and visits the other problems between slices")
+              .Register(*registry_)),
       learning_lag_(prometheus::BuildGauge()
                         .Name("decision_learning_lag_samples")
                         .Help("Joined samples acknowledged (durable) and not yet learned: "
@@ -282,6 +289,7 @@ Metrics::ProblemMetrics Metrics::ForProblem(const std::string& problem) {
   m.divergences_reestimated =
       AddFor(problem, divergence_boundaries_, with("divergences", "reestimated"));
   m.divergences_kept = AddFor(problem, divergence_boundaries_, with("divergences", "kept"));
+  m.divergence_refresh_progress = AddFor(problem, divergence_refresh_progress_, labels);
   m.checkpoints = AddFor(problem, checkpoints_, labels);
   m.checkpoint_bytes = AddFor(problem, checkpoint_bytes_, labels);
   m.learning_lag = AddFor(problem, learning_lag_, labels);

@@ -80,6 +80,8 @@ class Metrics {
     // and those at which they were kept (too little of the reservoir changed).
     prometheus::Counter* divergences_reestimated;
     prometheus::Counter* divergences_kept;
+    // The share of the divergence refresh in progress computed so far (0: none).
+    prometheus::Gauge* divergence_refresh_progress;
     // Checkpoints written, and their bytes with the estimators' state when it went along.
     prometheus::Counter* checkpoints;
     prometheus::Counter* checkpoint_bytes;
@@ -151,6 +153,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& undelivered_;
   prometheus::Family<prometheus::Gauge>& problem_failed_;
   prometheus::Family<prometheus::Gauge>& batch_lag_;
+  prometheus::Family<prometheus::Gauge>& divergence_refresh_progress_;
   prometheus::Family<prometheus::Gauge>& learning_lag_;
   prometheus::Family<prometheus::Gauge>& problem_memory_;
   prometheus::Family<prometheus::Histogram>& learning_delay_;

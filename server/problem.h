@@ -403,7 +403,15 @@ class Problem {
   // it changes the algorithm). The divergences are computed without mu_; the estimator
   // takes them in place under mu_ (O(L N^2) for round-robin median of means, O(N^2 + kept
   // entries) for clipped: no pass over the log).
-  absl::Status MaybeRefreshDivergences(std::vector<int64_t>* boundaries, int64_t min_interval_ms)
+  //
+  // The computation runs until `deadline`, at least one block of contexts per call; one
+  // not done by then is kept and resumed at the next call, which does nothing else until
+  // it is done (the expert-pool round gives each problem a slice of its time, so that one
+  // problem's refresh does not hold up the others' backfills). Experts estimated meanwhile
+  // (a backfill that completed) keep the pairs their backfill computed.
+  absl::Status MaybeRefreshDivergences(
+      std::vector<int64_t>* boundaries, int64_t min_interval_ms,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max())
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the expert-pool tasks may have work: set by what can give them some (a learned
   // sample, a registration, a quarantine, a divergence swap) and taken by the round that
@@ -745,8 +753,33 @@ class Problem {
   // the cache keeps its predictions, the rows the estimate reads (all but the last
   // R mod G) when read in blocks.
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
-      std::vector<std::shared_ptr<const Expert>> models, const ReservoirCopy& reservoir,
-      const DivergenceMatrix& previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
+      std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
+      DivergenceMatrix previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // One ComputeDivergencesFor, resumable between blocks of contexts: its inputs, the
+  // predictions taken from the cache, and the core computation.
+  struct DivergenceJob {
+    std::vector<std::shared_ptr<const Expert>> models;  // a failed one: the stand-in
+    ReservoirCopy reservoir;
+    std::vector<absl::Span<const int32_t>> eligible;  // into reservoir.eligible
+    DivergenceMatrix previous;
+    int keep = 0;
+    size_t rows = 0;
+    std::unique_ptr<bool[]> fixed, absent;  // one flag per expert
+    std::vector<ReservoirPredictions::Shared> held;
+    std::optional<DivergenceComputation> computation;  // none: no context seen yet
+    DivergenceMatrix result;  // once done
+  };
+  // Plans the computation of ComputeDivergencesFor and takes the predictions the cache
+  // keeps (quarantining a model that fails on them).
+  absl::StatusOr<std::unique_ptr<DivergenceJob>> StartDivergences(
+      std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
+      DivergenceMatrix previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // Computes blocks of `job` until it is done (true: job.result holds the matrix) or
+  // `deadline` has passed (false; at least one block a call). A model that fails on a block
+  // is quarantined, and the computation starts again with its stand-in.
+  absl::StatusOr<bool> StepDivergences(DivergenceJob& job,
+                                       std::chrono::steady_clock::time_point deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status BackfillChunk(int expert_id, const std::shared_ptr<const Expert>& model,
                              int64_t from, int64_t total) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompleteBackfill(int expert_id)
@@ -868,6 +901,9 @@ class Problem {
   ReservoirPredictions reservoir_predictions_;  // thread-safe; not under mu_
   // The reservoir's stamps when the estimated experts' divergences were last estimated.
   std::vector<uint64_t> reestimated_stamps_ ABSL_GUARDED_BY(mu_);
+  // The divergence refresh in progress between calls of MaybeRefreshDivergences (the
+  // expert-pool round's: only it touches this).
+  std::unique_ptr<DivergenceJob> refresh_;
   // What ExportMetrics last exported from (it skips an unchanged problem). The generation
   // counts the changes of the estimates that keep the log and the pool's size: divergence
   // swaps, expert state changes, quarantines.

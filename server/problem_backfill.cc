@@ -284,7 +284,8 @@ absl::Status Problem::CompleteBackfill(int expert_id) {
     }
   }
   DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
-                            ComputeDivergencesFor(models, reservoir, previous, expert_id));
+                            ComputeDivergencesFor(std::move(models), std::move(reservoir),
+                                                  std::move(previous), expert_id));
   // Its rows over every learned sample, with no log in memory: the samples before its
   // registration were fed as they were backfilled (or, after a restart, are read from the
   // store: their choosers and rewards, and its backfill chunks); the later ones come in

@@ -484,22 +484,50 @@ Problem::ReservoirCopy Problem::CopyReservoirLocked() const {
 }
 
 absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
-    std::vector<std::shared_ptr<const Expert>> models, const ReservoirCopy& reservoir,
-    const DivergenceMatrix& previous, int keep) {
+    std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
+    DivergenceMatrix previous, int keep) {
+  DECISION_ASSIGN_OR_RETURN(
+      std::unique_ptr<DivergenceJob> job,
+      StartDivergences(std::move(models), std::move(reservoir), std::move(previous), keep));
+  DECISION_RETURN_IF_ERROR(
+      StepDivergences(*job, std::chrono::steady_clock::time_point::max()).status());
+  return std::move(job->result);
+}
+
+namespace {
+absl::Status CheckProbabilities(absl::Span<const double> p) {
+  for (const double v : p) {
+    if (!(v >= 0.0 && v <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("a probability of ", v));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Problem::DivergenceJob>> Problem::StartDivergences(
+    std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
+    DivergenceMatrix previous, int keep) {
+  auto job = std::make_unique<DivergenceJob>();
   const int n = static_cast<int>(models.size());
-  const std::vector<double>& contexts = reservoir.contexts;
+  job->models = std::move(models);
+  job->reservoir = std::move(reservoir);
+  job->eligible.assign(job->reservoir.eligible.begin(), job->reservoir.eligible.end());
+  job->previous = std::move(previous);
+  job->keep = keep;
+  const std::vector<double>& contexts = job->reservoir.contexts;
   const int d = record_.num_features();
-  const size_t rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
-  if (rows == 0) {
+  job->rows = d == 0 ? (contexts.empty() ? 0 : 1) : contexts.size() / d;
+  if (job->rows == 0) {
     // No context seen yet: new experts get identity rows until the first refresh.
-    DivergenceMatrix out = DivergenceMatrix::Identity(n);
+    job->result = DivergenceMatrix::Identity(n);
     for (int i = 0; i < keep; ++i) {
       for (int j = 0; j < keep; ++j) {
-        out.m[i * n + j] = previous.M(i, j);
-        out.sigma[i * n + j] = previous.Sigma(i, j);
+        job->result.m[i * n + j] = job->previous.M(i, j);
+        job->result.sigma[i * n + j] = job->previous.Sigma(i, j);
       }
     }
-    return out;
+    return job;
   }
   const int k = record_.num_arms();
   // The pairs of retired (frozen) and failed experts stay as they are (ComputeDivergences'
@@ -509,66 +537,70 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   // An unloaded expert's pairs with the new ones weigh no kept sample: not computed
   // (ComputeDivergences' `absent`), and neither are a fixed expert's when every pair of it
   // is copied.
-  const int covered = std::min(n, previous.num_experts);
-  const std::unique_ptr<bool[]> fixed(new bool[n]());  // (a span of vector<bool> is not)
-  const std::unique_ptr<bool[]> absent(new bool[n]());
+  const int covered = std::min(n, job->previous.num_experts);
+  job->fixed.reset(new bool[n]());  // (a span of vector<bool> is not)
+  job->absent.reset(new bool[n]());
   {
     absl::MutexLock lock(&mu_);
     for (int e = 0; e < covered; ++e) {
-      fixed[e] = !experts_.at(e).failure.empty() || experts_.Frozen(e);
-      absent[e] = experts_.Unloaded(e) || (fixed[e] && covered == n);
+      job->fixed[e] = !experts_.at(e).failure.empty() || experts_.Frozen(e);
+      job->absent[e] = experts_.Unloaded(e) || (job->fixed[e] && covered == n);
     }
   }
   // The experts whose predictions the cache keeps are predicted in full (the rows that
   // changed since the last computation) and held here, shared with the cache. The others
-  // are predicted by ComputeDivergences a block of contexts at a time, only the contexts
-  // it reads, so that a computation holds at most the cache's budget plus
+  // are predicted by the computation a block of contexts at a time, only the contexts it
+  // reads, so that a computation holds at most the cache's budget plus
   // DivergenceLimits::max_block_bytes: tens of experts on thousands of arms held in full
   // would be gigabytes (64 MB an expert at 4096 arms).
-  std::vector<ReservoirPredictions::Shared> held(n);
+  job->held.resize(n);
   std::vector<ScoringFailure> failures;
-  const auto fail = [&](int e, absl::string_view reason) {
-    failures.push_back({e, absl::StrCat("divergence estimation: ", reason)});
-    models[e] = stand_in_;
-    held[e] = nullptr;
-    if (e < covered) fixed[e] = true;  // an expert that failed just now keeps its pairs too
-  };
-  const auto check = [](absl::Span<const double> p) {
-    for (const double v : p) {
-      if (!(v >= 0.0 && v <= 1.0)) {
-        return absl::InvalidArgumentError(absl::StrCat("a probability of ", v));
-      }
-    }
-    return absl::OkStatus();
-  };
   for (int e = 0; e < n; ++e) {
-    if (absent[e] || !reservoir_predictions_.WouldKeep(e, rows, k)) continue;
-    absl::StatusOr<ReservoirPredictions::Shared> p = reservoir_predictions_.Predict(
-        e, models[e], contexts, reservoir.stamps, reservoir.eligible);
-    const absl::Status s = p.ok() ? check(**p) : p.status();
+    if (job->absent[e] || !reservoir_predictions_.WouldKeep(e, job->rows, k)) continue;
+    absl::StatusOr<ReservoirPredictions::Shared> p =
+        reservoir_predictions_.Predict(e, job->models[e], contexts, job->reservoir.stamps,
+                                       job->reservoir.eligible);
+    const absl::Status s = p.ok() ? CheckProbabilities(**p) : p.status();
     if (s.ok()) {
-      held[e] = *std::move(p);
-    } else {
-      fail(e, s.message());
+      job->held[e] = *std::move(p);
+      continue;
     }
+    failures.push_back({e, absl::StrCat("divergence estimation: ", s.message())});
+    job->models[e] = stand_in_;
+    if (e < covered) job->fixed[e] = true;  // an expert that failed just now keeps its pairs
   }
-  const std::vector<absl::Span<const int32_t>> eligible(reservoir.eligible.begin(),
-                                                        reservoir.eligible.end());
+  QuarantineFailures(failures);
+  DECISION_ASSIGN_OR_RETURN(
+      job->computation,
+      DivergenceComputation::Start(n, job->rows, k, record_.divergence_groups(),
+                                   &job->previous, keep, absl::MakeConstSpan(job->fixed.get(), n),
+                                   absl::MakeConstSpan(job->absent.get(), n),
+                                   env_.divergence_limits));
+  return job;
+}
+
+absl::StatusOr<bool> Problem::StepDivergences(DivergenceJob& job,
+                                             std::chrono::steady_clock::time_point deadline) {
+  if (!job.computation.has_value()) return true;  // no context: job.result is set
+  const int n = static_cast<int>(job.models.size());
+  const int k = record_.num_arms();
+  const int d = record_.num_features();
+  const std::vector<double>& contexts = job.reservoir.contexts;
   // Why each expert failed on a block of contexts, if it did (written by the scorer
   // threads, one entry each).
   std::vector<absl::Status> failed_now(n);
   const auto predict = [&](int e, size_t begin, size_t end,
                            absl::Span<double> out) -> absl::Status {
-    if (held[e] != nullptr) {
-      std::copy(held[e]->begin() + begin * k, held[e]->begin() + end * k, out.begin());
+    if (job.held[e] != nullptr) {
+      std::copy(job.held[e]->begin() + begin * k, job.held[e]->begin() + end * k, out.begin());
       return absl::OkStatus();
     }
-    absl::Status s = models[e]->PredictBatchEligible(
+    absl::Status s = job.models[e]->PredictBatchEligible(
         absl::MakeConstSpan(contexts).subspan(begin * d, (end - begin) * d), end - begin,
-        eligible.empty() ? absl::Span<const absl::Span<const int32_t>>()
-                         : absl::MakeConstSpan(eligible).subspan(begin, end - begin),
+        job.eligible.empty() ? absl::Span<const absl::Span<const int32_t>>()
+                             : absl::MakeConstSpan(job.eligible).subspan(begin, end - begin),
         out);
-    if (s.ok()) s = check(out);
+    if (s.ok()) s = CheckProbabilities(out);
     failed_now[e] = s;
     return s;
   };
@@ -578,27 +610,35 @@ absl::StatusOr<DivergenceMatrix> Problem::ComputeDivergencesFor(
   threads.run = [this](int tasks, absl::FunctionRef<void(int)> fn) {
     ParallelFor(env_.scorers, tasks, fn);
   };
-  DivergenceMatrix out;
-  while (true) {
+  const bool unbounded = deadline == std::chrono::steady_clock::time_point::max();
+  DivergenceComputation& c = *job.computation;
+  do {
     std::fill(failed_now.begin(), failed_now.end(), absl::OkStatus());
-    const absl::Status s = ComputeDivergences(
-        n, rows, predict, k, record_.divergence_groups(), &previous, keep, &out,
-        absl::MakeConstSpan(fixed.get(), n), absl::MakeConstSpan(absent.get(), n),
-        env_.divergence_limits, nullptr, threads);
-    // Again, with the experts that failed scored as their stand-in (which does not fail).
-    bool again = false;
+    const absl::Status s = c.Step(predict, unbounded ? c.blocks() : 1, threads);
+    if (s.ok()) continue;
+    // Again from the start, with the experts that failed scored as their stand-in (which
+    // does not fail) and their pairs kept.
+    std::vector<ScoringFailure> failures;
+    const int covered = std::min(n, job.previous.num_experts);
     for (int e = 0; e < n; ++e) {
-      if (!failed_now[e].ok() && models[e] != stand_in_) {
-        fail(e, failed_now[e].message());
-        again = true;
-      }
+      if (failed_now[e].ok() || job.models[e] == stand_in_) continue;
+      failures.push_back({e, absl::StrCat("divergence estimation: ", failed_now[e].message())});
+      job.models[e] = stand_in_;
+      job.held[e] = nullptr;
+      if (e < covered) job.fixed[e] = true;
     }
-    if (again) continue;
-    DECISION_RETURN_IF_ERROR(s);
-    break;
-  }
-  QuarantineFailures(failures);
-  return out;
+    if (failures.empty()) return s;
+    QuarantineFailures(failures);
+    DECISION_ASSIGN_OR_RETURN(
+        c, DivergenceComputation::Start(n, job.rows, k, record_.divergence_groups(),
+                                        &job.previous, job.keep,
+                                        absl::MakeConstSpan(job.fixed.get(), n),
+                                        absl::MakeConstSpan(job.absent.get(), n),
+                                        env_.divergence_limits));
+  } while (!c.done() && std::chrono::steady_clock::now() < deadline);
+  if (!c.done()) return false;
+  job.result = c.Take();
+  return true;
 }
 
 bool Problem::PoolWorkRemains() const {
@@ -613,45 +653,87 @@ bool Problem::PoolWorkRemains() const {
 }
 
 absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
-                                              int64_t min_interval_ms) {
-  std::vector<std::shared_ptr<const Expert>> models;
-  ReservoirCopy reservoir;
-  DivergenceMatrix previous;
-  std::optional<CheckpointWrite> kept;
-  {
-    absl::MutexLock lock(&mu_);
-    if (ducb_.num_samples() < next_refresh_at_ || reservoir_.size() == 0) return absl::OkStatus();
-    if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
-      return absl::OkStatus();
+                                              int64_t min_interval_ms,
+                                              std::chrono::steady_clock::time_point deadline) {
+  if (refresh_ == nullptr) {
+    std::vector<std::shared_ptr<const Expert>> models;
+    ReservoirCopy reservoir;
+    DivergenceMatrix previous;
+    std::optional<CheckpointWrite> kept;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ducb_.num_samples() < next_refresh_at_ || reservoir_.size() == 0) {
+        return absl::OkStatus();
+      }
+      if (min_interval_ms > 0 && env_.clock->NowMs() - last_refresh_ms_ < min_interval_ms) {
+        return absl::OkStatus();
+      }
+      if (ReservoirTurnoverLocked() < record_.divergence_refresh_turnover()) {
+        // Too little of the reservoir changed for a re-estimate to be more than fresh
+        // noise: the estimated experts' divergences stand, and the boundaries pass (their
+        // training jobs run; a new expert's divergences are estimated when its backfill
+        // completes).
+        PassBoundariesLocked(boundaries, min_interval_ms);
+        metrics_.divergences_kept->Increment();
+        kept = CheckpointLocked();
+      } else {
+        models = experts_.Models(ducb_.num_experts());
+        reservoir = CopyReservoirLocked();
+        previous = ducb_.estimator().divergences();
+      }
     }
-    if (ReservoirTurnoverLocked() < record_.divergence_refresh_turnover()) {
-      // Too little of the reservoir changed for a re-estimate to be more than fresh noise:
-      // the estimated experts' divergences stand, and the boundaries pass (their training
-      // jobs run; a new expert's divergences are estimated when its backfill completes).
-      PassBoundariesLocked(boundaries, min_interval_ms);
-      metrics_.divergences_kept->Increment();
-      kept = CheckpointLocked();
-    } else {
-      models = experts_.Models(ducb_.num_experts());
-      reservoir = CopyReservoirLocked();
-      previous = ducb_.estimator().divergences();
-    }
+    if (kept.has_value()) return WriteCheckpoint(*kept);
+    DECISION_ASSIGN_OR_RETURN(refresh_, StartDivergences(std::move(models), std::move(reservoir),
+                                                         std::move(previous), /*keep=*/0));
   }
-  if (kept.has_value()) return WriteCheckpoint(*kept);
-  DECISION_ASSIGN_OR_RETURN(DivergenceMatrix d,
-                            ComputeDivergencesFor(models, reservoir, previous, /*keep=*/0));
+  absl::StatusOr<bool> done = StepDivergences(*refresh_, deadline);
+  if (!done.ok() || !*done) {
+    const DivergenceComputation* c =
+        done.ok() && refresh_->computation.has_value() ? &*refresh_->computation : nullptr;
+    metrics_.divergence_refresh_progress->Set(
+        c == nullptr || c->blocks() == 0
+            ? 0.0
+            : static_cast<double>(c->blocks_done()) / static_cast<double>(c->blocks()));
+    if (!done.ok()) refresh_ = nullptr;  // the next round starts again
+    return done.status();
+  }
+  metrics_.divergence_refresh_progress->Set(0.0);
+  const std::unique_ptr<DivergenceJob> job = std::move(refresh_);
+  DivergenceMatrix d = std::move(job->result);
+  const int n = static_cast<int>(job->models.size());
   CheckpointWrite checkpoint;
   {
     absl::MutexLock lock(&mu_);
-    // Experts added meanwhile: the next round computes the divergences again.
-    if (ducb_.num_experts() != static_cast<int>(models.size())) return absl::OkStatus();
+    const int now = ducb_.num_experts();
+    if (now < n) return absl::OkStatus();  // cannot happen; the next round starts again
+    // What changed while the refresh was computed (between rounds): experts whose backfill
+    // completed keep the pairs their backfill computed, and experts quarantined since it
+    // started keep theirs (a failed expert's pairs stay as they were); the refresh gives
+    // the rest.
+    std::vector<bool> failed_since(n);
+    bool changed = now > n;
+    for (int e = 0; e < n; ++e) {
+      failed_since[e] = !experts_.at(e).failure.empty() && !job->fixed[e];
+      changed = changed || failed_since[e];
+    }
+    if (changed) {
+      DivergenceMatrix merged = ducb_.estimator().divergences();
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) {
+          if (failed_since[i] || failed_since[j]) continue;
+          merged.m[static_cast<size_t>(i) * now + j] = d.M(i, j);
+          merged.sigma[static_cast<size_t>(i) * now + j] = d.Sigma(i, j);
+        }
+      }
+      d = std::move(merged);
+    }
     // In place: the estimators keep divergence-free sums, so this reads no sample.
     DECISION_RETURN_IF_ERROR(ducb_.SetDivergences(d));
     ++estimator_generation_;
     PassBoundariesLocked(boundaries, min_interval_ms);
     ++estimates_generation_;
     MarkPoolWork();  // retirement under the new estimates
-    reestimated_stamps_ = std::move(reservoir.stamps);
+    reestimated_stamps_ = std::move(job->reservoir.stamps);
     metrics_.divergences_reestimated->Increment();
     checkpoint = CheckpointLocked();
   }

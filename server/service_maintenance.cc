@@ -90,7 +90,8 @@ absl::Status DecisionService::RunPoolRound() {
   if (!store_->Health().writable) return absl::OkStatus();
   absl::Status status = absl::OkStatus();
   for (Problem* p : AllProblems()) {
-    absl::Status s = MaintainPool(p, std::chrono::milliseconds(100));
+    absl::Status s = MaintainPool(p, std::chrono::milliseconds(100),
+                                  std::chrono::milliseconds(options_.refresh_slice_ms));
     if (status.ok()) status = s;
   }
   const auto now = std::chrono::steady_clock::now();
@@ -163,7 +164,8 @@ absl::Status DecisionService::MaintainWrites(Problem* p) {
 }
 
 absl::Status DecisionService::MaintainPool(Problem* p,
-                                           std::chrono::milliseconds backfill_budget) {
+                                           std::chrono::milliseconds backfill_budget,
+                                           std::chrono::milliseconds refresh_slice) {
   // An idle problem is skipped: nothing was learned, registered or quarantined since a
   // visit that left no work.
   if (p->fenced() || !p->TakePoolWork()) return absl::OkStatus();
@@ -192,7 +194,9 @@ absl::Status DecisionService::MaintainPool(Problem* p,
   std::vector<int64_t> boundaries;
   errors.Keep("divergence refresh",
               p->MaybeRefreshDivergences(
-                  &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms));
+                  &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms,
+                  refresh_slice.count() >= 0 ? std::chrono::steady_clock::now() + refresh_slice
+                                             : std::chrono::steady_clock::time_point::max()));
   if (r.auto_train()) {
     // One job per boundary, trained on the log up to it: a late round catches up.
     for (int64_t boundary : boundaries) {
@@ -204,8 +208,8 @@ absl::Status DecisionService::MaintainPool(Problem* p,
   }
   errors.Keep("retention", p->ApplyRetention());
   errors.Keep("unloading retired experts", p->UnloadQuietExperts());
-  // Work left (a backfill beyond the budget, a boundary the throttle delays, a failed
-  // task retried): the next round visits again.
+  // Work left (a backfill beyond the budget, a refresh beyond its slice, a boundary the
+  // throttle delays, a failed task retried): the next round visits again.
   if (!errors.status().ok() || p->PoolWorkRemains()) p->MarkPoolWork();
   return errors.status();
 }

@@ -63,6 +63,7 @@ class ServiceTest : public ::testing::Test {
     options.training_threads = training_threads_;
     options.scoring_threads = scoring_threads_;
     options.reservoir_predictions_mb = reservoir_predictions_mb_;
+    options.refresh_slice_ms = refresh_slice_ms_;
     auto s = DecisionService::Open(options, &clock_, &metrics_);
     ASSERT_TRUE(s.ok()) << s.status();
     service_ = *std::move(s);
@@ -332,6 +333,10 @@ class ServiceTest : public ::testing::Test {
   int64_t max_problem_memory_mb_ = ServiceOptions().max_problem_memory_mb;
   int64_t max_divergence_terms_ = ServiceOptions().max_divergence_terms;
   int64_t reservoir_predictions_mb_ = ServiceOptions().reservoir_predictions_mb;
+  // A RunMaintenance finishes the divergence refresh it starts, whatever the time it takes
+  // (tests read the divergences after it, and sanitizers make it slow), not ServiceOptions'
+  // default; ServiceTest.ARefreshComputedInSlicesLetsOtherProblemsBackfill covers slices.
+  int64_t refresh_slice_ms_ = -1;
   // One at a time, not ServiceOptions' default (one per CPU): tests that stop a job at its
   // n-th expert count the ones before it as registered.
   // TrainingJobTest.AJobTrainsTheSameModelsOnAnyNumberOfThreads covers several.
