@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -249,17 +250,17 @@ absl::StatusOr<DivergenceComputation> DivergenceComputation::Start(
   return c;
 }
 
-absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_blocks,
+absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_terms,
                                          const DivergenceThreads& threads) {
   if (failed_) {
     return absl::FailedPreconditionError("the divergence computation failed; start a new one");
   }
+  if (next_block_ == blocks_) return absl::OkStatus();
   const size_t k = k_;
-  const int first_read = readers_.empty() ? -1 : readers_[0];
   // Work split into at most `tasks` contiguous parts, each with its own scratch.
   const int tasks = static_cast<int>(
       std::clamp<size_t>(static_cast<size_t>(std::max(threads.tasks, 1)), 1,
-                         std::max<size_t>(1, std::max(readers_.size(), pairs_.size()))));
+                         std::max(readers_.size(), pairs_.size())));
   if (scratch_.size() < static_cast<size_t>(tasks)) scratch_.resize(tasks);
   const auto run = [&](size_t items, absl::FunctionRef<void(int task, size_t from, size_t to)> fn) {
     const int parts = static_cast<int>(std::min<size_t>(tasks, items));
@@ -270,23 +271,22 @@ absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_bl
       threads.run(parts, part);
     }
   };
-  std::vector<absl::Status> status(n_);
-  for (int64_t step = 0; step < std::max<int64_t>(max_blocks, 1) && next_block_ < blocks_;
-       ++step) {
-    const int g = static_cast<int>(next_block_ / blocks_per_group_);
-    const size_t at = static_cast<size_t>(next_block_ % blocks_per_group_) * block_;
+  const int g = static_cast<int>(next_block_ / blocks_per_group_);
+  const size_t at = static_cast<size_t>(next_block_ % blocks_per_group_) * block_;
+  // A group's contexts are contiguous rows.
+  const size_t begin = g * group_size_ + at;
+  const size_t rows = std::min(block_, group_size_ - at);
+  const size_t values = rows * k;
+  if (next_pair_ == 0) {
     if (at == 0) {
       std::fill(lse_max_.begin(), lse_max_.end(), -HUGE_VAL);
       std::fill(lse_sum_.begin(), lse_sum_.end(), 0.0);
       std::fill(f2_sum_.begin(), f2_sum_.end(), 0.0);
     }
-    // A group's contexts are contiguous rows.
-    const size_t begin = g * group_size_ + at;
-    const size_t rows = std::min(block_, group_size_ - at);
-    const size_t values = rows * k;
-    // Probabilities are in (0, 1], except for arms that were not eligible for a context
-    // (Expert::PredictBatchEligible): 0 under every expert alike. The first expert read
-    // first: the others are checked against it.
+    // The block's predictions. Probabilities are in (0, 1], except for arms that were not
+    // eligible for a context (Expert::PredictBatchEligible): 0 under every expert alike.
+    // The first expert read first: the others are checked against it.
+    const int first_read = readers_[0];
     const auto fill = [&](int e) -> absl::Status {
       DECISION_RETURN_IF_ERROR(
           predict(e, begin, begin + rows, absl::MakeSpan(pi_[e].data(), values)));
@@ -313,6 +313,7 @@ absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_bl
     };
     absl::Status first = fill(first_read);
     if (first.ok()) {
+      std::vector<absl::Status> status(n_);
       run(readers_.size() - 1, [&](int, size_t from, size_t to) {
         for (size_t r = from; r < to; ++r) status[readers_[r + 1]] = fill(readers_[r + 1]);
       });
@@ -322,48 +323,60 @@ absl::Status DivergenceComputation::Step(PredictContexts predict, int64_t max_bl
       failed_ = true;
       return first;
     }
-    run(pairs_.size(), [&](int task, size_t from, size_t to) {
-      Scratch& own = scratch_[task];
-      own.log_terms.resize(rows);
-      own.f2_terms.resize(rows);
-      own.terms.resize(2 * kernel_rows_ * k);
-      for (size_t p = from; p < to; ++p) {
-        const auto [i, j] = pairs_[p];
-        // Vectorised passes over the block's contexts, a few at a time so that the
-        // kernel's scratch stays in cache (each context's terms are its own: the same
-        // values whatever the split).
-        for (size_t r = 0; r < rows; r += kernel_rows_) {
-          const size_t at = r * k, now = std::min(kernel_rows_, rows - r);
-          DivergenceTerms(pi_[i].data() + at, log_pi_[i].data() + at, pi_[j].data() + at, now,
-                          k, own.terms.data(), own.log_terms.data() + r,
-                          own.f2_terms.data() + r);
-        }
-        for (size_t r = 0; r < rows; ++r) f2_sum_[p] += own.f2_terms[r];
-        double block_max = -HUGE_VAL;
-        for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, own.log_terms[r]);
-        if (block_max > lse_max_[p]) {
-          if (lse_sum_[p] != 0.0) lse_sum_[p] *= std::exp(lse_max_[p] - block_max);
-          lse_max_[p] = block_max;
-        }
-        if (!std::isinf(lse_max_[p])) {
-          for (size_t r = 0; r < rows; ++r) {
-            lse_sum_[p] += std::exp(own.log_terms[r] - lse_max_[p]);
-          }
-        }
+  }
+  // The next pairs of the block, as many as max_terms allows (at least one).
+  const int64_t pair_terms = static_cast<int64_t>(values);
+  const size_t count = static_cast<size_t>(std::clamp<int64_t>(
+      max_terms / pair_terms, 1, static_cast<int64_t>(pairs_.size() - next_pair_)));
+  const size_t first_pair = next_pair_;
+  run(count, [&](int task, size_t from, size_t to) {
+    Scratch& own = scratch_[task];
+    own.log_terms.resize(rows);
+    own.f2_terms.resize(rows);
+    own.terms.resize(2 * kernel_rows_ * k);
+    for (size_t p = first_pair + from; p < first_pair + to; ++p) {
+      const auto [i, j] = pairs_[p];
+      // Vectorised passes over the block's contexts, a few at a time so that the kernel's
+      // scratch stays in cache (each context's terms are its own: the same values whatever
+      // the split).
+      for (size_t r = 0; r < rows; r += kernel_rows_) {
+        const size_t at = r * k, now = std::min(kernel_rows_, rows - r);
+        DivergenceTerms(pi_[i].data() + at, log_pi_[i].data() + at, pi_[j].data() + at, now, k,
+                        own.terms.data(), own.log_terms.data() + r, own.f2_terms.data() + r);
       }
-    });
-    ++next_block_;
-    if (next_block_ % blocks_per_group_ == 0) {  // the group's last block
-      for (size_t p = 0; p < pairs_.size(); ++p) {
-        const double lse =
-            std::isinf(lse_max_[p]) ? lse_max_[p] : lse_max_[p] + std::log(lse_sum_[p]);
-        log_means_[p * groups_ + g] = lse - std::log(static_cast<double>(group_size_));
-        means_[p * groups_ + g] = f2_sum_[p] / group_size_;
+      for (size_t r = 0; r < rows; ++r) f2_sum_[p] += own.f2_terms[r];
+      double block_max = -HUGE_VAL;
+      for (size_t r = 0; r < rows; ++r) block_max = std::max(block_max, own.log_terms[r]);
+      if (block_max > lse_max_[p]) {
+        if (lse_sum_[p] != 0.0) lse_sum_[p] *= std::exp(lse_max_[p] - block_max);
+        lse_max_[p] = block_max;
+      }
+      if (!std::isinf(lse_max_[p])) {
+        for (size_t r = 0; r < rows; ++r) lse_sum_[p] += std::exp(own.log_terms[r] - lse_max_[p]);
       }
     }
-    if (next_block_ == blocks_) Finish();
+  });
+  next_pair_ += count;
+  if (next_pair_ < pairs_.size()) return absl::OkStatus();
+  next_pair_ = 0;
+  ++next_block_;
+  if (next_block_ % blocks_per_group_ == 0) {  // the group's last block
+    for (size_t p = 0; p < pairs_.size(); ++p) {
+      const double lse =
+          std::isinf(lse_max_[p]) ? lse_max_[p] : lse_max_[p] + std::log(lse_sum_[p]);
+      log_means_[p * groups_ + g] = lse - std::log(static_cast<double>(group_size_));
+      means_[p * groups_ + g] = f2_sum_[p] / group_size_;
+    }
   }
+  if (next_block_ == blocks_) Finish();
   return absl::OkStatus();
+}
+
+double DivergenceComputation::progress() const {
+  if (blocks_ == 0) return 1.0;
+  return (static_cast<double>(next_block_) +
+          static_cast<double>(next_pair_) / static_cast<double>(pairs_.size())) /
+         static_cast<double>(blocks_);
 }
 
 void DivergenceComputation::Finish() {
@@ -404,7 +417,7 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
                                                          absent, limits));
   if (work != nullptr) *work = c.work();
   while (!c.done()) {
-    DECISION_RETURN_IF_ERROR(c.Step(predict, c.blocks(), threads));
+    DECISION_RETURN_IF_ERROR(c.Step(predict, std::numeric_limits<int64_t>::max(), threads));
   }
   *out = c.Take();
   return absl::OkStatus();

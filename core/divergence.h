@@ -153,12 +153,12 @@ absl::Status ComputeDivergences(int num_experts, size_t num_rows, PredictContext
                                 const DivergenceThreads& threads = {});
 
 // One divergence computation (the first overload of ComputeDivergences, which runs one to
-// the end), resumable between blocks of contexts: a caller with a time budget runs a few
-// blocks per visit and comes back (the service's expert-pool round, so that one problem's
-// computation on thousands of arms does not hold up every other problem's backfill). It
-// gives the same results bit for bit however its blocks are spread over calls. Between
-// calls it holds the plan, one block's predictions (within DivergenceLimits) and a few
-// sums per pair and group.
+// the end), resumable between steps of a few pairs of experts over a block of contexts: a
+// caller with a time budget runs a few steps per visit and comes back (the service's
+// expert-pool round, so that one problem's computation on thousands of arms does not hold
+// up every other problem's backfill). It gives the same results bit for bit however its
+// work is spread over calls. Between calls it holds the plan, one block's predictions
+// (within DivergenceLimits) and a few sums per pair and group.
 //
 // Thread safety: none; Step spreads its own work over `threads`.
 class DivergenceComputation {
@@ -170,17 +170,21 @@ class DivergenceComputation {
       const DivergenceMatrix* previous, int keep, absl::Span<const bool> fixed,
       absl::Span<const bool> absent, const DivergenceLimits& limits);
 
-  // Reads and computes the next `max_blocks` blocks (at least one; fewer if fewer are
-  // left). An error from `predict`, or a probability it gives that divergences cannot take,
-  // is returned (the first expert's, in expert order) and ends the computation: Start a new
-  // one to try again.
-  absl::Status Step(PredictContexts predict, int64_t max_blocks,
+  // Computes the next pairs of the current block of contexts, as many as `max_terms`
+  // per-context terms allow (at least one pair), after reading the block's predictions
+  // when this is its first step. A step never goes past the end of a block, so that a
+  // caller with a time budget can stop between steps of a few milliseconds each. An error
+  // from `predict`, or a probability it gives that divergences cannot take, is returned
+  // (the first expert's, in expert order) and ends the computation: Start a new one to try
+  // again.
+  absl::Status Step(PredictContexts predict, int64_t max_terms,
                     const DivergenceThreads& threads = {});
   bool done() const { return next_block_ == blocks_ && !failed_; }
   // Blocks computed so far, and in all (groups x blocks per group; 0 when no pair is
-  // computed).
+  // computed); the share of the work done (1 when done).
   int64_t blocks_done() const { return next_block_; }
   int64_t blocks() const { return blocks_; }
+  double progress() const;
   const DivergenceWork& work() const { return work_; }
   // REQUIRES: done(). The matrix, moved out.
   DivergenceMatrix Take();
@@ -198,6 +202,7 @@ class DivergenceComputation {
   int64_t blocks_per_group_ = 0;
   int64_t blocks_ = 0;
   int64_t next_block_ = 0;         // the next block to compute: group x blocks_per_group_ + i
+  size_t next_pair_ = 0;           // its next pair (0: its predictions are not read yet)
   bool failed_ = false;
   DivergenceWork work_;
   DivergenceMatrix d_;             // the copied entries from the start, the rest at Finish

@@ -765,21 +765,27 @@ class Problem {
     int keep = 0;
     size_t rows = 0;
     std::unique_ptr<bool[]> fixed, absent;  // one flag per expert
+    // The predictions the cache keeps, taken before the computation starts (held[e] null:
+    // read a block at a time), one expert a step; the next expert to take.
     std::vector<ReservoirPredictions::Shared> held;
-    std::optional<DivergenceComputation> computation;  // none: no context seen yet
-    DivergenceMatrix result;  // once done
+    int cached_next = 0;
+    std::optional<DivergenceComputation> computation;  // started once `held` is taken
+    DivergenceMatrix result;  // once done (at once when no context was seen)
   };
-  // Plans the computation of ComputeDivergencesFor and takes the predictions the cache
-  // keeps (quarantining a model that fails on them).
+  // The inputs of ComputeDivergencesFor, and which experts' pairs are fixed or absent: no
+  // prediction yet.
   absl::StatusOr<std::unique_ptr<DivergenceJob>> StartDivergences(
       std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
       DivergenceMatrix previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
-  // Computes blocks of `job` until it is done (true: job.result holds the matrix) or
-  // `deadline` has passed (false; at least one block a call). A model that fails on a block
-  // is quarantined, and the computation starts again with its stand-in.
+  // Works on `job` until it is done (true: job.result holds the matrix) or `deadline` has
+  // passed (false), in steps of a few milliseconds (DivergenceComputation::Step) or of one
+  // expert's predictions taken from the cache, at least one a call. A model that fails is
+  // quarantined, and the computation starts again with its stand-in.
   absl::StatusOr<bool> StepDivergences(DivergenceJob& job,
                                        std::chrono::steady_clock::time_point deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // (Re)starts job.computation with the job's fixed and absent experts.
+  absl::Status StartComputation(DivergenceJob& job);
   absl::Status BackfillChunk(int expert_id, const std::shared_ptr<const Expert>& model,
                              int64_t from, int64_t total) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CompleteBackfill(int expert_id)

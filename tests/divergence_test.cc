@@ -1,6 +1,8 @@
 #include "core/divergence.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -396,9 +398,9 @@ TEST(Divergence, ReadsOnlyWhatItComputes) {
   EXPECT_THAT(s.message(), HasSubstr("model 2 broke"));
 }
 
-// Run a few blocks at a time (as the expert-pool round runs a refresh within its time
+// Run a few pairs at a time (as the expert-pool round runs a refresh within its time
 // budget), a computation gives the same bits as run to the end in one call, whatever the
-// steps; it counts its blocks, and an error ends it.
+// steps; a step never passes the end of a block, and an error ends the computation.
 TEST(Divergence, StepsGiveTheSameBitsAsOneCall) {
   constexpr int kArms = 7, kGroups = 4;
   const auto p = RandomExperts(5, kArms, 98, 16);  // groups of 24; the last 2 rows unused
@@ -418,23 +420,33 @@ TEST(Divergence, StepsGiveTheSameBitsAsOneCall) {
   ASSERT_TRUE(ComputeDivergences(5, 98, read, kArms, kGroups, &previous, 2, &whole, fixed, {},
                                  limits)
                   .ok());
-  for (const int64_t step : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{1000}}) {
+  // Pairs computed: (i, j) of experts 0, 1, 2 and 4 (3 is fixed), i != j, not both < 2:
+  // 10.
+  constexpr int64_t kPairs = 10, kBlockTerms = 5 * kArms;  // a pair's terms over a block
+  for (const int64_t terms : {int64_t{1}, 3 * kBlockTerms, kPairs * kBlockTerms,
+                              std::numeric_limits<int64_t>::max()}) {
     absl::StatusOr<DivergenceComputation> c = DivergenceComputation::Start(
         5, 98, kArms, kGroups, &previous, 2, fixed, {}, limits);
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_EQ(c->blocks(), 5 * kGroups);  // ceil(24 / 5) blocks a group
     EXPECT_EQ(c->work().block_rows, 5u);
+    EXPECT_EQ(c->progress(), 0.0);
+    const int64_t per_step = std::clamp<int64_t>(terms / kBlockTerms, 1, kPairs);
     int64_t calls = 0;
+    double progress = 0.0;
     while (!c->done()) {
       const int64_t before = c->blocks_done();
-      ASSERT_TRUE(c->Step(read, step).ok());
-      EXPECT_EQ(c->blocks_done(), std::min(before + step, c->blocks()));
+      ASSERT_TRUE(c->Step(read, terms).ok());
+      EXPECT_LE(c->blocks_done(), before + 1);
+      EXPECT_GT(c->progress(), progress);
+      progress = c->progress();
       ++calls;
     }
-    EXPECT_EQ(calls, (c->blocks() + step - 1) / step);
+    EXPECT_EQ(c->progress(), 1.0);
+    EXPECT_EQ(calls, c->blocks() * ((kPairs + per_step - 1) / per_step)) << terms;
     const DivergenceMatrix stepped = c->Take();
-    EXPECT_EQ(stepped.m, whole.m) << step;
-    EXPECT_EQ(stepped.sigma, whole.sigma) << step;
+    EXPECT_EQ(stepped.m, whole.m) << terms;
+    EXPECT_EQ(stepped.sigma, whole.sigma) << terms;
   }
   EXPECT_TRUE(reader.asked[3].empty());
   // Nothing to compute (every pair kept): done at the start, without a block.
@@ -452,8 +464,9 @@ TEST(Divergence, StepsGiveTheSameBitsAsOneCall) {
     if (e == 4 && begin >= 8) return absl::InternalError("model 4 broke");
     return read(e, begin, end, out);
   };
-  ASSERT_TRUE(c->Step(breaks, 2).ok());
-  const absl::Status s = c->Step(breaks, 2);
+  const int64_t block = std::numeric_limits<int64_t>::max();  // a whole block a step
+  for (int b = 0; b < 2; ++b) ASSERT_TRUE(c->Step(breaks, block).ok());
+  const absl::Status s = c->Step(breaks, block);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(c->blocks_done(), 2);
   EXPECT_FALSE(c->done());

@@ -893,6 +893,44 @@ TEST_F(UndeliveredTest, OneMillisecondDeadlinesLearnOnlyWhatWasDelivered) {
 
 // The tester's contract slip: smoothing 5e-324 was accepted, but eta / K underflows to 0,
 // so the expert could never be learned with.
+// An expert quarantined in a join while a divergence refresh is computed a slice at a
+// time keeps its pairs as they were when the refresh applies (a failed expert's pairs stay
+// at their last values), and the refresh gives the others'.
+TEST_F(QuarantineTest, AnExpertQuarantinedDuringASlicedRefreshKeepsItsPairs) {
+  refresh_slice_ms_ = 0;  // one block of contexts a maintenance round
+  reservoir_predictions_mb_ = 0;
+  Reopen();
+  CreateProblem("p", /*wait_ms=*/1'000'000);
+  const int table = RegisterTable();
+  const int linear = RegisterLinear("p", 1.0);
+  const int other = RegisterLinear("p", 3.0);
+  RunMaintenanceUntilActive("p");
+  const int64_t boundary = GetProblem("p").next_batch_at();
+  PlayRounds("p", static_cast<int>(boundary));  // keys in [0, 1): the table scores them
+  const v1::Estimates before = Estimates("p");  // identity: no refresh yet
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // the refresh's first block
+  ASSERT_EQ(GetProblem("p").next_batch_at(), boundary);
+  PlayKey(7.0);  // outside the table: quarantined in the join
+  ASSERT_EQ(ExpertOf(table).status(), v1::EXPERT_STATUS_FAILED);
+  for (int round = 0; round < 100 && GetProblem("p").next_batch_at() == boundary; ++round) {
+    ASSERT_TRUE(service_->RunMaintenance().ok());
+  }
+  ASSERT_GT(GetProblem("p").next_batch_at(), boundary);
+  const v1::Estimates after = Estimates("p");
+  const int n = after.experts_size();
+  ASSERT_EQ(n, 4);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i != table && j != table) continue;
+      EXPECT_EQ(after.m(i * n + j), before.m(i * n + j)) << i << ", " << j;
+      EXPECT_EQ(after.sigma(i * n + j), before.sigma(i * n + j)) << i << ", " << j;
+    }
+  }
+  EXPECT_GT(after.m(linear * n + other), 1.0);
+  EXPECT_EQ(before.m(linear * n + other), 1.0);
+  ExpectEstimatesMatchReference("p");
+}
+
 TEST_F(QuarantineTest, SmoothingTooSmallToKeepEveryArmPositiveIsRefused) {
   CreateProblem("p", /*wait_ms=*/1'000'000);
   v1::RegisterExpertRequest req;

@@ -1465,17 +1465,20 @@ TEST_F(ServiceTest, LearningIsTheSameOnAnyNumberOfScoringThreads) {
   }
 }
 
-// A divergence refresh computed a block of contexts per expert-pool visit
-// (ServiceOptions::refresh_slice_ms = 0) lets the round go on to the other problems: a
-// backfill of another problem completes in the round that starts the refresh, and the
-// boundary passes only once the refresh is done. An expert of the same problem whose
-// backfill completes meanwhile keeps the pairs its backfill computed. The divergences and
-// estimates are the same bits as with the refresh computed in one visit.
+// A divergence refresh computed a step per expert-pool visit (ServiceOptions::
+// refresh_slice_ms = 0: one expert's predictions taken from the cache, or one block of
+// contexts) lets the round go on to the other problems: a backfill of another problem
+// completes in the round that starts the refresh, and the boundary passes only once the
+// refresh is done. An expert of the same problem whose backfill completes meanwhile keeps
+// the pairs its backfill computed. The divergences and estimates are the same bits as with
+// the refresh computed in one visit. Run 0: in one visit; run 1: a block a visit (no
+// predictions cached); run 2: the cached experts, then a block, a visit each.
 TEST_F(ServiceTest, ARefreshComputedInSlicesLetsOtherProblemsBackfill) {
-  v1::Estimates estimates[2];
-  for (int run = 0; run < 2; ++run) {
+  v1::Estimates estimates[3];
+  for (int run = 0; run < 3; ++run) {
     ASSERT_NO_FATAL_FAILURE(ShutDownForAFreshStart());
     refresh_slice_ms_ = run == 0 ? -1 : 0;
+    reservoir_predictions_mb_ = run == 1 ? 0 : ServiceOptions().reservoir_predictions_mb;
     Open();
     CreateProblem("p");
     for (int e = 1; e <= 4; ++e) RegisterLinear("p", 0.5 * e);
@@ -1489,43 +1492,40 @@ TEST_F(ServiceTest, ARefreshComputedInSlicesLetsOtherProblemsBackfill) {
     ASSERT_TRUE(service_->RunMaintenance().ok());
     EXPECT_EQ(Experts("q")[1].status(), v1::EXPERT_STATUS_ACTIVE) << run;
     // The median-of-means groups of the reservoir's contexts (one per context below the
-    // groups configured): p saw `boundary` contexts.
+    // groups configured): p saw `boundary` contexts. Each fits in a block.
     const int groups = static_cast<int>(
         std::min<int64_t>(GetProblem("p").config().divergence_groups(), boundary));
     ASSERT_GE(groups, 2);
-    const double progress =
-        MetricValue("decision_divergence_refresh_progress", "problem", "p");
-    if (run == 0) {
-      EXPECT_GT(GetProblem("p").next_batch_at(), boundary);
-      EXPECT_EQ(progress, 0.0);
-    } else {
-      // One block: a group of contexts (each fits a block).
-      EXPECT_EQ(GetProblem("p").next_batch_at(), boundary);
-      EXPECT_DOUBLE_EQ(progress, 1.0 / groups);
-    }
+    const auto progress = [&] {
+      return MetricValue("decision_divergence_refresh_progress", "problem", "p");
+    };
+    EXPECT_EQ(GetProblem("p").next_batch_at() > boundary, run == 0) << run;
+    // Run 2 takes the first of p's 5 experts' predictions from the cache.
+    EXPECT_DOUBLE_EQ(progress(), run == 1 ? 1.0 / groups : 0.0) << run;
     RegisterLinear("p", 3.0);
     int rounds = 0;
-    double last = progress;
+    double last = progress();
     while (GetProblem("p").next_batch_at() == boundary && rounds < 100) {
       ASSERT_TRUE(service_->RunMaintenance().ok());
       ++rounds;
-      const double now = MetricValue("decision_divergence_refresh_progress", "problem", "p");
       if (GetProblem("p").next_batch_at() == boundary) {
-        EXPECT_GT(now, last);
+        EXPECT_GE(progress(), last);
+        EXPECT_LT(progress(), 1.0);
         // The new expert's backfill completed in the first of these rounds.
         EXPECT_EQ(Experts("p")[4].status(), v1::EXPERT_STATUS_ACTIVE);
       } else {
-        EXPECT_EQ(now, 0.0);
+        EXPECT_EQ(progress(), 0.0);
       }
-      last = now;
+      last = progress();
     }
-    EXPECT_EQ(rounds, run == 0 ? 0 : groups - 1);
+    EXPECT_EQ(rounds, run == 0 ? 0 : run == 1 ? groups - 1 : 4 + groups) << run;
     RunMaintenanceUntilActive("p");
     estimates[run] = Estimates("p");
     ExpectEstimatesMatchReference("p");
   }
   ASSERT_EQ(estimates[0].experts_size(), 6);
   EXPECT_EQ(estimates[0].SerializeAsString(), estimates[1].SerializeAsString());
+  EXPECT_EQ(estimates[0].SerializeAsString(), estimates[2].SerializeAsString());
 }
 
 TEST_F(ServiceTest, RetiringSeveralExpertsAtOnceWritesOneCheckpoint) {
