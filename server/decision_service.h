@@ -474,9 +474,10 @@ class DecisionService {
   std::chrono::steady_clock::time_point last_metrics_export_ ABSL_GUARDED_BY(maintenance_mu_);
   std::chrono::steady_clock::time_point last_malloc_trim_ ABSL_GUARDED_BY(pool_mu_);
   std::chrono::steady_clock::time_point last_allocator_export_ ABSL_GUARDED_BY(pool_mu_);
-  // Set by a pool round whose backfill ran out of its time budget with work left: the
-  // expert-pool thread then starts the next round at once instead of waiting an interval.
-  bool backfill_behind_ ABSL_GUARDED_BY(pool_mu_) = false;
+  // Set by a pool round whose backfill or divergence refresh ran out of its time budget
+  // with work left: the expert-pool thread then starts the next round at once instead of
+  // waiting an interval.
+  bool pool_behind_ ABSL_GUARDED_BY(pool_mu_) = false;
   // Store faults (MaintainStore): the last attempt to resume (Clock ms), and the write
   // errors already counted in the metrics.
   int64_t last_store_recovery_ms_ ABSL_GUARDED_BY(maintenance_mu_) =

@@ -413,6 +413,9 @@ class Problem {
       std::vector<int64_t>* boundaries, int64_t min_interval_ms,
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max())
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a refresh MaybeRefreshDivergences started is not done yet (the caller of
+  // MaybeRefreshDivergences only).
+  bool RefreshInProgress() const { return refresh_ != nullptr; }
   // Whether the expert-pool tasks may have work: set by what can give them some (a learned
   // sample, a registration, a quarantine, a divergence swap) and taken by the round that
   // visits the problem, which gives it back while work remains (PoolWorkRemains). An idle

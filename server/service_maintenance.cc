@@ -85,7 +85,7 @@ absl::Status DecisionService::RunWriteRound() {
 
 absl::Status DecisionService::RunPoolRound() {
   absl::MutexLock round(&pool_mu_);
-  backfill_behind_ = false;
+  pool_behind_ = false;
   // The maintenance round reports the store and resumes it.
   if (!store_->Health().writable) return absl::OkStatus();
   absl::Status status = absl::OkStatus();
@@ -185,18 +185,19 @@ absl::Status DecisionService::MaintainPool(Problem* p,
     backfill = p->StepBackfill(&worked);
   }
   errors.Keep("backfill", backfill);
-  if (worked && backfill.ok()) backfill_behind_ = true;
+  if (worked && backfill.ok()) pool_behind_ = true;
   const storage::v1::ProblemRecord& r = p->record();
   if (r.auto_promote()) errors.Keep("promoting shadow experts", p->PromoteProvenShadows());
   if (r.auto_train()) {
     errors.Keep("retiring dominated experts", p->RetireDominated(r.max_active_experts()));
   }
   std::vector<int64_t> boundaries;
-  errors.Keep("divergence refresh",
-              p->MaybeRefreshDivergences(
-                  &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms,
-                  refresh_slice.count() >= 0 ? std::chrono::steady_clock::now() + refresh_slice
-                                             : std::chrono::steady_clock::time_point::max()));
+  const absl::Status refresh = p->MaybeRefreshDivergences(
+      &boundaries, options_.inline_maintenance ? 0 : options_.min_refresh_interval_ms,
+      refresh_slice.count() >= 0 ? std::chrono::steady_clock::now() + refresh_slice
+                                 : std::chrono::steady_clock::time_point::max());
+  errors.Keep("divergence refresh", refresh);
+  if (refresh.ok() && p->RefreshInProgress()) pool_behind_ = true;
   if (r.auto_train()) {
     // One job per boundary, trained on the log up to it: a late round catches up.
     for (int64_t boundary : boundaries) {
@@ -275,7 +276,7 @@ void DecisionService::ExpertPoolLoop() {
     absl::Status s = RunPoolRound();
     if (!s.ok()) maintenance_log_.Report(clock_->NowMs(), "maintenance: " + s.ToString());
     absl::MutexLock lock(&pool_mu_);
-    behind = s.ok() && backfill_behind_;
+    behind = s.ok() && pool_behind_;
   }
 }
 
