@@ -715,7 +715,9 @@ absl::Status Problem::MaybeRefreshDivergences(std::vector<int64_t>* boundaries,
     std::vector<bool> failed_since(n);
     bool changed = now > n;
     for (int e = 0; e < n; ++e) {
-      failed_since[e] = !experts_.at(e).failure.empty() && !job->fixed[e];
+      // (No flags when no context was seen: a problem without features.)
+      const bool fixed = job->fixed != nullptr && job->fixed[e];
+      failed_since[e] = !experts_.at(e).failure.empty() && !fixed;
       changed = changed || failed_since[e];
     }
     if (changed) {
