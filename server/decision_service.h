@@ -80,10 +80,11 @@ struct ServiceOptions {
   // trained than the paper's schedule has. Ignored with inline_maintenance.
   int64_t min_refresh_interval_ms = 0;
   // How long the expert-pool round computes one problem's divergence refresh per visit (at
-  // least one block of contexts) before it goes on to the other problems; the refresh
+  // least one step: a few pairs over a block of contexts, or one expert's predictions taken
+  // into the cache) before it goes on to the other problems; the refresh
   // resumes at the next visit, and the boundary passes once it is done. One refresh at
   // thousands of arms is tens of seconds of CPU, and would otherwise hold up every other
-  // problem's backfills and refreshes that long. 0: one block a visit; < 0: a visit
+  // problem's backfills and refreshes that long. 0: one step a visit; < 0: a visit
   // finishes the refresh it starts (as inline_maintenance does).
   int64_t refresh_slice_ms = 100;
   // Experts of a training job trained at once, one XGBoost thread each; the models do not

@@ -404,7 +404,7 @@ class Problem {
   // takes them in place under mu_ (O(L N^2) for round-robin median of means, O(N^2 + kept
   // entries) for clipped: no pass over the log).
   //
-  // The computation runs until `deadline`, at least one block of contexts per call; one
+  // The computation runs until `deadline`, at least one step per call (StepDivergences); one
   // not done by then is kept and resumed at the next call, which does nothing else until
   // it is done (the expert-pool round gives each problem a slice of its time, so that one
   // problem's refresh does not hold up the others' backfills). Experts estimated meanwhile
@@ -758,8 +758,8 @@ class Problem {
   absl::StatusOr<DivergenceMatrix> ComputeDivergencesFor(
       std::vector<std::shared_ptr<const Expert>> models, ReservoirCopy reservoir,
       DivergenceMatrix previous, int keep) ABSL_LOCKS_EXCLUDED(mu_);
-  // One ComputeDivergencesFor, resumable between blocks of contexts: its inputs, the
-  // predictions taken from the cache, and the core computation.
+  // One ComputeDivergencesFor, resumable between steps: its inputs, the predictions taken
+  // from the cache, and the core computation.
   struct DivergenceJob {
     std::vector<std::shared_ptr<const Expert>> models;  // a failed one: the stand-in
     ReservoirCopy reservoir;

@@ -572,6 +572,14 @@ absl::StatusOr<bool> Problem::StepDivergences(DivergenceJob& job,
   const int d = record_.num_features();
   const std::vector<double>& contexts = job.reservoir.contexts;
   const int covered = std::min(n, job.previous.num_experts);
+  // An expert that failed just now is scored as its stand-in (which does not fail) and
+  // keeps its pairs; its quarantine, to pass to QuarantineFailures.
+  const auto fail = [&](int e, absl::string_view reason) -> ScoringFailure {
+    job.models[e] = stand_in_;
+    job.held[e] = nullptr;
+    if (e < covered) job.fixed[e] = true;
+    return {e, absl::StrCat("divergence estimation: ", reason)};
+  };
   // The experts whose predictions the cache keeps are predicted in full (the rows that
   // changed since the last computation) and held, shared with the cache, one expert a step;
   // then the computation starts. The others are predicted by the computation a block of
@@ -591,9 +599,7 @@ absl::StatusOr<bool> Problem::StepDivergences(DivergenceJob& job,
     if (s.ok()) {
       job.held[e] = *std::move(p);
     } else {
-      QuarantineFailures({{e, absl::StrCat("divergence estimation: ", s.message())}});
-      job.models[e] = stand_in_;
-      if (e < covered) job.fixed[e] = true;  // an expert that failed just now keeps its pairs
+      QuarantineFailures({fail(e, s.message())});
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;
   }
@@ -628,15 +634,12 @@ absl::StatusOr<bool> Problem::StepDivergences(DivergenceJob& job,
     const absl::Status s =
         c.Step(predict, unbounded ? std::numeric_limits<int64_t>::max() : kTermsPerStep, threads);
     if (s.ok()) continue;
-    // Again from the start, with the experts that failed scored as their stand-in (which
-    // does not fail) and their pairs kept.
+    // Again from the start, with the experts that failed as their stand-in.
     std::vector<ScoringFailure> failures;
     for (int e = 0; e < n; ++e) {
-      if (failed_now[e].ok() || job.models[e] == stand_in_) continue;
-      failures.push_back({e, absl::StrCat("divergence estimation: ", failed_now[e].message())});
-      job.models[e] = stand_in_;
-      job.held[e] = nullptr;
-      if (e < covered) job.fixed[e] = true;
+      if (!failed_now[e].ok() && job.models[e] != stand_in_) {
+        failures.push_back(fail(e, failed_now[e].message()));
+      }
     }
     if (failures.empty()) return s;
     QuarantineFailures(failures);
