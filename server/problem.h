@@ -13,7 +13,8 @@
 //   problem_learn.cc        the learner: joined samples scored in batches and learned
 //   problem_log.cc          reads of the stored log: ExportLog (and DSJSON), Explain,
 //                           EvaluateModel
-//   problem_experts.cc      registration, retirement, quarantine, divergence refresh
+//   problem_experts.cc      registration, retirement, quarantine
+//   problem_divergences.cc  the divergences: a new expert's pairs, the sliced refresh
 //   problem_backfill.cc     the backfill of a new expert, and its estimator rows
 //   problem_maintenance.cc  expiry, checkpoints, log chunks, training sets, metrics
 //   problem_retention.cc    retention: what the store keeps of the history
@@ -382,7 +383,8 @@ class Problem {
   // FAILED_PRECONDITION if there is none.
   absl::StatusOr<TrainingSet> TrainingSetFromLog(int64_t samples = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Maintenance (one thread at a time; problem_maintenance.cc and problem_experts.cc).
+  // Maintenance (one thread at a time; problem_maintenance.cc, problem_experts.cc and
+  // problem_divergences.cc).
   // Joins decisions whose wait time has passed with the default reward (or drops them).
   absl::Status ExpireDue() ABSL_LOCKS_EXCLUDED(mu_);
   // Backfills up to one chunk of the oldest backfilling expert; completes it when done.
@@ -731,6 +733,7 @@ class Problem {
   // PersistFailures. Idempotent. Returns true if it was not quarantined yet.
   bool QuarantineLocked(int id, absl::string_view reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QuarantineFailures(const std::vector<ScoringFailure>& failures) ABSL_LOCKS_EXCLUDED(mu_);
+  // --- Divergences (problem_divergences.cc)
   // A copy of the divergence reservoir's rows and their stamps, for work outside mu_.
   struct ReservoirCopy {
     std::vector<double> contexts;
