@@ -507,7 +507,9 @@ TEST_P(EstimatorEquivalence, WithoutALogNewRowsAndSnapshotsMatchTheReference) {
       stream.Next(n, chooser, &p, &reward, &dists);
       ASSERT_TRUE(log.Append(chooser, reward, p).ok());
       ASSERT_TRUE(e->Add(chooser, reward, p).ok());
-      if (restored != nullptr) ASSERT_TRUE(restored->Add(chooser, reward, p).ok());
+      if (restored != nullptr) {
+        ASSERT_TRUE(restored->Add(chooser, reward, p).ok());
+      }
       for (auto& c : columns) c.push_back(absl::Uniform<double>(stream.gen(), 0.01, 1.0));
       if (t == 250 || t == 700) {
         // One new expert at 250, two at 700; their rows start now and are fed the past
@@ -554,7 +556,9 @@ TEST_P(EstimatorEquivalence, WithoutALogNewRowsAndSnapshotsMatchTheReference) {
       if (t == 400 || t == 1000) {
         d = RandomDivergences(n, stream.gen());
         ASSERT_TRUE(e->SetDivergences(SampleLog(n), d).ok());
-        if (restored != nullptr) ASSERT_TRUE(restored->SetDivergences(SampleLog(n), d).ok());
+        if (restored != nullptr) {
+          ASSERT_TRUE(restored->SetDivergences(SampleLog(n), d).ok());
+        }
         ASSERT_TRUE(with_log->Update(log).ok());
         ASSERT_TRUE(with_log->SetDivergences(log, d).ok());
         expect_same_state("after a refresh at t=" + std::to_string(t));

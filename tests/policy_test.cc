@@ -158,7 +158,9 @@ TEST(DUcb, OffPolicySumsMatchTheLiteralEstimatesThroughAddRestoreAndRetire) {
     const int chooser = std::uniform_int_distribution<int>(1, experts - 1)(gen);
     const double reward = std::bernoulli_distribution(0.3)(gen) ? 1.0 : 0.0;
     ASSERT_TRUE(ducb->Learn(chooser, reward, props).ok());
-    if (also != nullptr) ASSERT_TRUE(also->Learn(chooser, reward, props).ok());
+    if (also != nullptr) {
+      ASSERT_TRUE(also->Learn(chooser, reward, props).ok());
+    }
     for (int k = 0; k < experts; ++k) {
       if (k == 0 && !count_first) continue;
       q[k].push_back(props[k]);
