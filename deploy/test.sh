@@ -56,9 +56,9 @@ not_run='_NOT_BUILT$|^e2e_prometheus$|^e2e_haproxy$'
 supp="$PWD/deploy/sanitizers"
 
 # Configures $1 with DECISION_SANITIZE=$2, builds the targets $4..., and runs their tests
-# but $not_run and those matching $3. Sanitizer reports go to files under $1/sanitizer-reports (log_path in the
-# *SAN_OPTIONS below), so that a report from a decisiond the test killed, or from a test
-# that passed anyway, still fails the stage.
+# but $not_run and those matching $3. Sanitizer reports go to files under
+# $1/sanitizer-reports (log_path in the *SAN_OPTIONS below), so that a report from a
+# decisiond the test killed, or from a test that passed anyway, still fails the stage.
 sanitizer_stage() {
   local dir=$1 sanitize=$2 skip=$3 targets=("${@:4}")
   echo "test.sh: $dir (-fsanitize=$sanitize)"
