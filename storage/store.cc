@@ -286,11 +286,21 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path,
   return store;
 }
 
+int FileOpeningThreads(int table_files) { return std::clamp(table_files / 32, 1, 16); }
+
 absl::Status Store::OpenDbLocked() {
   rocksdb::Options db_options;
   db_options.create_if_missing = options_.create_if_missing;
   db_options.create_missing_column_families = true;
   db_options.IncreaseParallelism(2);
+  if (options_.env != nullptr) db_options.env = options_.env.get();
+  // A directory that does not list (a new store) has no table files.
+  std::vector<std::string> children;
+  int table_files = 0;
+  if (db_options.env->GetChildren(path_, &children).ok()) {
+    for (const std::string& name : children) table_files += absl::EndsWith(name, ".sst");
+  }
+  db_options.max_file_opening_threads = FileOpeningThreads(table_files);
   // Memory: one budget for all memtables and one block cache shared by every family
   // (RocksDB's defaults give each of the ten families its own 64 MiB memtables and
   // 8 MiB cache). The memtables fill and flush in a sawtooth that RSS follows (they are
@@ -304,7 +314,6 @@ absl::Status Store::OpenDbLocked() {
   db_options.max_total_wal_size = 128 << 20;
   db_options.enable_pipelined_write = false;  // one committer per problem: nothing to pipeline
   db_options.listeners.push_back(std::make_shared<HealthListener>(health_));
-  if (options_.env != nullptr) db_options.env = options_.env.get();
   if (options_.low_priority_compactions) {
     // Not supported by every Env (a test's wrapper may not forward it): then they stay.
     db_options.env

@@ -69,6 +69,15 @@ void DropModelPayload(v1::ExpertModelRecord* model);
 // Whether a model record carries a payload (what DropModelPayload clears).
 bool HasModelPayload(const v1::ExpertModelRecord& model);
 
+// The threads a database open loads its table files with (RocksDB's
+// max_file_opening_threads) when the directory holds `table_files` of them. RocksDB starts
+// that many threads less one for each column family at every open, however few files the
+// family has: its default, 16, starts 165 threads per open of a store's eleven families,
+// which takes longer than opening a few hundred files on one thread. One thread per 32
+// files, at most RocksDB's 16, for the many files a cold network disk reads in parallel
+// (bench/README.md, "Opening the store").
+int FileOpeningThreads(int table_files);
+
 struct StoreOptions {
   bool sync = false;  // fsync every write; see the header comment
   bool create_if_missing = true;

@@ -13,15 +13,20 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "storage/format.h"
 #include "storage/store.h"
 
@@ -501,6 +506,74 @@ TEST(Store, ANewStoreHoldsTheDescriptorsOfAReopenedOne) {
   EXPECT_EQ(created, reopened);
   EXPECT_GE(reopened, 1);
   EXPECT_LE(reopened, 2);
+}
+
+// Records the threads that open the table files named in `names` (RocksDB opens a
+// table file for reading once, into its table cache).
+class TableOpenRecorder final : public rocksdb::FileSystemWrapper {
+ public:
+  explicit TableOpenRecorder(std::set<std::string> names)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), names_(std::move(names)) {}
+  const char* Name() const override { return "TableOpenRecorder"; }
+  rocksdb::IOStatus NewRandomAccessFile(const std::string& f,
+                                        const rocksdb::FileOptions& options,
+                                        std::unique_ptr<rocksdb::FSRandomAccessFile>* r,
+                                        rocksdb::IODebugContext* dbg) override {
+    if (names_.count(std::filesystem::path(f).filename().string()) > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      openers_.push_back(std::this_thread::get_id());
+    }
+    return target()->NewRandomAccessFile(f, options, r, dbg);
+  }
+  std::vector<std::thread::id> openers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return openers_;
+  }
+
+ private:
+  const std::set<std::string> names_;
+  std::mutex mu_;
+  std::vector<std::thread::id> openers_;
+};
+
+// RocksDB opens a database's table files on max_file_opening_threads threads, and starts
+// that many less one for every column family at each open, however few files there are:
+// a store of a few files opens them on the thread that opens it (FileOpeningThreads).
+TEST(Store, AStoreOfAFewTableFilesOpensThemOnTheOpeningThread) {
+  const std::string dir = TempDir("file_opening_threads");
+  {
+    auto store = Store::Open(dir, StoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int flush = 0; flush < 2; ++flush) {  // two files in each of three families
+      v1::ExpertRecord expert;
+      expert.set_name(absl::StrCat("e", flush));
+      ASSERT_TRUE((*store)->PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
+      Store::WriteGroup group;
+      AddJoined(**store, &group, 0, EventId(flush), flush, /*features=*/4);
+      ASSERT_TRUE((*store)->Commit(&group).ok());
+      ASSERT_TRUE((*store)->Flush().ok());
+    }
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  std::set<std::string> tables;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".sst") tables.insert(entry.path().filename().string());
+  }
+  ASSERT_GE(tables.size(), 4u);
+  auto recorder = std::make_shared<TableOpenRecorder>(tables);
+  StoreOptions options;
+  options.env = rocksdb::NewCompositeEnv(recorder);
+  auto store = Store::Open(dir, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::vector<std::thread::id> openers = recorder->openers();
+  EXPECT_EQ(openers.size(), tables.size());
+  for (const std::thread::id& id : openers) EXPECT_EQ(id, std::this_thread::get_id());
+  ASSERT_TRUE((*store)->Close().ok());
+  // The rule: one thread per 32 files, at most RocksDB's default.
+  EXPECT_EQ(FileOpeningThreads(0), 1);
+  EXPECT_EQ(FileOpeningThreads(63), 1);
+  EXPECT_EQ(FileOpeningThreads(64), 2);
+  EXPECT_EQ(FileOpeningThreads(100000), 16);
 }
 
 TEST(Retention, DeletesWhatItShouldAndNothingElse) {
