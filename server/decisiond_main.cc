@@ -17,13 +17,16 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <malloc.h>  // mallopt (glibc)
+#include <netdb.h>
 #ifdef DECISION_JEMALLOC
 #include <jemalloc/jemalloc.h>
 #endif
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -338,22 +341,76 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFromFlags(const std::s
   return grpc::experimental::TlsServerCredentials(options);
 }
 
-// Serves `metrics` on --metrics_listen (unless empty); false, with a message, on failure.
-bool StartMetrics(decision::server::Metrics* metrics,
-                  std::unique_ptr<prometheus::Exposer>* exposer, std::string* address) {
-  const std::string m = absl::GetFlag(FLAGS_metrics_listen);
-  if (m.empty()) return true;
-  try {
-    *exposer = std::make_unique<prometheus::Exposer>(m);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "decisiond: cannot serve metrics on %s: %s\n", m.c_str(), e.what());
-    return false;
+// The metrics endpoint: prometheus-cpp's Exposer, which serves with civetweb. civetweb's
+// master thread waits for connections in poll() calls of 2 s (its SOCKET_TIMEOUT_QUANTUM)
+// and sees mg_stop's flag only when one returns, so destroying the Exposer took up to 2 s,
+// after "stopped cleanly", at every exit. The destructor ends that wait: while the Exposer
+// stops, a thread connects to its port every 10 ms (an empty connection, closed at once).
+class MetricsEndpoint {
+ public:
+  MetricsEndpoint() = default;
+  MetricsEndpoint(const MetricsEndpoint&) = delete;
+  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
+  ~MetricsEndpoint() {
+    if (exposer_ == nullptr) return;
+    std::atomic<bool> stopped{false};
+    std::thread waker([&] {
+      while (!stopped.load()) {
+        WakeOnce();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+    exposer_.reset();
+    stopped.store(true);
+    waker.join();
   }
-  (*exposer)->RegisterCollectable(metrics->registry());
-  const auto ports = (*exposer)->GetListeningPorts();
-  *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", ports.empty() ? 0 : ports[0]);
-  return true;
-}
+
+  // Serves `metrics` on --metrics_listen (unless empty), and sets `address` to where;
+  // false, with a message, on failure.
+  bool Start(decision::server::Metrics* metrics, std::string* address) {
+    const std::string m = absl::GetFlag(FLAGS_metrics_listen);
+    if (m.empty()) return true;
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(m);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "decisiond: cannot serve metrics on %s: %s\n", m.c_str(), e.what());
+      return false;
+    }
+    exposer_->RegisterCollectable(metrics->registry());
+    const auto ports = exposer_->GetListeningPorts();
+    port_ = ports.empty() ? 0 : ports[0];
+    // A wildcard address is reached on the loopback of its family.
+    host_ = m.substr(0, m.rfind(':'));
+    if (absl::StartsWith(host_, "[")) host_ = host_.substr(1, host_.size() - 2);
+    if (host_.empty() || host_ == "0.0.0.0") host_ = "127.0.0.1";
+    if (host_ == "::") host_ = "::1";
+    *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", port_);
+    return true;
+  }
+
+ private:
+  // Connects to the endpoint and closes the connection; errors are ignored (once stopped,
+  // nothing listens).
+  void WakeOnce() const {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &found) != 0) return;
+    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      close(fd);
+      if (connected) break;
+    }
+    freeaddrinfo(found);
+  }
+
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string host_;
+  int port_ = 0;
+};
 
 int Run() {
   using namespace decision::server;
@@ -490,9 +547,9 @@ int Run() {
     return 1;
   }
 
-  std::unique_ptr<prometheus::Exposer> exposer;
+  MetricsEndpoint metrics_endpoint;
   std::string metrics_address = "disabled";
-  if (!StartMetrics(&metrics, &exposer, &metrics_address)) return 1;
+  if (!metrics_endpoint.Start(&metrics, &metrics_address)) return 1;
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
