@@ -135,6 +135,9 @@ struct ServiceOptions {
   // The divergence pair series cover at most this many active experts per problem, those
   // of highest UCB (Problem::Env).
   int metrics_pair_experts = 16;
+  // The maintenance round exports the problems' and the store's gauges at most this often
+  // (tests that read them set 0: every round exports).
+  int64_t metrics_export_interval_ms = 500;
   // CPU priority of the background threads (executor.h, ThreadPriority), so that when the
   // CPU is saturated the threads answering requests run first: kLow (the default) runs the
   // learner, the maintenance and expert-pool threads and the trainer (with XGBoost's

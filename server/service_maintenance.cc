@@ -46,7 +46,8 @@ absl::Status DecisionService::RunWriteRound() {
   const std::vector<Problem*> problems = AllProblems();
   absl::Status status = absl::OkStatus();
   const auto now = std::chrono::steady_clock::now();
-  const bool export_metrics = now - last_metrics_export_ >= std::chrono::milliseconds(500);
+  const bool export_metrics =
+      now - last_metrics_export_ >= std::chrono::milliseconds(options_.metrics_export_interval_ms);
   if (absl::Status store = MaintainStore(); !store.ok()) {
     if (export_metrics) {
       for (Problem* p : problems) ExportProblemMetrics(p);

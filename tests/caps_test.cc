@@ -232,16 +232,13 @@ TEST_F(CapsTest, ARegistrationPastTheDivergenceCostCapIsRefused) {
 // that skips an unchanged problem does not skip that.
 TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
   metrics_pair_experts_ = 2;
+  metrics_export_interval_ms_ = 0;  // every maintenance round exports
   Reopen();
   CreateProblem("p");
   for (double strength : {4.0, 2.0, 1.0}) RegisterLinear("p", strength);
   RunMaintenanceUntilActive("p");
   PlayRounds("p", 60);
-  // Exported at most every 500 ms of steady time: wait that long (a wait, not a timing).
-  auto export_now = [&] {
-    absl::SleepFor(absl::Milliseconds(600));
-    ASSERT_TRUE(service_->RunMaintenance().ok());
-  };
+  auto export_now = [&] { ASSERT_TRUE(service_->RunMaintenance().ok()); };
   auto pair_experts = [&] {
     std::set<int> experts;
     int series = 0;
@@ -297,11 +294,12 @@ TEST_F(CapsTest, PairSeriesCoverTheTopExpertsByUcbAndFollowRetirements) {
 // the experts' columns), and the estimator's state, which more samples do not grow.
 // Neither part grows with the samples: the log is in the store (issue 16).
 TEST_F(CapsTest, MemoryGaugesSplitTheSampleLogFromTheEstimator) {
+  metrics_export_interval_ms_ = 0;  // every maintenance round exports
+  Reopen();
   CreateProblem("p");
   for (double strength : {4.0, 2.0}) RegisterLinear("p", strength);
   RunMaintenanceUntilActive("p");
   auto memory = [&](const std::string& part) {
-    absl::SleepFor(absl::Milliseconds(600));  // exported at most every 500 ms: a wait
     EXPECT_TRUE(service_->RunMaintenance().ok());
     return MetricValue("decision_problem_memory_bytes", "part", part);
   };

@@ -57,6 +57,7 @@ class ServiceTest : public ::testing::Test {
     options.max_pending_decisions_mb = max_pending_decisions_mb_;
     options.max_problems = max_problems_;
     options.metrics_pair_experts = metrics_pair_experts_;
+    options.metrics_export_interval_ms = metrics_export_interval_ms_;
     options.max_experts_per_problem = max_experts_per_problem_;
     options.max_problem_memory_mb = max_problem_memory_mb_;
     options.max_divergence_terms = max_divergence_terms_;
@@ -329,6 +330,7 @@ class ServiceTest : public ::testing::Test {
   int64_t max_pending_decisions_mb_ = ServiceOptions().max_pending_decisions_mb;
   int64_t max_problems_ = ServiceOptions().max_problems;
   int metrics_pair_experts_ = ServiceOptions().metrics_pair_experts;
+  int64_t metrics_export_interval_ms_ = ServiceOptions().metrics_export_interval_ms;
   int max_experts_per_problem_ = ServiceOptions().max_experts_per_problem;
   int64_t max_problem_memory_mb_ = ServiceOptions().max_problem_memory_mb;
   int64_t max_divergence_terms_ = ServiceOptions().max_divergence_terms;
