@@ -225,6 +225,20 @@ int ExpertRecords(Store& store, uint32_t problem) {
   return s.ok() ? experts : -1;
 }
 
+// Writes an expert and a joined sample, then flushes, twice: two table files in each of
+// the experts, events and samples families.
+void FlushTwoTableFiles(Store& store) {
+  for (int flush = 0; flush < 2; ++flush) {
+    v1::ExpertRecord expert;
+    expert.set_name(absl::StrCat("e", flush));
+    ASSERT_TRUE(store.PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
+    Store::WriteGroup group;
+    AddJoined(store, &group, 0, EventId(flush), flush, /*features=*/4);
+    ASSERT_TRUE(store.Commit(&group).ok());
+    ASSERT_TRUE(store.Flush().ok());
+  }
+}
+
 // The small families (records, checkpoints, audit, ...) are flushed a few KB at a time (at
 // the WAL's cap, at every shutdown), and with keys in order RocksDB moves each file down
 // whole: without CompactSmallFamiliesSoon they pile up (an open fd each) for good. The log's
@@ -233,15 +247,7 @@ TEST(Store, SmallFamiliesKeepOneTableFile) {
   const std::string dir = TempDir("small_families");
   auto store = Store::Open(dir, StoreOptions());
   ASSERT_TRUE(store.ok()) << store.status();
-  for (int flush = 0; flush < 2; ++flush) {
-    v1::ExpertRecord expert;
-    expert.set_name(absl::StrCat("e", flush));
-    ASSERT_TRUE((*store)->PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
-    Store::WriteGroup group;
-    AddJoined(**store, &group, 0, EventId(flush), flush, /*features=*/4);
-    ASSERT_TRUE((*store)->Commit(&group).ok());
-    ASSERT_TRUE((*store)->Flush().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(FlushTwoTableFiles(**store));
   const auto files = [&](const std::string& family) {
     return FamilyOf(**store, family).sst_files;
   };
@@ -544,15 +550,7 @@ TEST(Store, AStoreOfAFewTableFilesOpensThemOnTheOpeningThread) {
   {
     auto store = Store::Open(dir, StoreOptions());
     ASSERT_TRUE(store.ok()) << store.status();
-    for (int flush = 0; flush < 2; ++flush) {  // two files in each of three families
-      v1::ExpertRecord expert;
-      expert.set_name(absl::StrCat("e", flush));
-      ASSERT_TRUE((*store)->PutExpert(0, static_cast<uint32_t>(flush), expert).ok());
-      Store::WriteGroup group;
-      AddJoined(**store, &group, 0, EventId(flush), flush, /*features=*/4);
-      ASSERT_TRUE((*store)->Commit(&group).ok());
-      ASSERT_TRUE((*store)->Flush().ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(FlushTwoTableFiles(**store));
     ASSERT_TRUE((*store)->Close().ok());
   }
   std::set<std::string> tables;
