@@ -29,12 +29,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -378,13 +380,26 @@ class MetricsEndpoint {
     }
     exposer_->RegisterCollectable(metrics->registry());
     const auto ports = exposer_->GetListeningPorts();
-    port_ = ports.empty() ? 0 : ports[0];
-    // A wildcard address is reached on the loopback of its family.
-    host_ = m.substr(0, m.rfind(':'));
-    if (absl::StartsWith(host_, "[")) host_ = host_.substr(1, host_.size() - 2);
-    if (host_.empty() || host_ == "0.0.0.0") host_ = "127.0.0.1";
-    if (host_ == "::") host_ = "::1";
-    *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", port_);
+    const int port = ports.empty() ? 0 : ports[0];
+    // Where the destructor connects, resolved now (no name lookup while stopping). A
+    // wildcard address is reached on the loopback of its family.
+    std::string host = m.substr(0, m.rfind(':'));
+    if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
+    if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+    if (host == "::") host = "::1";
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0) {
+      for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        sockaddr_storage to{};
+        std::memcpy(&to, a->ai_addr, a->ai_addrlen);
+        wake_addresses_.emplace_back(to, a->ai_addrlen);
+      }
+      freeaddrinfo(found);
+    }
+    *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", port);
     return true;
   }
 
@@ -392,24 +407,17 @@ class MetricsEndpoint {
   // Connects to the endpoint and closes the connection; errors are ignored (once stopped,
   // nothing listens).
   void WakeOnce() const {
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &found) != 0) return;
-    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    for (const auto& [to, length] : wake_addresses_) {
+      const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (fd < 0) continue;
-      const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      const bool connected = connect(fd, reinterpret_cast<const sockaddr*>(&to), length) == 0;
       close(fd);
       if (connected) break;
     }
-    freeaddrinfo(found);
   }
 
   std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string host_;
-  int port_ = 0;
+  std::vector<std::pair<sockaddr_storage, socklen_t>> wake_addresses_;
 };
 
 int Run() {
