@@ -17,19 +17,15 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <malloc.h>  // mallopt (glibc)
-#include <netdb.h>
 #ifdef DECISION_JEMALLOC
 #include <jemalloc/jemalloc.h>
 #endif
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <memory>
@@ -45,13 +41,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/clock.h"
 #include "server/decision_service.h"
 #include "server/executor.h"
 #include "server/grpc_service.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 #include "server/placement.h"
 #include "server/validation.h"
 
@@ -343,83 +339,6 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFromFlags(const std::s
   return grpc::experimental::TlsServerCredentials(options);
 }
 
-// The metrics endpoint: prometheus-cpp's Exposer, which serves with civetweb. civetweb's
-// master thread waits for connections in poll() calls of 2 s (its SOCKET_TIMEOUT_QUANTUM)
-// and sees mg_stop's flag only when one returns, so destroying the Exposer took up to 2 s,
-// after "stopped cleanly", at every exit. The destructor ends that wait: while the Exposer
-// stops, a thread connects to its port every 10 ms (an empty connection, closed at once).
-class MetricsEndpoint {
- public:
-  MetricsEndpoint() = default;
-  MetricsEndpoint(const MetricsEndpoint&) = delete;
-  MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
-  ~MetricsEndpoint() {
-    if (exposer_ == nullptr) return;
-    std::atomic<bool> stopped{false};
-    std::thread waker([&] {
-      while (!stopped.load()) {
-        WakeOnce();
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    });
-    exposer_.reset();
-    stopped.store(true);
-    waker.join();
-  }
-
-  // Serves `metrics` on --metrics_listen (unless empty), and sets `address` to where;
-  // false, with a message, on failure.
-  bool Start(decision::server::Metrics* metrics, std::string* address) {
-    const std::string m = absl::GetFlag(FLAGS_metrics_listen);
-    if (m.empty()) return true;
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(m);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "decisiond: cannot serve metrics on %s: %s\n", m.c_str(), e.what());
-      return false;
-    }
-    exposer_->RegisterCollectable(metrics->registry());
-    const auto ports = exposer_->GetListeningPorts();
-    const int port = ports.empty() ? 0 : ports[0];
-    // Where the destructor connects, resolved now (no name lookup while stopping). A
-    // wildcard address is reached on the loopback of its family.
-    std::string host = m.substr(0, m.rfind(':'));
-    if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
-    if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
-    if (host == "::") host = "::1";
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0) {
-      for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        sockaddr_storage to{};
-        std::memcpy(&to, a->ai_addr, a->ai_addrlen);
-        wake_addresses_.emplace_back(to, a->ai_addrlen);
-      }
-      freeaddrinfo(found);
-    }
-    *address = absl::StrCat(m.substr(0, m.rfind(':')), ":", port);
-    return true;
-  }
-
- private:
-  // Connects to the endpoint and closes the connection; errors are ignored (once stopped,
-  // nothing listens).
-  void WakeOnce() const {
-    for (const auto& [to, length] : wake_addresses_) {
-      const int fd = socket(to.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      const bool connected = connect(fd, reinterpret_cast<const sockaddr*>(&to), length) == 0;
-      close(fd);
-      if (connected) break;
-    }
-  }
-
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::vector<std::pair<sockaddr_storage, socklen_t>> wake_addresses_;
-};
-
 int Run() {
   using namespace decision::server;
   // Block the termination signals in every thread; main waits for them with sigwait.
@@ -555,9 +474,17 @@ int Run() {
     return 1;
   }
 
-  MetricsEndpoint metrics_endpoint;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   std::string metrics_address = "disabled";
-  if (!metrics_endpoint.Start(&metrics, &metrics_address)) return 1;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    auto started = MetricsEndpoint::Start(m, metrics.registry());
+    if (!started.ok()) {
+      std::fprintf(stderr, "decisiond: %s\n", std::string(started.status().message()).c_str());
+      return 1;
+    }
+    metrics_endpoint = *std::move(started);
+    metrics_address = metrics_endpoint->address();
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
