@@ -7,9 +7,14 @@
 namespace decision {
 namespace {
 
+// fmaxf(a, m) as libxgboost's softmax takes it, inlined (GCC calls libm's fmaxf, which
+// must honour NaNs): a NaN on either side gives the other. Only a max of +0 and -0 may
+// differ in sign, and margin - max is then the same for every margin.
+inline float MaxOf(float a, float m) { return a > m || m != m ? a : m; }
+
 void Softmax(float* margins, int k) {
   float max_margin = margins[0];
-  for (int v = 1; v < k; ++v) max_margin = std::fmax(margins[v], max_margin);
+  for (int v = 1; v < k; ++v) max_margin = MaxOf(margins[v], max_margin);
   double sum = 0.0;
   for (int v = 0; v < k; ++v) {
     margins[v] = std::exp(margins[v] - max_margin);  // float overload: expf
@@ -19,20 +24,40 @@ void Softmax(float* margins, int k) {
   for (int v = 0; v < k; ++v) margins[v] /= total;
 }
 
+// Classes whose margins PredictLinear keeps in registers at once.
+constexpr size_t kLinearLanes = 8;
+
 void PredictLinear(const XgboostForest& model, const float* rows, size_t n, float* probs) {
   const size_t k = static_cast<size_t>(model.num_class);
   const size_t d = static_cast<size_t>(model.num_features);
   const float* w = model.linear_weights.data();
   const float* bias = w + d * k;
+  const size_t full = k - k % kLinearLanes;  // classes in whole groups of kLinearLanes
   for (size_t r = 0; r < n; ++r) {
     const float* x = rows + r * d;
     float* margins = probs + r * k;
-    for (size_t v = 0; v < k; ++v) margins[v] = bias[v] + model.base_score;
-    for (size_t f = 0; f < d; ++f) {
-      for (size_t v = 0; v < k; ++v) {
-        const float term = x[f] * w[f * k + v];
-        margins[v] += term;
+    // Each class's margin is its own chain, bias + base_score then + x[f] w[f][v] for
+    // f = 0, 1, ...: a group of classes walks the features together.
+    for (size_t first = 0; first < full; first += kLinearLanes) {
+      float acc[kLinearLanes];
+      for (size_t j = 0; j < kLinearLanes; ++j) acc[j] = bias[first + j] + model.base_score;
+      for (size_t f = 0; f < d; ++f) {
+        const float xf = x[f];
+        const float* wf = w + f * k + first;
+        for (size_t j = 0; j < kLinearLanes; ++j) {
+          const float term = xf * wf[j];
+          acc[j] += term;
+        }
       }
+      for (size_t j = 0; j < kLinearLanes; ++j) margins[first + j] = acc[j];
+    }
+    for (size_t v = full; v < k; ++v) {
+      float margin = bias[v] + model.base_score;
+      for (size_t f = 0; f < d; ++f) {
+        const float term = x[f] * w[f * k + v];
+        margin += term;
+      }
+      margins[v] = margin;
     }
     Softmax(margins, static_cast<int>(k));
   }

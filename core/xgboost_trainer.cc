@@ -88,6 +88,74 @@ absl::Status BoostByLikelihood(BoosterHandle booster, DMatrixHandle matrix,
 // The float libxgboost parses from the decimal text of `v` (its parameters are strings).
 float ParamFloat(double v) { return std::strtof(absl::StrCat(v).c_str(), nullptr); }
 
+// The gblinear trainer's classes in groups of kLanes, side by side: each class's sums over
+// the rows are one chain of double additions, in row order as libxgboost's, and the
+// classes of a group make independent chains that the compiler keeps in vector registers.
+constexpr size_t kLanes = 8;
+
+// For each lane j of the group's pairs (g, h: n rows of kLanes), the sums over the rows
+// of g x and of h x x (x: the feature's column; null for the bias, x = 1), each product
+// a float as libxgboost's, added in double.
+void SumPairs(const float* g, const float* h, const float* x, size_t n,
+              double (&sum_grad)[kLanes], double (&sum_hess)[kLanes]) {
+  double sg[kLanes] = {}, sh[kLanes] = {};
+  if (x == nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < kLanes; ++j) {
+        sg[j] += g[i * kLanes + j];
+        sh[j] += h[i * kLanes + j];
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const float xi = x[i];
+      for (size_t j = 0; j < kLanes; ++j) {
+        const float gx = g[i * kLanes + j] * xi;
+        const float hxx = h[i * kLanes + j] * xi * xi;
+        sg[j] += gx;
+        sh[j] += hxx;
+      }
+    }
+  }
+  for (size_t j = 0; j < kLanes; ++j) {
+    sum_grad[j] = sg[j];
+    sum_hess[j] = sh[j];
+  }
+}
+
+// The residual update of one coordinate step per lane: g += h x step (x: null for the
+// bias), a float product then a sum as libxgboost's. A class whose step is 0 is left as it
+// is, as libxgboost skips it (not even a zero is added: that could flip a zero's sign);
+// the lanes past the group's `lanes` classes are not read again and take any value.
+void StepPairs(const float* h, const float* x, const float (&step)[kLanes], size_t lanes,
+               size_t n, float* g) {
+  size_t zero = 0;
+  for (size_t j = 0; j < lanes; ++j) zero += step[j] == 0.0f;
+  if (zero == lanes) return;
+  if (zero == 0 && x == nullptr) {  // every class steps: loops the compiler vectorises
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < kLanes; ++j) g[i * kLanes + j] += h[i * kLanes + j] * step[j];
+    }
+    return;
+  }
+  if (zero == 0) {
+    for (size_t i = 0; i < n; ++i) {
+      const float xi = x[i];
+      for (size_t j = 0; j < kLanes; ++j) {
+        g[i * kLanes + j] += h[i * kLanes + j] * xi * step[j];
+      }
+    }
+    return;
+  }
+  for (size_t j = 0; j < lanes; ++j) {
+    if (step[j] == 0.0f) continue;
+    for (size_t i = 0; i < n; ++i) {
+      const float hx = x == nullptr ? h[i * kLanes + j] : h[i * kLanes + j] * x[i];
+      g[i * kLanes + j] += hx * step[j];
+    }
+  }
+}
+
 // gblinear on the likelihood, trained as libxgboost 1.7.4 trains it with one thread, from
 // the v1.7.4 sources: src/gbm/gblinear.cc (DoBoost, LazySumWeights, Pred),
 // src/linear/updater_shotgun.cc (Update) and src/linear/coordinate_common.h
@@ -96,10 +164,11 @@ float ParamFloat(double v) { return std::strtof(absl::StrCat(v).c_str(), nullptr
 // same floats as libxgboost's gblinear prediction and softmax), takes LikelihoodGradient,
 // then updates, for each class, its bias and then every feature's weight in order, each
 // by one step of coordinate descent on the gradient pairs, which it updates as it goes.
-// The classes do not interact within a round, so each class's steps run over contiguous
-// arrays here (libxgboost interleaves them, rows x classes, and its passes over one
-// class stride across all of them: the cost this function exists to avoid). The same
-// arithmetic in the same order: float pairs and products, sums in double.
+// The classes do not interact within a round, so the classes of a group of kLanes take
+// their steps side by side here, over the group's pairs alone (libxgboost keeps all of
+// them as rows x classes, and its passes over one class stride across all 26 of letter's;
+// and one class at a time, each sum is a chain of dependent additions). The same
+// arithmetic in the same order for each class: float pairs and products, sums in double.
 absl::StatusOr<std::string> TrainGblinearByLikelihood(const TrainingSet& set, int num_arms,
                                                       const XgboostTrainOptions& o) {
   const size_t n = set.size();
@@ -124,58 +193,54 @@ absl::StatusOr<std::string> TrainGblinearByLikelihood(const TrainingSet& set, in
     for (size_t f = 0; f < d; ++f) columns[f * n + i] = set.rows[i * d + f];
   }
   std::vector<float> p(n * k), grad(n * k), hess(n * k);
-  std::vector<float> g(n), h(n);  // one class's gradient pairs
+  // One group of kLanes classes' gradient pairs, row by row: g[i * kLanes + j] is row i's
+  // for class first + j. Lanes past the last class hold g = 0, h = 1 and never step.
+  std::vector<float> g(n * kLanes), h(n * kLanes);
   for (int round = 0; round < o.rounds; ++round) {
     PredictForest(model, set.rows.data(), n, p.data());
     LikelihoodGradients(set, p.data(), k, grad.data(), hess.data());
-    for (size_t v = 0; v < k; ++v) {
+    for (size_t first = 0; first < k; first += kLanes) {
+      const size_t lanes = std::min(kLanes, k - first);
       for (size_t i = 0; i < n; ++i) {
-        g[i] = grad[i * k + v];
-        h[i] = hess[i * k + v];
+        for (size_t j = 0; j < kLanes; ++j) {
+          g[i * kLanes + j] = j < lanes ? grad[i * k + first + j] : 0.0f;
+          h[i * kLanes + j] = j < lanes ? hess[i * k + first + j] : 1.0f;
+        }
       }
       // The bias (GetBiasGradientParallel, UpdateBiasResidualParallel). The curvature is
       // at least 1e-6 (LikelihoodGradient), so no pair is skipped as libxgboost skips
       // negative ones.
-      double sum_grad = 0.0, sum_hess = 0.0;
-      for (size_t i = 0; i < n; ++i) {
-        sum_grad += g[i];
-        sum_hess += h[i];
+      double sum_grad[kLanes] = {}, sum_hess[kLanes] = {};
+      SumPairs(g.data(), h.data(), nullptr, n, sum_grad, sum_hess);
+      float step[kLanes] = {};
+      for (size_t j = 0; j < lanes; ++j) {
+        step[j] = static_cast<float>(eta * (-sum_grad[j] / sum_hess[j]));
+        bias[first + j] += step[j];
       }
-      const float dbias = static_cast<float>(eta * (-sum_grad / sum_hess));
-      bias[v] += dbias;
-      if (dbias != 0.0f) {
-        for (size_t i = 0; i < n; ++i) g[i] += h[i] * dbias;
-      }
+      StepPairs(h.data(), nullptr, step, lanes, n, g.data());
       // Each feature in turn (the cyclic feature selector).
       for (size_t f = 0; f < d; ++f) {
         const float* x = &columns[f * n];
-        sum_grad = 0.0;
-        sum_hess = 0.0;
-        for (size_t i = 0; i < n; ++i) {
-          const float gx = g[i] * x[i];
-          const float hxx = h[i] * x[i] * x[i];
-          sum_grad += gx;
-          sum_hess += hxx;
-        }
-        float& weight = w[f * k + v];
-        // CoordinateDelta, in double.
-        double delta = 0.0;
-        if (!(sum_hess < 1e-5f)) {
-          const double grad_l2 = sum_grad + static_cast<double>(lambda) * weight;
-          const double hess_l2 = sum_hess + static_cast<double>(lambda);
-          if (weight - grad_l2 / hess_l2 >= 0) {
-            delta = std::max(-(grad_l2 + alpha) / hess_l2, -static_cast<double>(weight));
-          } else {
-            delta = std::min(-(grad_l2 - alpha) / hess_l2, -static_cast<double>(weight));
+        SumPairs(g.data(), h.data(), x, n, sum_grad, sum_hess);
+        for (size_t j = 0; j < kLanes; ++j) {
+          step[j] = 0.0f;
+          if (j >= lanes) continue;
+          float& weight = w[f * k + first + j];
+          // CoordinateDelta, in double.
+          double delta = 0.0;
+          if (!(sum_hess[j] < 1e-5f)) {
+            const double grad_l2 = sum_grad[j] + static_cast<double>(lambda) * weight;
+            const double hess_l2 = sum_hess[j] + static_cast<double>(lambda);
+            if (weight - grad_l2 / hess_l2 >= 0) {
+              delta = std::max(-(grad_l2 + alpha) / hess_l2, -static_cast<double>(weight));
+            } else {
+              delta = std::min(-(grad_l2 - alpha) / hess_l2, -static_cast<double>(weight));
+            }
           }
+          step[j] = static_cast<float>(eta * delta);
+          if (step[j] != 0.0f) weight += step[j];
         }
-        const float dw = static_cast<float>(eta * delta);
-        if (dw == 0.0f) continue;
-        weight += dw;
-        for (size_t i = 0; i < n; ++i) {
-          const float step = h[i] * x[i] * dw;
-          g[i] += step;
-        }
+        StepPairs(h.data(), x, step, lanes, n, g.data());
       }
     }
   }
