@@ -368,7 +368,7 @@ TrainingSet Bootstrap(const TrainingSet& set, TrainingObjective objective,
 }
 
 double RelativeTrainingCost(const XgboostTrainOptions& options) {
-  if (options.linear) return 10.0 * options.rounds;
+  if (options.linear) return 3.0 * options.rounds;
   return static_cast<double>(options.rounds) * (options.max_depth + 4);
 }
 

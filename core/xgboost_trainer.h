@@ -133,10 +133,11 @@ bool FitTreeRecipeToMemory(int num_features, int64_t budget_bytes,
 
 // How long training with `options` takes relative to other options on the same training
 // set (for ordering the experts of a job, not a prediction of seconds). Trees: rounds x
-// (max_depth + 4); gblinear: rounds x 10. Fitted to the per-expert training times of a
-// letter replay (bench/README.md, "The paper experiment in about a minute"): a round of depth 3 / 6
-// costs about 0.5 / 0.7 times one of depth 10, and the 30-round gblinear expert about as
-// much as 20 rounds of depth 10.
+// (max_depth + 4); gblinear: rounds x 3. Trees fitted to the per-expert training times of a
+// letter replay (bench/README.md, "The paper experiment in about a minute"): a round of
+// depth 3 / 6 costs about 0.5 / 0.7 times one of depth 10. gblinear to core_bench's
+// BM_TrainBootstrap/copies (trees of depth 6 and 10 at about 300 units a second there):
+// the 30-round expert costs about as much as 10 rounds of depth 3.
 double RelativeTrainingCost(const XgboostTrainOptions& options);
 
 }  // namespace decision
