@@ -5,6 +5,7 @@
 # Usage: bench/idle_problems.sh [N (2000)] [DECISIOND (build/server/decisiond)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/wait_for_decisiond.sh
 n=${1:-2000}
 bin=${2:-build/server/decisiond}
 dir=$(mktemp -d)
@@ -13,7 +14,8 @@ taskset -c 0 "$bin" --data_dir="$dir" --listen=127.0.0.1:50081 \
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir" "$dir.log"' EXIT
 C="taskset -c 1 build/client/decisionctl --server=127.0.0.1:50081"
-until $C health >/dev/null 2>&1; do sleep 0.2; done
+# shellcheck disable=SC2086  # $C: a command and its flags, split on purpose
+wait_for_decisiond $pid "$dir.log" $C health
 seq 1 "$n" | sed 's/^/p/' | xargs -P 4 -I{} $C create-problem {} --arms=4 --features=3 >/dev/null
 sleep 3
 hz=$(getconf CLK_TCK)

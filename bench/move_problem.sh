@@ -11,6 +11,7 @@
 # Usage: bench/move_problem.sh [SAMPLES (100000, a multiple of 20000)] [DECISIOND] [DECISIONCTL]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/wait_for_decisiond.sh
 samples=${1:-100000}
 bin=${2:-build/server/decisiond}
 ctl=${3:-build/client/decisionctl}
@@ -25,8 +26,10 @@ for side in source target; do
   pids+=($!)
 done
 C="taskset -c 1 $ctl --deadline_ms=20000"
-until $C --server=127.0.0.1:50091 health >/dev/null 2>&1 &&
-      $C --server=127.0.0.1:50092 health >/dev/null 2>&1; do sleep 0.2; done
+# shellcheck disable=SC2086  # $C: a command and its flags, split on purpose
+wait_for_decisiond "${pids[0]}" "$dir/source.log" $C --server=127.0.0.1:50091 health
+# shellcheck disable=SC2086
+wait_for_decisiond "${pids[1]}" "$dir/target.log" $C --server=127.0.0.1:50092 health
 $C --server=127.0.0.1:50091 create-problem big --arms=26 --features=16 --wait_ms=600000 >/dev/null
 start=$(date +%s)
 seq 1 $((samples / 20000)) | xargs -P 4 -I{} \

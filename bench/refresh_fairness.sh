@@ -17,6 +17,7 @@
 # decisionctl), and how long "wide" took to pass its boundary (its refresh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/wait_for_decisiond.sh
 arms="${1:-4096}"
 experts="${2:-24}"
 decisiond="${DECISIOND:-build/server/decisiond}"
@@ -29,7 +30,7 @@ port=50081 metrics=9481
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 ctl() { "$ctl_bin" --server=127.0.0.1:$port "$@"; }
-until ctl health >/dev/null 2>&1; do sleep 0.2; done
+wait_for_decisiond $pid "$dir/decisiond.log" ctl health
 now() { date +%s.%N; }
 lag() {
   curl -s 127.0.0.1:$metrics/metrics |

@@ -15,6 +15,7 @@
 # time, per thread too, and what the store wrote per record family.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/wait_for_decisiond.sh
 data=${1:-bench/data/letter.csv} order=${2:-bench/data/orders/letter.s1.perm.txt}
 arms=${3:-26} features=${4:-16}
 dir=$(mktemp -d)
@@ -24,13 +25,8 @@ taskset -c "${SERVER_CPUS:-0}" "${DECISIOND:-build/server/decisiond}" --data_dir
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="taskset -c ${CLIENT_CPU:-1} ${DECISIONCTL:-build/client/decisionctl} --server=127.0.0.1:50071"
-until $C health >/dev/null 2>&1; do
-  # A decisiond that exited (bad flags, a missing model probe) is a zombie until waited.
-  if [[ "$(awk '{print $3}' /proc/$pid/stat 2>/dev/null)" =~ ^(Z|)$ ]]; then
-    echo "replay_schedule.sh: decisiond exited:" >&2; cat "$dir.log" >&2; exit 1
-  fi
-  sleep 0.2
-done
+# shellcheck disable=SC2086  # $C: a command and its flags, split on purpose
+wait_for_decisiond $pid "$dir.log" $C health
 $C create-problem p --arms="$arms" --features="$features" --auto_train ${CREATE_FLAGS:-} >/dev/null
 start=$(date +%s.%N)
 $C replay p --data="$data" --order="$order" ${REPLAY_FLAGS:-} | tail -1

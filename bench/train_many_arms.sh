@@ -11,6 +11,7 @@
 # it looks for beside itself); SEED is decisiond's --seed (default 1: the same recipes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/wait_for_decisiond.sh
 arms=${1:-2048} samples=${2:-12000} features=${3:-4}
 dir=$(mktemp -d)
 awk -v n="$samples" -v k="$arms" -v d="$features" 'BEGIN {
@@ -27,7 +28,8 @@ awk -v n="$samples" -v k="$arms" -v d="$features" 'BEGIN {
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 C="build/client/decisionctl --server=127.0.0.1:50072"
-until $C health >/dev/null 2>&1; do sleep 0.2; done
+# shellcheck disable=SC2086  # $C: a command and its flags, split on purpose
+wait_for_decisiond $pid "$dir/decisiond.log" $C health
 $C create-problem big --arms="$arms" --features="$features" >/dev/null
 $C replay big --data="$dir/data.csv" >/dev/null
 (while kill -0 $pid 2>/dev/null; do
