@@ -333,6 +333,32 @@ TEST(XgboostTrainer, GblinearIsTrainedAsLibxgboostTrainsIt) {
   }
 }
 
+// The compiled gblinear prediction keeps eight classes' margins in registers at a time and
+// the rest one by one (core/xgboost_forest.cc): a model of 10 classes (a group of eight
+// and two more) and one of 16 (two groups) predict libxgboost's own floats on held-out
+// rows, bit for bit.
+TEST(XgboostTrainer, CompiledGblinearOfManyClassesPredictsAsLibxgboost) {
+  const Data d = LoadDigits();
+  std::mt19937_64 gen(6);
+  const TrainingSet set = UniformLog(d, gen);
+  for (int arms : {10, 16}) {
+    const XgboostTrainOptions o = SampleExpertOptions(/*linear=*/true, 1, gen);
+    const absl::StatusOr<std::string> model = TrainXgboostModel(set, arms, o);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto compiled = MakeXgboostExpert(arms, d.num_features, *model, 0.0);
+    auto reference = MakeXgboostExpert(arms, d.num_features, *model, 0.0,
+                                       XgboostPredictor::kLibxgboost);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    std::vector<double> got(arms), want(arms);
+    for (size_t i = kTrainRows; i < d.x.size(); ++i) {
+      ASSERT_TRUE((*compiled)->Predict(d.x[i], absl::MakeSpan(got)).ok());
+      ASSERT_TRUE((*reference)->Predict(d.x[i], absl::MakeSpan(want)).ok());
+      ASSERT_EQ(got, want) << arms << " classes, row " << i;
+    }
+  }
+}
+
 // A tree recipe is capped to what registration accepts: num_arms trees a round, each of at
 // most 2^(depth + 1) - 1 nodes, within CheckXgboostModel's limits whatever the data; gblinear
 // and problems of up to 204 arms keep every recipe.
