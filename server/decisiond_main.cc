@@ -46,6 +46,7 @@
 #include "server/decision_service.h"
 #include "server/executor.h"
 #include "server/grpc_service.h"
+#include "server/listen_address.h"
 #include "server/metrics.h"
 #include "server/metrics_endpoint.h"
 #include "server/placement.h"
@@ -281,10 +282,7 @@ decision::server::ServiceOptions OptionsFromFlags() {
 
 // Whether `address` (host:port) binds only the loopback interface.
 bool IsLoopback(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string host = decision::server::ListenHost(address);
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
@@ -501,7 +499,7 @@ int Run() {
     return 1;
   }
   std::printf("decisiond listening on %s:%d metrics on %s\n",
-              listen.substr(0, listen.rfind(':')).c_str(), port, metrics_address.c_str());
+              ListenHostPart(listen).c_str(), port, metrics_address.c_str());
   std::fflush(stdout);
 
   int signal = 0;

@@ -10,10 +10,10 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "server/listen_address.h"
 
 namespace decision::server {
 
@@ -29,10 +29,9 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   endpoint->exposer_->RegisterCollectable(registry);
   const auto ports = endpoint->exposer_->GetListeningPorts();
   const int port = ports.empty() ? 0 : ports[0];
-  endpoint->address_ = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  endpoint->address_ = absl::StrCat(ListenHostPart(listen), ":", port);
   // A wildcard address is reached on the loopback of its family.
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
+  std::string host = ListenHost(listen);
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   if (host == "::") host = "::1";
   addrinfo hints{};
