@@ -1,10 +1,14 @@
 # decisiond and decisionctl on Debian 12, built by the project's own scripts.
 #
 #   docker build -t decisiond .
-#   docker run -d --name decisiond -p 50051:50051 -p 9464:9464 -v decisiond-data:/data decisiond
+#   docker run -d --name decisiond -p 127.0.0.1:50051:50051 -p 127.0.0.1:9464:9464 \
+#       -v decisiond-data:/data decisiond --insecure_plaintext --allow_unauthenticated
 #   docker exec decisiond decisionctl list-problems
 #
-# Extra arguments go to decisiond, e.g. `docker run ... decisiond --sync_writes`.
+# Extra arguments go to decisiond, e.g. `docker run ... decisiond --sync_writes`. Inside the
+# container it listens on 0.0.0.0, where it refuses to start without TLS and a tokens file
+# unless told --insecure_plaintext --allow_unauthenticated, as above: that is for ports
+# published on the host's loopback only (README.md, "Security").
 # deploy/compose/docker-compose.yml runs it next to Prometheus and Grafana; deploy/README.md
 # says how to operate it.
 
