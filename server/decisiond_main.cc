@@ -90,8 +90,9 @@ ABSL_FLAG(int64_t, malloc_mmap_threshold_kb, 256,
           "buffers fragment the arenas; GLIBC_TUNABLES then applies)");
 ABSL_FLAG(std::string, background_priority, "low",
           "CPU priority of the background threads, so that under CPU saturation the threads "
-          "answering requests run first: low (learner, maintenance, expert pool and trainer at "
-          "nice 10), idle (learner, expert pool and trainer at SCHED_IDLE, maintenance and "
+          "answering requests run first: low (learner, scorers, maintenance, expert pool and "
+          "trainer at nice 10), idle (learner, scorers, expert pool and trainer at SCHED_IDLE, "
+          "maintenance and "
           "RocksDB's compactions at nice 19; only in a cgroup "
           "of its own, such as a container: SCHED_IDLE yields to every busy process of the "
           "cgroup) or normal");

@@ -97,8 +97,10 @@ Metrics::Metrics()
                           .Help("Bytes a problem keeps in memory, by part: sample_log, "
                                 "the samples kept in memory (the log chunk being filled, "
                                 "complete chunks not yet written, the tails of backfilling "
-                                "experts: at most a few chunks), and estimator, the "
-                                "estimator's state; neither grows with the samples")
+                                "experts: at most a few chunks), estimator, the "
+                                "estimator's state (neither grows with the samples), and "
+                                "event_ids, Choose's filter of the event ids decided (it "
+                                "grows with the ids the retention keeps)")
                           .Register(*registry_)),
       learning_delay_(prometheus::BuildHistogram()
                           .Name("decision_learning_delay_seconds")
