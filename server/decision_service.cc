@@ -198,6 +198,13 @@ absl::Status DecisionService::ProblemLoadStatus(const std::string& problem_id) {
     return failed->second;
   }
   if (problems_.contains(problem_id)) return absl::OkStatus();
+  return UnknownProblem(problem_id);
+}
+
+absl::Status DecisionService::UnknownProblem(const std::string& problem_id) {
+  // Not a problem id at all (too long, or characters no id has): said so, without echoing
+  // the caller's bytes whole.
+  DECISION_RETURN_IF_ERROR(ValidateProblemId(problem_id));
   return absl::NotFoundError(absl::StrCat("problem '", problem_id, "' does not exist"));
 }
 
@@ -213,7 +220,7 @@ absl::StatusOr<Problem*> DecisionService::Find(const std::string& problem_id) {
     if (auto moved = moved_away_.find(problem_id); moved != moved_away_.end()) {
       return MovedError(problem_id, moved->second.to);
     }
-    return absl::NotFoundError(absl::StrCat("problem '", problem_id, "' does not exist"));
+    return UnknownProblem(problem_id);
   }
   return it->second.get();
 }

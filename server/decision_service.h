@@ -295,7 +295,11 @@ class DecisionService {
                      v1::ExportProblemResponse* response, Done done);
   void ImportProblem(const v1::ImportProblemRequest& request,
                      v1::ImportProblemResponse* response, Done done);
-  void EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response, Done done);
+  // `placed_on_target`: whether this replica's placement map places the problem on
+  // request.to_replica (Placement::PlacedOn). A problem that is not moving is ended with
+  // to_replica, its records deleted, only if it is OK: a copy left behind by a move.
+  void EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response,
+               absl::Status placed_on_target, Done done);
   absl::Status BeginMove(const v1::BeginMoveRequest& request, v1::BeginMoveResponse* response)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ExportProblem(const v1::ExportProblemRequest& request,
@@ -303,8 +307,8 @@ class DecisionService {
   absl::Status ImportProblem(const v1::ImportProblemRequest& request,
                              v1::ImportProblemResponse* response)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response,
+                       const absl::Status& placed_on_target) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Synchronous forms (tests and tools).
   absl::Status CreateProblem(const v1::CreateProblemRequest& request, v1::Problem* response);
@@ -376,6 +380,8 @@ class DecisionService {
   // Why a call for a problem that moved away is refused (FAILED_PRECONDITION naming the
   // owner).
   static absl::Status MovedError(const std::string& problem_id, const std::string& to);
+  // INVALID_ARGUMENT (ValidateProblemId) for what is not a problem id, NOT_FOUND otherwise.
+  static absl::Status UnknownProblem(const std::string& problem_id);
   static absl::Status FailedLoadError(const std::string& problem_id, const absl::Status& why);
   Problem::Env ProblemEnv() const;
   // Runs `work` on the blocking executor and passes its status to `done`.

@@ -57,11 +57,21 @@ void LimitedProtobufLog(google::protobuf::LogLevel level, const char* filename, 
 
 void LimitProtobufLogs() { google::protobuf::SetLogHandler(&LimitedProtobufLog); }
 
+std::string BoundedMessage(absl::string_view message, size_t max_bytes) {
+  if (message.size() <= max_bytes) return std::string(message);
+  // Cut before a UTF-8 continuation byte, not inside a character.
+  size_t keep = max_bytes;
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  return absl::StrCat(message.substr(0, keep), "... (", message.size(), " bytes in all)");
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbering.
+  // absl and gRPC share the canonical code numbering. A message can echo what the caller
+  // sent: bounded, so that its trailer never passes a client's metadata limit (8 KiB by
+  // default), which would turn the status into RESOURCE_EXHAUSTED.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      BoundedMessage(status.message(), kMaxStatusMessageBytes));
 }
 
 namespace {
@@ -231,18 +241,19 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Serve(grpc::CallbackServerContext
   }
   std::function<void(const absl::Status&)> audit;
   if (Audited(method)) {
-    // The problem id is the caller's, not yet validated: the record keeps at most 256 bytes.
+    // The problem id is the caller's, not yet validated, and the message and the detail
+    // may echo what it sent: the record keeps at most 256 bytes of each.
     audit = [this, method, caller = grant->name,
-             problem = std::string(described.problem_id.substr(0, 256)),
+             problem = std::string(described.problem_id.substr(0, kMaxAuditFieldBytes)),
              detail = std::move(described.audit_detail)](const absl::Status& s) {
       storage::v1::AuditRecord record;
       record.set_at_ms(absl::ToUnixMillis(absl::Now()));
       record.set_caller(caller);
       record.set_method(method);
       record.set_problem_id(problem);
-      if (detail) record.set_detail(detail());
+      if (detail) record.set_detail(BoundedMessage(detail(), kMaxAuditFieldBytes));
       record.set_code(static_cast<int>(s.code()));
-      record.set_message(std::string(s.message()));
+      record.set_message(BoundedMessage(s.message(), kMaxAuditFieldBytes));
       service_->RecordAudit(std::move(record));
     };
   }
@@ -645,7 +656,13 @@ grpc::ServerUnaryReactor* GrpcDecisionService::EndMove(grpc::CallbackServerConte
                     /*routed=*/false};
       },
       [this](const Grant&, DECISION_CALL(EndMoveRequest, EndMoveResponse), Done done) {
-        service_->EndMove(call->request, &call->response, std::move(done));
+        const v1::EndMoveRequest& r = call->request;
+        absl::Status placed_on_target =
+            placement_ != nullptr
+                ? placement_->PlacedOn(r.problem_id(), r.to_replica())
+                : NotLeftBehind(r.problem_id(), r.to_replica(),
+                                "this replica has no placement map (--placement_map)");
+        service_->EndMove(r, &call->response, std::move(placed_on_target), std::move(done));
       });
 }
 
@@ -740,8 +757,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GrpcDecisionService::ExportLog(
     return new ExportReactor(service_, metrics_, request,
                              absl::InvalidArgumentError(parsed.error_message()));
   }
-  const absl::StatusOr<Grant> grant = Authorize(ctx, {"ExportLog", request.problem_id(), nullptr});
-  return new ExportReactor(service_, metrics_, request, grant.status());
+  const Call call{"ExportLog", request.problem_id(), nullptr};
+  const absl::StatusOr<Grant> grant = Authorize(ctx, call);
+  // Routed as the unary calls are: a misrouted export, or one reaching a copy the map
+  // places elsewhere, must not stream stale samples.
+  return new ExportReactor(service_, metrics_, request,
+                           grant.ok() ? CheckRouting(ctx, call) : grant.status());
 }
 
 }  // namespace decision::server

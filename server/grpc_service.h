@@ -24,8 +24,18 @@ namespace decision::server {
 // lines left out. Call once, before serving.
 void LimitProtobufLogs();
 
-// absl::Status -> grpc::Status, the one conversion point.
+// `message` whole if it has at most `max_bytes`, else its first max_bytes (less a partial
+// UTF-8 character) and "... (N bytes in all)".
+std::string BoundedMessage(absl::string_view message, size_t max_bytes);
+
+// absl::Status -> grpc::Status, the one conversion point. The message is bounded to
+// kMaxStatusMessageBytes (BoundedMessage).
+inline constexpr size_t kMaxStatusMessageBytes = 2048;
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// What an audit record keeps of the caller's problem id, the call's detail and its status
+// message.
+inline constexpr size_t kMaxAuditFieldBytes = 256;
 
 // Every RPC of decision.v1 as a raw-bytes callback method: the request is parsed here, not
 // by gRPC. gRPC 1.51's typed callback handler (CallbackUnaryHandler) answers a body that

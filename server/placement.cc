@@ -79,6 +79,35 @@ void Placement::Claim(absl::string_view problem_id) {
   claimed_.insert(std::string(problem_id));
 }
 
+absl::Status NotLeftBehind(absl::string_view problem_id, absl::string_view replica,
+                           absl::string_view why) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "problem ", problem_id, " is not a copy left behind for replica ", replica, ": ", why,
+      "; nothing was changed (a copy left behind is one this replica's placement map "
+      "places on the replica it moved to)"));
+}
+
+absl::Status Placement::PlacedOn(absl::string_view problem_id,
+                                 absl::string_view replica) const {
+  const auto refused = [&](absl::string_view why) {
+    return NotLeftBehind(problem_id, replica, why);
+  };
+  if (path_.empty()) return refused("this replica has no placement map (--placement_map)");
+  if (replica == replica_id_) return refused("that is this replica");
+  std::shared_ptr<const absl::flat_hash_map<std::string, std::string>> map;
+  {
+    absl::MutexLock lock(&mu_);
+    if (claimed_.contains(problem_id)) return refused("this replica imported it (a move)");
+    map = map_;
+  }
+  const auto it = map->find(problem_id);
+  if (it == map->end()) return refused("the placement map does not place it");
+  if (it->second != replica) {
+    return refused(absl::StrCat("the placement map places it on replica ", it->second));
+  }
+  return absl::OkStatus();
+}
+
 size_t Placement::size() const {
   absl::MutexLock lock(&mu_);
   return map_->size();

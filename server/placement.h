@@ -37,6 +37,11 @@ inline constexpr absl::string_view kProblemMetadata = "x-decision-problem";
 absl::StatusOr<absl::flat_hash_map<std::string, std::string>> ParsePlacementMap(
     absl::string_view text);
 
+// The FAILED_PRECONDITION of an EndMove with to_replica `replica` for a problem that is not
+// a copy left behind for it, saying `why`.
+absl::Status NotLeftBehind(absl::string_view problem_id, absl::string_view replica,
+                           absl::string_view why);
+
 class Placement {
  public:
   // `replica_id` is this replica's name in the map. With an empty `path` the map is empty
@@ -47,6 +52,11 @@ class Placement {
   // OK if this replica may serve `problem_id`; FAILED_PRECONDITION naming the owner if the
   // map places it on another replica.
   absl::Status Check(absl::string_view problem_id) const;
+  // OK if the map places `problem_id` on `replica`, another replica than this one, and this
+  // one did not claim it: what makes a copy held here one left behind by a move (EndMove
+  // with to_replica replaces it with a stub naming `replica`). FAILED_PRECONDITION saying
+  // why not otherwise, without a map too.
+  absl::Status PlacedOn(absl::string_view problem_id, absl::string_view replica) const;
   // This replica committed the import of `problem_id` (DecisionService.ImportProblem): it
   // serves it whatever the map says until it restarts, since the map a replica reads may
   // be switched later than the proxy's (a ConfigMap syncs within about a minute). By its

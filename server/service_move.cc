@@ -390,7 +390,8 @@ absl::Status DecisionService::ImportProblem(const v1::ImportProblemRequest& requ
 }
 
 absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
-                                      v1::EndMoveResponse* response) {
+                                      v1::EndMoveResponse* response,
+                                      const absl::Status& placed_on_target) {
   DECISION_RETURN_IF_ERROR(ValidateProblemId(request.problem_id()));
   Problem* p = nullptr;
   std::string to;
@@ -416,6 +417,8 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
         return absl::NotFoundError(
             absl::StrCat("problem '", request.problem_id(), "' does not exist"));
       }
+      // Only the map tells a copy left behind from the live problem it would delete.
+      DECISION_RETURN_IF_ERROR(placed_on_target);
       p = live->second.get();
       to = request.to_replica();
       moving_[request.problem_id()] = {to, false, false, /*fencing=*/true};
@@ -492,9 +495,12 @@ void DecisionService::ImportProblem(const v1::ImportProblemRequest& request,
 }
 
 void DecisionService::EndMove(const v1::EndMoveRequest& request, v1::EndMoveResponse* response,
-                              Done done) {
-  OffReactor([this, &request, response] { return EndMove(request, response); },
-             std::move(done));
+                              absl::Status placed_on_target, Done done) {
+  OffReactor(
+      [this, &request, response, placed = std::move(placed_on_target)] {
+        return EndMove(request, response, placed);
+      },
+      std::move(done));
 }
 
 }  // namespace decision::server

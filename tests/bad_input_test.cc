@@ -768,6 +768,45 @@ std::vector<BadCase> BadCases(const Suite& suite) {
       {"ExportLog/unknown_problem", export_log(kUnknownProblem, 0, 0), kNotFound, {"'nope'"}},
       {"ExportLog/negative_start", export_log(kProblem, -1, 0), kInvalid, {"start (-1)"}},
       {"ExportLog/negative_limit", export_log(kProblem, 0, -5), kInvalid, {"limit (-5)"}},
+      // Routed as the unary calls: the metadata a proxy routes by must name the problem.
+      {"ExportLog/metadata_names_another_problem",
+       [](Stub* s) {
+         v1::ExportLogRequest r;
+         r.set_problem_id(kProblem);
+         grpc::ClientContext ctx;
+         SetDeadline(&ctx);
+         ctx.AddMetadata("x-decision-problem", kOnlyUniform);
+         std::unique_ptr<grpc::ClientReader<v1::LoggedSample>> reader = s->ExportLog(&ctx, r);
+         v1::LoggedSample sample;
+         while (reader->Read(&sample)) {
+         }
+         return reader->Finish();
+       },
+       kInvalid, {"metadata names problem q, the request problem p"}},
+      // What is not a problem id is said so, not echoed whole (a 10 KB message would pass
+      // the client's metadata limit and come back as RESOURCE_EXHAUSTED).
+      {"GetProblem/problem_id_10000_bytes",
+       [](Stub* s) {
+         v1::GetProblemRequest r;
+         r.set_problem_id(std::string(10000, 'a'));
+         return Call(s, &Stub::GetProblem, r);
+       },
+       kInvalid, {"problem_id must have 1 to 64 characters, got 10000"}},
+      {"Choose/problem_id_with_a_space",
+       choose(ChooseRequest("no such", {0.1, 0.2, 0.3})), kInvalid,
+       {"problem_id 'no such' has a character outside [A-Za-z0-9_.-]"}},
+      // A live problem is not a copy left behind: without a placement map, EndMove with
+      // to_replica must not delete it.
+      {"EndMove/to_replica_without_a_placement_map",
+       [](Stub* s) {
+         v1::EndMoveRequest r;
+         r.set_problem_id(kProblem);
+         r.set_to_replica("typo");
+         return Call(s, &Stub::EndMove, r);
+       },
+       StatusCode::FAILED_PRECONDITION,
+       {"problem p is not a copy left behind for replica typo", "no placement map",
+        "nothing was changed"}},
       {"ChooseSlate/slots_0", slate(kProblem, 0, "", {0.1, 0.2, 0.3}), kInvalid,
        {"slots is 0; it must be in [1, 4]"}},
       {"ChooseSlate/slots_5_of_4_arms", slate(kProblem, 5, "", {0.1, 0.2, 0.3}), kInvalid,

@@ -13,6 +13,7 @@
 
 #include "core/status_macros.h"
 #include "core/xgboost_trainer.h"
+#include "server/placement.h"
 #include "tests/service_fixture.h"
 
 namespace decision::server {
@@ -96,12 +97,17 @@ class MoveTest : public ServiceTest {
     DECISION_RETURN_IF_ERROR(service_->BeginMove(begin, &begun));
     return copy(/*changes=*/static_cast<bool>(while_serving), &begun.generator_state());
   }
-  absl::Status EndMove(const std::string& problem, bool abort) {
+  // `to_replica` and `placed_on_target` (what the placement map says of it) end a copy
+  // left behind.
+  absl::Status EndMove(const std::string& problem, bool abort, const std::string& to_replica = "",
+                       const absl::Status& placed_on_target =
+                           absl::FailedPreconditionError("no placement map")) {
     v1::EndMoveRequest end;
     end.set_problem_id(problem);
     end.set_abort(abort);
+    end.set_to_replica(to_replica);
     v1::EndMoveResponse ended;
-    return service_->EndMove(end, &ended);
+    return service_->EndMove(end, &ended, placed_on_target);
   }
 
   static v1::ChooseRequest ChooseRequestAt(const std::string& problem, int i) {
@@ -399,6 +405,33 @@ TEST_F(MoveTest, ACatchUpMoveServesUntilItsFence) {
   ASSERT_TRUE(service_->BeginMove(begin, &begun).ok());
   EXPECT_EQ(begun.samples(), 410);
   ASSERT_TRUE(EndMove("p", /*abort=*/true).ok());
+}
+
+// EndMove with to_replica deletes a problem that is not moving only where the placement
+// map says it is a copy left behind for that replica: a typo, or a replica without a map,
+// must not delete a live problem.
+TEST_F(MoveTest, EndMoveWithToReplicaDeletesOnlyACopyTheMapPlacesElsewhere) {
+  PlayedProblem();
+  const absl::Status not_placed =
+      NotLeftBehind("p", "typo", "this replica has no placement map (--placement_map)");
+  const absl::Status refused = EndMove("p", /*abort=*/false, "typo", not_placed);
+  EXPECT_EQ(refused, not_placed);
+  EXPECT_THAT(refused.message(), HasSubstr("nothing was changed"));
+  EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 400);
+  PlayRounds("p", 10);  // it serves, unfenced
+  Reopen();
+  EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 410);
+  // A problem that does not exist is NOT_FOUND first; one the map places on the replica
+  // named is replaced with the stub.
+  EXPECT_EQ(EndMove("q", /*abort=*/false, "replica-b", absl::OkStatus()).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(EndMove("p", /*abort=*/false, "replica-b", absl::OkStatus()).ok());
+  EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 0);
+  v1::GetProblemRequest get;
+  get.set_problem_id("p");
+  v1::Problem problem;
+  EXPECT_THAT(service_->GetProblem(get, &problem).message(),
+              HasSubstr("moved to replica replica-b"));
 }
 
 // EndMove leaves a stub: the source's records are deleted, and every call for the problem,

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
@@ -24,6 +25,8 @@
 
 namespace decision::server {
 namespace {
+
+using ::testing::HasSubstr;
 
 // The stored enum values are the integers earlier versions wrote (static_cast of the core
 // enum): a table that changed them would misread every stored problem.
@@ -130,6 +133,31 @@ TEST(PlacementTest, AReplicaRefusesWhatTheMapPlacesElsewhereAndAReloadKeepsAGood
   auto none = Placement::Open("r0", "");
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE((*none)->Check("anything").ok());
+}
+
+// EndMove with to_replica deletes a copy left behind only where the map places it there.
+TEST(PlacementTest, ACopyLeftBehindIsOneTheMapPlacesOnTheReplicaNamed) {
+  const std::string path = ::testing::TempDir() + "/placement_left_behind.map";
+  std::ofstream(path) << "home r0\nsearch r1\nimported r1\n";
+  auto placement = Placement::Open("r0", path);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_TRUE((*placement)->PlacedOn("search", "r1").ok());
+  const auto refusal = [&](absl::string_view problem, absl::string_view replica) {
+    const absl::Status s = (*placement)->PlacedOn(problem, replica);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << problem << " " << replica;
+    return std::string(s.message());
+  };
+  EXPECT_THAT(refusal("search", "r2"), HasSubstr("the placement map places it on replica r1"));
+  EXPECT_THAT(refusal("home", "r0"), HasSubstr("that is this replica"));
+  EXPECT_THAT(refusal("home", "r1"), HasSubstr("places it on replica r0"));
+  EXPECT_THAT(refusal("unplaced", "r1"), HasSubstr("the placement map does not place it"));
+  (*placement)->Claim("imported");
+  EXPECT_THAT(refusal("imported", "r1"), HasSubstr("this replica imported it"));
+  auto none = Placement::Open("r0", "");
+  ASSERT_TRUE(none.ok());
+  EXPECT_THAT((*none)->PlacedOn("search", "r1").message(),
+              HasSubstr("this replica has no placement map"));
+  std::remove(path.c_str());
 }
 
 TEST(NextRefreshTest, TheStepIsAtLeastOneAndSaturates) {
