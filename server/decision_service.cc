@@ -604,7 +604,16 @@ absl::Status DecisionService::ChooseSlate(const v1::ChooseSlateRequest& request,
     // every arm.
     slot.mutable_eligible()->mutable_arms()->Assign(remaining.begin(), remaining.end());
     v1::ChooseResponse* chosen = response->add_slots();
-    DECISION_RETURN_IF_ERROR(p->ChooseSlot(slot, s, chosen));
+    if (absl::Status decided = p->ChooseSlot(slot, s, chosen); !decided.ok()) {
+      // The caller gets no slate: the slots decided are not delivered (dropped at their
+      // expiry, never learned), unless a retry with the same event id gets them.
+      for (int before = 0; before < s; ++before) {
+        p->Undeliver(response->slots(before).event_id());
+      }
+      return absl::Status(decided.code(),
+                          absl::StrCat("slots[", s, "]: ", decided.message(),
+                                       s > 0 ? " (the slots before it were not delivered)" : ""));
+    }
     remaining.erase(std::remove(remaining.begin(), remaining.end(), chosen->arm()),
                     remaining.end());
   }
@@ -637,7 +646,16 @@ absl::Status DecisionService::ChooseBatch(const v1::ChooseBatchRequest& request,
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("decisions"));
   for (int i = 0; i < request.requests_size(); ++i) {
     absl::Status s = problems[i]->Choose(request.requests(i), response->add_responses());
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("requests[", i, "]: ", s.message()));
+    if (!s.ok()) {
+      // The caller gets no answer: the decisions made are not delivered (dropped at their
+      // expiry, never learned), unless a retry with the same event ids gets them.
+      for (int before = 0; before < i; ++before) {
+        problems[before]->Undeliver(response->responses(before).event_id());
+      }
+      return absl::Status(
+          s.code(), absl::StrCat("requests[", i, "]: ", s.message(),
+                                 i > 0 ? " (the decisions before it were not delivered)" : ""));
+    }
   }
   return absl::OkStatus();
 }

@@ -153,6 +153,18 @@ absl::Status GrpcDecisionService::CheckRouting(grpc::CallbackServerContext* ctx,
   return placement_->Check(call.problem_id);
 }
 
+absl::Status GrpcDecisionService::CallerGone(grpc::CallbackServerContext* ctx) {
+  // No decision for a caller that is gone: it could never be shown.
+  if (ctx->IsCancelled()) {
+    return absl::CancelledError("the call was cancelled before the decision");
+  }
+  if (ctx->deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        "the call's deadline passed before the decision; no decision was made");
+  }
+  return absl::OkStatus();
+}
+
 void GrpcDecisionService::CountError(const char* method, const grpc::Status& status) {
   if (!status.ok()) metrics_->RpcErrors(method, CodeName(status.error_code())).Increment();
 }
@@ -391,14 +403,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::Choose(grpc::CallbackServerContex
       ctx, "Choose", in, out,
       [](const v1::ChooseRequest& r, const auto&) { return Call{"Choose", r.problem_id(), nullptr}; },
       [this, ctx](const Grant&, DECISION_CALL(ChooseRequest, ChooseResponse), Done done) {
-        // No decision for a caller that is gone: it could never be shown.
-        if (ctx->IsCancelled()) {
-          return done(absl::CancelledError("the call was cancelled before the decision"));
-        }
-        if (ctx->deadline() <= std::chrono::system_clock::now()) {
-          return done(absl::DeadlineExceededError(
-              "the call's deadline passed before the decision; no decision was made"));
-        }
+        if (absl::Status gone = CallerGone(ctx); !gone.ok()) return done(gone);
         if (before_decide_for_testing_) before_decide_for_testing_(ctx);
         service_->Choose(call->request, &call->response,
                          [this, call, done = std::move(done)](absl::Status s) {
@@ -511,8 +516,21 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ChooseSlate(grpc::CallbackServerC
       [](const v1::ChooseSlateRequest& r, const auto&) {
         return Call{"ChooseSlate", r.problem_id(), nullptr};
       },
-      [this](const Grant&, DECISION_CALL(ChooseSlateRequest, ChooseSlateResponse), Done done) {
-        service_->ChooseSlate(call->request, &call->response, std::move(done));
+      [this, ctx](const Grant&, DECISION_CALL(ChooseSlateRequest, ChooseSlateResponse),
+                  Done done) {
+        if (absl::Status gone = CallerGone(ctx); !gone.ok()) return done(gone);
+        if (before_decide_for_testing_) before_decide_for_testing_(ctx);
+        service_->ChooseSlate(
+            call->request, &call->response, [this, call, done = std::move(done)](absl::Status s) {
+              if (s.ok()) {
+                call->on_lost = [this, call] {
+                  for (const v1::ChooseResponse& slot : call->response.slots()) {
+                    service_->Undeliver(call->request.problem_id(), slot.event_id());
+                  }
+                };
+              }
+              done(std::move(s));
+            });
       });
 }
 
@@ -528,8 +546,8 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ChooseBatch(grpc::CallbackServerC
                                           : absl::string_view(),
                     nullptr};
       },
-      [this](const Grant& grant, DECISION_CALL(ChooseBatchRequest, ChooseBatchResponse),
-             Done done) {
+      [this, ctx](const Grant& grant, DECISION_CALL(ChooseBatchRequest, ChooseBatchResponse),
+                  Done done) {
         for (int i = 0; i < call->request.requests_size(); ++i) {
           if (!grant.Covers(call->request.requests(i).problem_id())) {
             return done(absl::PermissionDeniedError(absl::StrCat(
@@ -543,7 +561,20 @@ grpc::ServerUnaryReactor* GrpcDecisionService::ChooseBatch(grpc::CallbackServerC
                 absl::StrCat("requests[", i, "]: ", s.message())));
           }
         }
-        service_->ChooseBatch(call->request, &call->response, std::move(done));
+        if (absl::Status gone = CallerGone(ctx); !gone.ok()) return done(gone);
+        if (before_decide_for_testing_) before_decide_for_testing_(ctx);
+        service_->ChooseBatch(
+            call->request, &call->response, [this, call, done = std::move(done)](absl::Status s) {
+              if (s.ok()) {
+                call->on_lost = [this, call] {
+                  for (int i = 0; i < call->response.responses_size(); ++i) {
+                    service_->Undeliver(call->request.requests(i).problem_id(),
+                                        call->response.responses(i).event_id());
+                  }
+                };
+              }
+              done(std::move(s));
+            });
       });
 }
 

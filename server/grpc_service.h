@@ -103,7 +103,8 @@ class GrpcDecisionService final : public RawDecisionService {
   // A Choose whose deadline passed (or that was cancelled) before it decides gets
   // DEADLINE_EXCEEDED (CANCELLED) and makes no decision. One whose answer could not be sent
   // (cancelled, or past its deadline, before the status went out) is undelivered
-  // (Problem::Undeliver): never learned.
+  // (Problem::Undeliver): never learned. The same for ChooseSlate and ChooseBatch, whose
+  // every decision is undelivered with their answer.
   grpc::ServerUnaryReactor* Choose(grpc::CallbackServerContext* ctx, const Bytes* in,
                                    Bytes* out) override;
   grpc::ServerUnaryReactor* Reward(grpc::CallbackServerContext* ctx, const Bytes* in,
@@ -168,6 +169,9 @@ class GrpcDecisionService final : public RawDecisionService {
   // its request (a proxy would have routed it by the wrong one); FAILED_PRECONDITION if the
   // placement map puts its problem on another replica.
   absl::Status CheckRouting(grpc::CallbackServerContext* ctx, const Call& call) const;
+  // CANCELLED or DEADLINE_EXCEEDED if the caller of a Choose, ChooseSlate or ChooseBatch is
+  // gone before it decides: nothing is decided for it.
+  static absl::Status CallerGone(grpc::CallbackServerContext* ctx);
 
   // Parses the request into a UnaryCall (INVALID_ARGUMENT if it does not parse), describes
   // it (describe(request, response) -> Call; the audit detail may read the response once

@@ -198,6 +198,7 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
   absl::StatusOr<Selection> selection;
   bool lookup = false;
   bool answered = false;
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     if (caller_id) {
@@ -207,8 +208,11 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
           d->waiters.push_back({response, std::move(done)});
           return;
         }
-        Answer(event_id, d->record, response);
-        ++d->deliveries;
+        refused = RetryOfSlot(event_id, d->record, slate_slot);
+        if (refused.ok()) {
+          Answer(event_id, d->record, response);
+          ++d->deliveries;
+        }
         answered = true;
       }
     }
@@ -223,7 +227,7 @@ void Problem::ChooseAs(const v1::ChooseRequest& request, v1::ChooseResponse* res
       selection = SelectLocked(x, EligibleArmsOf(request, record_.num_arms()));
     }
   }
-  if (answered) return done(absl::OkStatus());
+  if (answered) return done(std::move(refused));
   if (lookup && committer == Committer::kCaller) {
     // A caller that may block looks the id up itself.
     return DecideAfterLookup(request, std::move(event_id), response, std::move(done),
@@ -258,8 +262,11 @@ void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
       absl::MutexLock lock(&mu_);
       waiters = pending_.Unclaim(event_id);
     }
-    Answer(event_id, *stored, response);
     AnswerWaiters(std::move(waiters), event_id, *stored);
+    if (absl::Status same = RetryOfSlot(event_id, *stored, slate_slot); !same.ok()) {
+      return done(same);
+    }
+    Answer(event_id, *stored, response);
     return done(absl::OkStatus());
   }
   if (!absl::IsNotFound(stored.status())) return FailClaim(event_id, stored.status(), done);
@@ -274,6 +281,18 @@ void Problem::DecideAfterLookup(v1::ChooseRequest request, std::string event_id,
   // On the blocking executor: this thread may commit.
   Decide(request, std::move(event_id), /*claimed=*/true, *std::move(selection), response,
          std::move(done), Committer::kCaller, slate_slot);
+}
+
+absl::Status Problem::RetryOfSlot(const std::string& event_id, const EventRecord& decided,
+                                  int slate_slot) const {
+  if (slate_slot < 0 || (decided.has_slate_slot() && decided.slate_slot() == slate_slot)) {
+    return absl::OkStatus();
+  }
+  // A plain Choose (or another slot) took the id "<base>/<s>": answering with its decision
+  // would put an arm the slate did not allow, or one twice, on the page.
+  return absl::AlreadyExistsError(absl::StrCat(
+      "event ", event_id, " is already a decision of problem ", id(), " that is not slot ",
+      slate_slot, " of a slate; give the slate another event id"));
 }
 
 void Problem::FailClaim(const std::string& event_id, absl::Status status, Done done) {

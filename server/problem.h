@@ -637,6 +637,11 @@ class Problem {
   }
   absl::Status UnlearnedSlotError(const std::string& event_id,
                                   const storage::v1::EventRecord& event) const;
+  // OK if a Choose of slate slot `slate_slot` (-1: a plain Choose, always OK) may be
+  // answered with `decided`, the decision already made under its event id: it must be that
+  // slot of a slate. ALREADY_EXISTS otherwise.
+  absl::Status RetryOfSlot(const std::string& event_id, const storage::v1::EventRecord& decided,
+                           int slate_slot) const;
   // Fails a claimed Choose and its waiters with `status`.
   void FailClaim(const std::string& event_id, absl::Status status, Done done)
       ABSL_LOCKS_EXCLUDED(mu_);

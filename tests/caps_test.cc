@@ -96,6 +96,55 @@ TEST_F(CapsTest, AChoosePastThePendingDecisionCapIsRefusedUntilARewardMakesRoom)
   EXPECT_TRUE(TryChoose("p", kFeatures, &refused, "e4").ok());
 }
 
+// A slate or a batch that the cap stops part-way answers nothing: the decisions it made
+// before are not delivered, so they expire unlearned, unless a retry with the same event
+// ids gets them back.
+TEST_F(CapsTest, ASlateOrABatchTheCapStopsDeliversNoneOfItsDecisions) {
+  max_pending_decisions_ = 3;
+  Reopen();
+  ASSERT_TRUE(TryCreate("p").ok());
+  v1::ChooseSlateRequest slate;
+  slate.set_problem_id("p");
+  slate.set_slots(4);
+  for (int f = 0; f < kFeatures; ++f) slate.add_features(0.5);
+  v1::ChooseSlateResponse slots;
+  absl::Status s = service_->ChooseSlate(slate, &slots);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("slots[3]: "));
+  EXPECT_THAT(s.message(), HasSubstr("(the slots before it were not delivered)"));
+  EXPECT_EQ(GetProblem("p").decisions(), 3);
+  EXPECT_EQ(MetricValue("decision_undelivered_total"), 3.0);
+  clock_.AdvanceMs(120'000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").pending(), 0);
+  EXPECT_EQ(GetProblem("p").samples(), 0);  // expired, and dropped: never learned
+
+  v1::ChooseBatchRequest batch;
+  for (int i = 0; i < 4; ++i) {
+    v1::ChooseRequest* r = batch.add_requests();
+    r->set_problem_id("p");
+    r->set_event_id(absl::StrCat("b", i));
+    for (int f = 0; f < kFeatures; ++f) r->add_features(0.5);
+  }
+  v1::ChooseBatchResponse answered;
+  s = service_->ChooseBatch(batch, &answered);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("requests[3]: "));
+  EXPECT_THAT(s.message(), HasSubstr("(the decisions before it were not delivered)"));
+  EXPECT_EQ(MetricValue("decision_undelivered_total"), 6.0);
+  // A retry of the three decided gets them back: delivered, they are learned (with the
+  // default reward at their expiry).
+  batch.mutable_requests()->RemoveLast();
+  v1::ChooseBatchResponse retried;
+  ASSERT_TRUE(service_->ChooseBatch(batch, &retried).ok());
+  EXPECT_EQ(retried.responses_size(), 3);
+  EXPECT_EQ(GetProblem("p").decisions(), 6);
+  clock_.AdvanceMs(120'000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").pending(), 0);
+  EXPECT_EQ(GetProblem("p").samples(), 3);
+}
+
 TEST_F(CapsTest, TheMemoryCapCountsTheFeaturesOfEachPendingDecision) {
   max_pending_decisions_mb_ = 1;
   Reopen();

@@ -856,6 +856,66 @@ TEST_F(UndeliveredTest, AChooseCancelledBeforeItsAnswerIsSentIsNeverLearned) {
   EXPECT_EQ(Undelivered(), 1.0);
 }
 
+// The same for a batch and a slate: every decision of a call whose answer was lost is
+// undelivered, and none is learned.
+TEST_F(UndeliveredTest, ABatchOrASlateCancelledBeforeItsAnswerIsSentIsNeverLearned) {
+  CreateProblem("p", /*wait_ms=*/1000);
+  absl::Notification entered[2], release[2];
+  std::atomic<int> calls{0};
+  {
+    absl::MutexLock lock(&hook_mu_);
+    before_decide_ = [&](grpc::CallbackServerContext* ctx) {
+      const int call = calls.fetch_add(1);
+      if (call > 1) return;
+      entered[call].Notify();
+      release[call].WaitForNotification();
+      for (int i = 0; i < 3000 && !ctx->IsCancelled(); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    };
+  }
+  // `send(ctx, on_done)` starts the call.
+  const auto lose = [&](int call, const auto& send) {
+    grpc::ClientContext ctx;
+    absl::Notification finished;
+    grpc::Status status;
+    send(&ctx, [&](grpc::Status s) {
+      status = std::move(s);
+      finished.Notify();
+    });
+    entered[call].WaitForNotification();
+    ctx.TryCancel();
+    finished.WaitForNotification();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+    release[call].Notify();
+  };
+  v1::ChooseBatchRequest batch;
+  *batch.add_requests() = Request("b0");
+  *batch.add_requests() = Request("b1");
+  v1::ChooseBatchResponse batch_response;
+  lose(0, [&](grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+    stub()->async()->ChooseBatch(ctx, &batch, &batch_response, std::move(done));
+  });
+  for (int i = 0; i < 1000 && Undelivered() < 2.0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Undelivered(), 2.0);
+  v1::ChooseSlateRequest slate;
+  slate.set_problem_id("p");
+  slate.set_event_id("page");
+  slate.set_slots(2);
+  for (int f = 0; f < kFeatures; ++f) slate.add_features(0.5);
+  v1::ChooseSlateResponse slate_response;
+  lose(1, [&](grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+    stub()->async()->ChooseSlate(ctx, &slate, &slate_response, std::move(done));
+  });
+  for (int i = 0; i < 1000 && Undelivered() < 4.0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(Undelivered(), 4.0);
+  EXPECT_EQ(GetProblem("p").decisions(), 4);
+  clock_.AdvanceMs(5000);
+  ASSERT_TRUE(service_->RunMaintenance().ok());
+  EXPECT_EQ(GetProblem("p").pending(), 0);
+  EXPECT_EQ(GetProblem("p").samples(), 0);
+}
+
 // The tester's reproducer: Choose calls with 1 ms deadlines. How many answers arrive depends
 // on timing; what must hold whatever it is: every answer the client got is learned, and
 // every decision is either learned or counted undelivered and dropped.

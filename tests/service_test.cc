@@ -1358,6 +1358,35 @@ TEST_F(ServiceTest, SlatesAndBatchesAreDecisionsOfTheirOwn) {
   EXPECT_THAT(s.message(), HasSubstr("requests[2]: features: problem p expects 3 features"));
   explain.set_event_id("c0");
   EXPECT_EQ(service_->Explain(explain, &why).code(), absl::StatusCode::kNotFound);
+
+  // A plain Choose took the id of a slot: the slate is refused, not answered with that
+  // decision (its arm may be one the slate does not allow, or one of another slot).
+  v1::ChooseRequest plain;
+  plain.set_problem_id("p");
+  plain.set_event_id("page2/0");
+  plain.mutable_features()->CopyFrom(slate.features());
+  plain.mutable_eligible()->add_arms(3);
+  v1::ChooseResponse taken;
+  ASSERT_TRUE(service_->Choose(plain, &taken).ok());
+  slate.set_event_id("page2");
+  slate.set_slots(2);
+  slate.mutable_eligible()->clear_arms();
+  for (int a : {0, 1}) slate.mutable_eligible()->add_arms(a);
+  s = service_->ChooseSlate(slate, &again);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(s.message(), HasSubstr("slots[0]: event page2/0 is already a decision of problem "
+                                     "p that is not slot 0 of a slate"));
+  // So is one whose decision was joined and is read from the store after a restart.
+  ASSERT_TRUE(Reward("p", "page2/0", 1.0).ok());
+  Reopen();
+  s = service_->ChooseSlate(slate, &again);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  // The slate's own retry still is answered, from the store too.
+  slate.set_event_id("page1");
+  slate.set_slots(3);
+  for (int a : {3, 2}) slate.mutable_eligible()->add_arms(a);
+  ASSERT_TRUE(service_->ChooseSlate(slate, &again).ok());
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(again.slots(s).arm(), chosen.slots(s).arm());
 }
 
 // A problem that selects with a narrower median-of-means width than the paper's (c3 = 0.25,
