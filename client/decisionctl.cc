@@ -63,7 +63,8 @@
 //   end-move PROBLEM [--abort | --to_replica=NAME]
 //       on --server (the source): the move's last step, or --abort to serve it there again;
 //       with --to_replica, for a copy a restart left behind after the switch (the source
-//       restarted before its end-move): fences it and leaves the stub naming NAME
+//       restarted before its end-move): fences it and leaves the stub naming NAME, only
+//       where the replica's placement map places PROBLEM on NAME
 //   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule
 //          [--learn_each_round]]
 //       acts as an ad server over a labelled CSV (last column `label`): for each row,
