@@ -459,6 +459,7 @@ class DecisionService {
     bool fenced = false;
     bool watched = false;
     bool fencing = false;  // a BeginMove is fencing it now
+    bool ending = false;   // an EndMove is ending it now (others are refused meanwhile)
   };
   absl::flat_hash_map<std::string, Moving> moving_ ABSL_GUARDED_BY(mu_);
   // Imports in progress on this replica (the target).

@@ -104,7 +104,7 @@ absl::Status DecisionService::BeginMove(const v1::BeginMoveRequest& request,
     absl::MutexLock lock(&mu_);
     if (auto it = moving_.find(p->id()); it != moving_.end()) {
       if (request.catch_up() || it->second.fenced || it->second.fencing ||
-          !it->second.watched || it->second.to != request.to_replica()) {
+          it->second.ending || !it->second.watched || it->second.to != request.to_replica()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "problem ", p->id(), " is already moving to replica ", it->second.to,
             " (EndMove with abort ends that move)"));
@@ -395,7 +395,7 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
   DECISION_RETURN_IF_ERROR(ValidateProblemId(request.problem_id()));
   Problem* p = nullptr;
   std::string to;
-  bool fenced = false, watched = false, forced = false;
+  bool watched = false, forced = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = moving_.find(request.problem_id());
@@ -421,7 +421,7 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
       DECISION_RETURN_IF_ERROR(placed_on_target);
       p = live->second.get();
       to = request.to_replica();
-      moving_[request.problem_id()] = {to, false, false, /*fencing=*/true};
+      moving_[request.problem_id()] = {to, false, false, /*fencing=*/true, /*ending=*/true};
       forced = true;
     } else {
       if (it->second.fencing) {
@@ -429,12 +429,32 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
             "problem ", request.problem_id(), " is being fenced by a BeginMove: end its "
             "move once that returns"));
       }
+      if (it->second.ending) {
+        // Two at once (a mover's retry after its deadline, an operator's end-move) would
+        // both delete it, or one abort what the other gives away.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", request.problem_id(), " is being ended by another EndMove: call "
+            "again once that returns (a finished move then answers OK)"));
+      }
+      if (!request.abort() && !it->second.fenced) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "problem ", request.problem_id(), " is not fenced: its move ends after the "
+            "second BeginMove (the one without catch_up)"));
+      }
+      it->second.ending = true;
       to = it->second.to;
-      fenced = it->second.fenced;
       watched = it->second.watched;
       p = problems_.at(request.problem_id()).get();
     }
   }
+  // From here this call alone ends the move: on an error it stays as it was, for a retry.
+  const auto failed = [&](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = moving_.find(request.problem_id()); it != moving_.end()) {
+      it->second.ending = false;
+    }
+    return s;
+  };
   if (forced) {
     absl::Status s = FenceForMove(
         p, absl::UnavailableError(absl::StrCat("problem ", p->id(), " moved to replica ", to)));
@@ -444,7 +464,6 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
       return s;
     }
     moving_[request.problem_id()].fencing = false;
-    fenced = true;
   }
   if (request.abort()) {
     if (watched) store_->UnwatchProblem(p->index());
@@ -454,16 +473,11 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
     moving_.erase(request.problem_id());
     return absl::OkStatus();
   }
-  if (!fenced) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "problem ", request.problem_id(), " is not fenced: its move ends after the second "
-        "BeginMove (the one without catch_up)"));
-  }
-  DECISION_RETURN_IF_ERROR(CheckStoreWritable("moves"));
+  if (absl::Status s = CheckStoreWritable("moves"); !s.ok()) return failed(s);
   if (watched) store_->UnwatchProblem(p->index());
   storage::v1::ProblemRecord stub = p->record();
   stub.set_moved_to(to);
-  DECISION_RETURN_IF_ERROR(store_->DeleteProblem(p->index(), &stub));
+  if (absl::Status s = store_->DeleteProblem(p->index(), &stub); !s.ok()) return failed(s);
   absl::MutexLock lock(&mu_);
   auto it = problems_.find(request.problem_id());
   moved_out_.push_back(std::move(it->second));

@@ -6,11 +6,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/notification.h"
 #include "core/status_macros.h"
 #include "core/xgboost_trainer.h"
 #include "server/placement.h"
@@ -432,6 +434,37 @@ TEST_F(MoveTest, EndMoveWithToReplicaDeletesOnlyACopyTheMapPlacesElsewhere) {
   v1::Problem problem;
   EXPECT_THAT(service_->GetProblem(get, &problem).message(),
               HasSubstr("moved to replica replica-b"));
+}
+
+// Two EndMoves at once (a mover's retry after its deadline, an operator's end-move): the
+// second is refused while the first deletes the problem's records, whether it would finish
+// or abort the move; the first's outcome stands.
+TEST_F(MoveTest, ASecondEndMoveWhileOneEndsTheMoveIsRefused) {
+  PlayedProblem();
+  ASSERT_TRUE(Move("p").ok());
+  absl::Notification deleting, release;
+  fail_writes_ = [&](absl::string_view what) {
+    if (what == "problem deletion" && !deleting.HasBeenNotified()) {
+      deleting.Notify();
+      release.WaitForNotification();
+    }
+    return false;
+  };
+  absl::Status first;
+  std::thread ending([&] { first = EndMove("p", /*abort=*/false); });
+  deleting.WaitForNotification();
+  for (const bool abort : {false, true}) {
+    const absl::Status second = EndMove("p", abort);
+    EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+    EXPECT_THAT(second.message(), HasSubstr("is being ended by another EndMove"));
+  }
+  release.Notify();
+  ending.join();
+  fail_writes_ = nullptr;
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(EndMove("p", /*abort=*/false).ok());  // a retry of the move that ended
+  EXPECT_THAT(EndMove("p", /*abort=*/true).message(), HasSubstr("moved to replica replica-b"));
+  EXPECT_EQ(StoredSamples(service_->store_for_testing(), 0), 0);
 }
 
 // EndMove leaves a stub: the source's records are deleted, and every call for the problem,
