@@ -423,6 +423,13 @@ absl::Status DecisionService::RegisterExpert(const v1::RegisterExpertRequest& re
   DECISION_ASSIGN_OR_RETURN(EnteredProblem p, Enter(request.problem_id()));
   DECISION_ASSIGN_OR_RETURN(const double smoothing,
                             ValidateRegisterExpertRequest(request, p->record().smoothing()));
+  if (IsTrainedExpertName(request.name())) {
+    // A restart would count it as one of that job's experts (PrepareResume).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name '", request.name(), "' has the form of a trained expert's name "
+        "(job<id>-trees-t<samples>, job<id>-linear-t<samples>), which the training jobs "
+        "keep for their own experts; choose another name"));
+  }
   DECISION_ASSIGN_OR_RETURN(storage::v1::ExpertModelRecord model,
                             ModelRecordFromWire(request.model()));
   DECISION_RETURN_IF_ERROR(CheckStoreWritable("new experts"));
@@ -822,6 +829,13 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
     // learn, and the job would only fail in the background.
     return absl::FailedPreconditionError(absl::StrCat(
         "problem ", p->id(), " has no sample with a positive reward to train on"));
+  }
+  if (const int experts = p->Summary().experts(); experts >= options_.max_experts_per_problem) {
+    // Its first expert would be refused once trained: refused now, before the CPU is spent.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "problem ", p->id(), " has ", experts,
+        " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
+        options_.max_experts_per_problem, "): no trained expert could be registered"));
   }
   DECISION_ASSIGN_OR_RETURN(
       const Trainer::Enqueued queued,

@@ -57,7 +57,7 @@ absl::Status DecisionService::ResumeTrainingJobs() {
                    static_cast<long long>(record.job_id()), record.problem_id().c_str(),
                    s.ToString().c_str());
     }
-    if (queue) trainer_->Requeue(p, index, record.job_id());
+    if (queue) trainer_->Requeue(p, index, record.job_id(), record.samples());
   }
   return absl::OkStatus();
 }

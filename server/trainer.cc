@@ -73,11 +73,12 @@ absl::StatusOr<Trainer::Enqueued> Trainer::Enqueue(Problem* problem, uint32_t in
   return Enqueued{record.job_id(), /*joined=*/false, static_cast<int>(queue_.size())};
 }
 
-void Trainer::Requeue(Problem* problem, uint32_t index, int64_t job_id) {
+void Trainer::Requeue(Problem* problem, uint32_t index, int64_t job_id, int64_t samples) {
   absl::MutexLock lock(&mu_);
   if (stop_) return;
   queue_.push_back({problem, index, job_id});
-  queued_[problem] = job_id;
+  // As Enqueue: only a TrainExperts job (on the whole log) is one a later request joins.
+  if (samples == 0) queued_[problem] = job_id;
 }
 
 absl::Status Trainer::RunPending() {

@@ -94,8 +94,9 @@ class Trainer {
   absl::StatusOr<Enqueued> Enqueue(Problem* problem, uint32_t index, int tree_experts,
                                    int linear_experts, storage::v1::TrainingJobOrigin origin,
                                    int64_t samples = 0);
-  // Queues a job the book already holds (a restart resuming it).
-  void Requeue(Problem* problem, uint32_t index, int64_t job_id);
+  // Queues a job the book already holds (a restart resuming it); `samples` is its record's
+  // (0: a TrainExperts job, which a later TrainExperts joins while it is queued).
+  void Requeue(Problem* problem, uint32_t index, int64_t job_id, int64_t samples);
   // Runs the queued jobs in the caller's thread. A job's failure is in its record, not
   // here: returns an error only if a queued job is not in the book (a bug).
   absl::Status RunPending();

@@ -27,6 +27,14 @@ bool ExpertNameIsOfJob(absl::string_view name, int64_t job_id) {
          (absl::StartsWith(name, "trees-t") || absl::StartsWith(name, "linear-t"));
 }
 
+bool IsTrainedExpertName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, "job")) return false;
+  const size_t digits = name.find_first_not_of("0123456789");
+  if (digits == 0 || digits == absl::string_view::npos) return false;
+  name.remove_prefix(digits);
+  return absl::StartsWith(name, "-trees-t") || absl::StartsWith(name, "-linear-t");
+}
+
 namespace {
 
 // Why a stored job cannot be resumed as it stands ("" if it can): every count and id it

@@ -44,6 +44,9 @@ bool Unfinished(const storage::v1::TrainingJobRecord& record);
 // "job<id>-linear-t<samples>". ExpertNameIsOfJob is its inverse test.
 std::string TrainedExpertName(int64_t job_id, bool linear, int64_t samples);
 bool ExpertNameIsOfJob(absl::string_view name, int64_t job_id);
+// Whether `name` has the form of a trained expert's name, of any job: a restart counts an
+// expert so named as its job's, so RegisterExpert refuses such names from clients.
+bool IsTrainedExpertName(absl::string_view name);
 
 // A job found RUNNING by this many starts is FAILED instead of resumed (a job that crashes
 // the server must not crash every restart).

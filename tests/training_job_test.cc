@@ -505,6 +505,78 @@ TEST_F(TrainingJobTest, AnExpertRegisteredAfterTheLastRecordWriteIsCountedAtRest
   ExpectJobAccountsForItsExperts(*job);
 }
 
+// A restart requeues the auto-training jobs it finds unfinished; a TrainExperts then gets a
+// job of its own, as before the restart, rather than joining one of them (whose counts and
+// training set are the schedule's, not the caller's).
+TEST_F(TrainingJobTest, ATrainExpertsAfterARestartDoesNotJoinAnAutoTrainingJob) {
+  std::atomic<bool> abandon{true};
+  absl::Notification held, release;
+  trainer_hooks_.before_expert = [&](int64_t, int) -> absl::Status {
+    if (abandon.load()) return absl::InternalError("simulated crash");
+    if (!held.HasBeenNotified()) {
+      held.Notify();
+      release.WaitForNotification();
+    }
+    return absl::OkStatus();
+  };
+  CreateProblem("p", /*wait_ms=*/1'000'000, /*drop=*/false, /*auto_train_max_active=*/8);
+  PlayRounds("p", 300);
+  ASSERT_TRUE(service_->RunMaintenance().ok());  // queues a job per boundary passed
+  int64_t jobs = 0;
+  while (Job(jobs + 1).ok()) ++jobs;
+  ASSERT_GE(jobs, 2);
+  for (int64_t j = 1; j <= jobs; ++j) {
+    for (int i = 0; i < 24000 && Job(j)->state() != v1::TRAINING_JOB_STATE_RUNNING; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(Job(j)->state(), v1::TRAINING_JOB_STATE_RUNNING);  // abandoned mid-way
+  }
+  abandon = false;
+  Reopen();  // requeues them all; the trainer holds the first, the others stay queued
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  const absl::StatusOr<v1::TrainExpertsResponse> mine = Train(1, 0);
+  abandon = true;  // the rest end quickly
+  release.Notify();
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_FALSE(mine->joined_queued_job());
+  EXPECT_EQ(mine->job_id(), jobs + 1);
+  const absl::StatusOr<v1::TrainingJob> job = Job(mine->job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->origin(), v1::TRAINING_JOB_ORIGIN_TRAIN_EXPERTS);
+}
+
+// A restart counts an expert named "job<id>-trees-t<n>" as that job's: a client may not
+// register one under such a name.
+TEST_F(TrainingJobTest, AClientCannotRegisterAnExpertUnderATrainedExpertsName) {
+  SetUpProblem();
+  for (const std::string name : {"job3-trees-t4000", "job12-linear-t7"}) {
+    v1::RegisterExpertRequest req = LinearRequest("p", 1.0);
+    req.set_name(name);
+    v1::Expert e;
+    const absl::Status s = service_->RegisterExpert(req, &e);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(s.message(), HasSubstr("has the form of a trained expert's name")) << name;
+  }
+  for (const std::string name : {"job-trees-t1", "jobx-trees-t1", "job3-tree", "my-job3"}) {
+    EXPECT_FALSE(IsTrainedExpertName(name)) << name;
+  }
+  EXPECT_TRUE(IsTrainedExpertName(TrainedExpertName(42, /*linear=*/true, 100)));
+  EXPECT_EQ(GetProblem("p").experts(), 1);
+}
+
+// A problem at its expert cap could register none of the experts a job would train: the
+// request is refused before the training's CPU is spent.
+TEST_F(TrainingJobTest, TrainExpertsAtTheExpertCapIsRefusedUpFront) {
+  max_experts_per_problem_ = 2;
+  Reopen();
+  SetUpProblem();
+  RegisterLinear("p", 1.0);
+  const absl::StatusOr<v1::TrainExpertsResponse> r = Train(1, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("--max_experts_per_problem=2"));
+  EXPECT_TRUE(absl::IsNotFound(Job(1).status()));
+}
+
 // ------------------------------------------------------- PrepareResume, the pure decision
 
 std::vector<v1::Expert> ExpertsNamed(const std::vector<std::string>& names) {
