@@ -2,9 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <random>
 #include <thread>
@@ -21,6 +23,15 @@ std::string RandomEventId() {
   return buf;
 }
 
+// Whether gRPC may send `value` as an ASCII header value (printable, no newline): it aborts
+// the process on one it may not.
+bool IsHeaderValue(const std::string& value) {
+  for (const char c : value) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::Status FromGrpc(const grpc::Status& status) {
@@ -31,8 +42,21 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 DecisionClient::DecisionClient(const ClientOptions& options) : options_(options) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  const int max_message = static_cast<int>(
+      std::clamp<int64_t>(options.max_message_bytes, 0, std::numeric_limits<int>::max()));
+  args.SetMaxReceiveMessageSize(max_message);
+  args.SetMaxSendMessageSize(max_message);
+  // gRPC waits 1 s, then 1.6 times longer each time, before it connects again to a server
+  // that went away: longer than the retries' whole backoff (50 + 100 + 200 ms), so a client
+  // whose server restarted in a second kept failing for seconds after it was back.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  if (!IsHeaderValue(options.token)) {
+    status_ = absl::InvalidArgumentError(
+        "the token has a byte that cannot be sent in a header (a newline, or one outside "
+        "printable ASCII): strip it");
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls.enabled) {
     grpc::SslCredentialsOptions ssl;
@@ -89,8 +113,11 @@ void DecisionClient::Prepare(grpc::ClientContext* ctx,
                              const google::protobuf::Message& request) const {
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
   if (!options_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.token);
-  // What a proxy routes on (deploy/haproxy): the problem's owner serves the call.
-  if (std::string problem = RoutingProblem(request); !problem.empty()) {
+  // What a proxy routes on (deploy/haproxy): the problem's owner serves the call. An id
+  // that cannot be a header value is no problem id either: sent without the header, the
+  // server says what is wrong with it (INVALID_ARGUMENT).
+  if (std::string problem = RoutingProblem(request);
+      !problem.empty() && IsHeaderValue(problem)) {
     ctx->AddMetadata(std::string(kProblemHeader), problem);
   }
 }
@@ -108,7 +135,13 @@ absl::StatusOr<Response> DecisionClient::Unary(int attempts,
     Response response;
     status = call(&ctx, &response);
     if (status.ok()) return response;
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= attempts) break;
+    // CANCELLED too: this client never cancels a call, so the server did (a call it had
+    // not started when it began to shut down).
+    if ((status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+         status.error_code() != grpc::StatusCode::CANCELLED) ||
+        attempt >= attempts) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
     backoff_ms *= 2;
   }

@@ -1,11 +1,18 @@
 // A C++ client of the decision service (decision.v1). Depends only on the generated API.
 //
 // Every call has a deadline. Calls that are safe to repeat are retried, with exponential
-// backoff, when the server is UNAVAILABLE (and only then): Choose (the client sends an
-// event id, so a retry returns the same decision), Reward (a repeated reward is not counted
-// twice), and all reads. CreateProblem is retried too and reports success if a retry finds
-// the problem its lost first attempt created. RegisterExpert and RetireExpert are not
-// retried: a lost response leaves the caller to check ListExperts.
+// backoff, when the server is UNAVAILABLE or CANCELLED the call (a server shutting down; the
+// client itself never cancels), and only then: Choose (the client sends an event id, so a
+// retry returns the same decision), Reward (a repeated reward is not counted twice), and all
+// reads. CreateProblem is retried too and reports success if a retry finds the problem its
+// lost first attempt created. RegisterExpert and RetireExpert are not retried: a lost
+// response leaves the caller to check ListExperts. The channel connects again to a server
+// that went away after 100 ms, then at most every second (kReconnectBackoffMs), so that
+// the retries of a call meet a server that restarted.
+//
+// A token that cannot be sent as a header value (a trailing newline) makes every call
+// INVALID_ARGUMENT (status()); a problem id that cannot is sent without the routing header,
+// and the server refuses it as no problem id. gRPC itself would abort the process.
 //
 // Thread safety: a DecisionClient may be used from any number of threads.
 #ifndef DECISION_CLIENT_DECISION_CLIENT_H_
@@ -41,6 +48,11 @@ struct TlsOptions {
   std::string server_name;  // expected name in the server's certificate ("": the host)
 };
 
+// The channel's reconnection backoff: first and least, and most (gRPC's own: 1 s, then up
+// to 120 s).
+inline constexpr int kReconnectBackoffMs = 100;
+inline constexpr int kMaxReconnectBackoffMs = 1000;
+
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";
   // Sent as "authorization: Bearer <token>" on every call when not empty (decisiond
@@ -49,7 +61,7 @@ struct ClientOptions {
   TlsOptions tls;
   int64_t deadline_ms = 5000;      // per attempt
   int max_attempts = 4;            // 1 = no retries
-  int64_t initial_backoff_ms = 50;  // doubled after each UNAVAILABLE
+  int64_t initial_backoff_ms = 50;  // doubled after each UNAVAILABLE or CANCELLED
   int64_t max_message_bytes = 64 << 20;
 };
 

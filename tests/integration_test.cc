@@ -1012,6 +1012,25 @@ namespace {
 // promoted, EvaluateModel giving the shadow expert's SNIPS over the same log, Explain
 // reproducing a decision, a two-slot slate rewarded per slot, and the DSJSON export parsed
 // back.
+// What gRPC cannot send in a header (a newline, bytes outside printable ASCII) fails the
+// call with INVALID_ARGUMENT: gRPC would abort the caller's whole process (an ad server).
+TEST_F(IntegrationTest, ClientLibraryRefusesHeaderBytesInsteadOfAborting) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  client::ClientOptions options;
+  options.address = process_->address();
+  options.token = "s3cret\n";
+  client::DecisionClient with_newline(options);
+  EXPECT_EQ(with_newline.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with_newline.GetProblem("p").status().code(), absl::StatusCode::kInvalidArgument);
+  options.token.clear();
+  client::DecisionClient c(options);
+  for (const std::string id : {"p\n", "Z\xc3\xbcrich"}) {
+    const absl::Status s = c.GetProblem(id).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("has a character outside"));
+  }
+}
+
 // The client library's slates and batches: ids it fills in itself make a retry return the
 // same decisions, and a problem that learns first slots only refuses a lower slot's reward.
 TEST_F(IntegrationTest, ClientLibrarySlatesAndBatchesAreRetrySafe) {
