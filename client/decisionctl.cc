@@ -2,74 +2,7 @@
 //
 //   decisionctl [--server=HOST:PORT] COMMAND [ARGS] [--flags]
 //
-// Commands:
-//   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
-//                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
-//                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
-//                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
-//                  [--slate_learning=every_slot|first_slot] [--c2=X] [--c3=X] [--big_c=X]
-//                  [--auto_train [--training_sample=whole_log|bootstrap]
-//                                [--training_objective=likelihood|importance_weighted]]
-//   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
-//       what the store keeps of the problem's history (0: no limit; both 0: keep all)
-//   delete-events PROBLEM EVENT_ID...
-//       deletes these events' records and their samples' contexts (data protection)
-//   list-problems
-//   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
-//                  | --uniform) [--smoothing=ETA]
-//       --linear: one line per arm: "bias w_1 ... w_D" (spaces or commas)
-//       --table:  one line per row: K probabilities; --key_feature picks the row
-//       --xgboost: a multi:softprob model saved by XGBoost (JSON or UBJSON)
-//   list-experts PROBLEM
-//   retire-expert PROBLEM EXPERT_ID
-//   estimates PROBLEM
-//   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...] [--deferred]
-//   choose-slate PROBLEM --x=x1,x2,... --slots=N [--event_id=ID] [--eligible=...] [--deferred]
-//       one arm per slot, none twice; reward slot s as EVENT_ID/s
-//   promote PROBLEM EXPERT_ID         a shadow expert becomes selectable
-//   demote PROBLEM EXPERT_ID          back to shadow mode: estimated, never selected
-//   evaluate PROBLEM --xgboost=F|--linear=F|--table=F [--clip=100]
-//       off-policy estimates of a model over the retained log, without registering it
-//   explain PROBLEM EVENT_ID          why the decision was made
-//   activate PROBLEM EVENT_ID         a decision chosen with --deferred was shown
-//   reward PROBLEM EVENT_ID VALUE
-//   export PROBLEM [--format=csv|jsonl|dsjson] [--output=FILE] [--start=N] [--limit=N]
-//   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
-//       queues a training job of experts from the problem's log on the server (they then
-//       backfill and become selectable like registered ones) and prints its job id;
-//       --wait polls the job until it ends, prints it, and exits 0 if it SUCCEEDED
-//   job PROBLEM JOB_ID
-//       a training job: its state, requested counts, the experts it registered, why it failed
-//   jobs PROBLEM
-//       every training job of the problem (TrainExperts and auto-training), oldest first
-//   audit [--start=N] [--limit=N]
-//       the audit log of administrative calls (needs an admin token)
-//   health
-//       grpc.health.v1.Health/Check of the server (open to every caller, for probes);
-//       exits 0 if SERVING
-//   hash-token
-//       reads a token on stdin and prints the line fragment "sha256:HEX" for decisiond's
-//       --tokens_file (the token itself is never stored)
-//   move-problem PROBLEM --to=HOST:PORT --to_replica=NAME [--place_cmd=CMD] [--page_bytes=N]
-//       moves a problem with everything it learned from --server (its owner) to another
-//       replica (docs/SCALING.md, "Moving a problem"): copies its records at a snapshot
-//       while it serves, fences it on the source (its calls answer UNAVAILABLE, which
-//       clients retry), copies what changed since, loads it on the target, checks the
-//       estimates match, runs CMD to switch the placement (with DECISION_PROBLEM and
-//       DECISION_REPLICA set; for example deploy/haproxy/place.sh), then records the move
-//       on the source and deletes its copy. A failure before the switch aborts the move
-//       (the source serves again); a failed CMD leaves the source fenced, for end-move.
-//       Without --place_cmd it stops before the switch: switch, then run end-move.
-//   end-move PROBLEM [--abort | --to_replica=NAME]
-//       on --server (the source): the move's last step, or --abort to serve it there again;
-//       with --to_replica, for a copy a restart left behind after the switch (the source
-//       restarted before its end-move): fences it and leaves the stub naming NAME, only
-//       where the replica's placement map places PROBLEM on NAME
-//   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule
-//          [--learn_each_round]]
-//       acts as an ad server over a labelled CSV (last column `label`): for each row,
-//       Choose with its features, reward 1 if the arm equals the label; prints the
-//       progressive loss as it goes.
+// Commands: kCommands below, which --help prints.
 //
 // Security: the bearer token comes from the file --token_file or the environment variable
 // DECISION_TOKEN (never from a flag value, which other users could read in the process
@@ -101,12 +34,84 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/decision_client.h"
 #include "client/decisionctl.h"
+
+// The commands and their arguments, for --help.
+constexpr char kCommands[] = R"(commands:
+   create-problem ID --arms=K --features=D [--estimator=median_of_means|clipped]
+                  [--wait_ms=MS] [--default_reward=R] [--drop_unrewarded]
+                  [--scoring_budget_us=US] [--divergence_refresh_turnover=F]
+                  [--retention_max_samples=N] [--retention_max_age_ms=MS] [--auto_promote]
+                  [--slate_learning=every_slot|first_slot] [--c2=X] [--c3=X] [--big_c=X]
+                  [--auto_train [--training_sample=whole_log|bootstrap]
+                                [--training_objective=likelihood|importance_weighted]]
+   set-retention PROBLEM [--retention_max_samples=N] [--retention_max_age_ms=MS]
+       what the store keeps of the problem's history (0: no limit; both 0: keep all)
+   delete-events PROBLEM EVENT_ID...
+       deletes these events' records and their samples' contexts (data protection)
+   list-problems
+   register-expert PROBLEM --name=NAME (--xgboost=FILE | --linear=FILE | --table=FILE
+                  | --uniform) [--smoothing=ETA]
+       --linear: one line per arm: "bias w_1 ... w_D" (spaces or commas)
+       --table:  one line per row: K probabilities; --key_feature picks the row
+       --xgboost: a multi:softprob model saved by XGBoost (JSON or UBJSON)
+   list-experts PROBLEM
+   retire-expert PROBLEM EXPERT_ID
+   estimates PROBLEM
+   choose PROBLEM --x=x1,x2,... [--event_id=ID] [--eligible=a1,a2,...] [--deferred]
+   choose-slate PROBLEM --x=x1,x2,... --slots=N [--event_id=ID] [--eligible=...] [--deferred]
+       one arm per slot, none twice; reward slot s as EVENT_ID/s
+   promote PROBLEM EXPERT_ID         a shadow expert becomes selectable
+   demote PROBLEM EXPERT_ID          back to shadow mode: estimated, never selected
+   evaluate PROBLEM --xgboost=F|--linear=F|--table=F [--clip=100]
+       off-policy estimates of a model over the retained log, without registering it
+   explain PROBLEM EVENT_ID          why the decision was made
+   activate PROBLEM EVENT_ID         a decision chosen with --deferred was shown
+   reward PROBLEM EVENT_ID VALUE
+   export PROBLEM [--format=csv|jsonl|dsjson] [--output=FILE] [--start=N] [--limit=N]
+   train PROBLEM [--tree_experts=3] [--linear_experts=1] [--wait]
+       queues a training job of experts from the problem's log on the server (they then
+       backfill and become selectable like registered ones) and prints its job id;
+       --wait polls the job until it ends, prints it, and exits 0 if it SUCCEEDED
+   job PROBLEM JOB_ID
+       a training job: its state, requested counts, the experts it registered, why it failed
+   jobs PROBLEM
+       every training job of the problem (TrainExperts and auto-training), oldest first
+   audit [--start=N] [--limit=N]
+       the audit log of administrative calls (needs an admin token)
+   health
+       grpc.health.v1.Health/Check of the server (open to every caller, for probes);
+       exits 0 if SERVING
+   hash-token
+       reads a token on stdin and prints the line fragment "sha256:HEX" for decisiond's
+       --tokens_file (the token itself is never stored)
+   move-problem PROBLEM --to=HOST:PORT --to_replica=NAME [--place_cmd=CMD] [--page_bytes=N]
+       moves a problem with everything it learned from --server (its owner) to another
+       replica (docs/SCALING.md, "Moving a problem"): copies its records at a snapshot
+       while it serves, fences it on the source (its calls answer UNAVAILABLE, which
+       clients retry), copies what changed since, loads it on the target, checks the
+       estimates match, runs CMD to switch the placement (with DECISION_PROBLEM and
+       DECISION_REPLICA set; for example deploy/haproxy/place.sh), then records the move
+       on the source and deletes its copy. A failure before the switch aborts the move
+       (the source serves again); a failed CMD leaves the source fenced, for end-move.
+       Without --place_cmd it stops before the switch: switch, then run end-move.
+   end-move PROBLEM [--abort | --to_replica=NAME]
+       on --server (the source): the move's last step, or --abort to serve it there again;
+       with --to_replica, for a copy a restart left behind after the switch (the source
+       restarted before its end-move): fences it and leaves the stub naming NAME, only
+       where the replica's placement map places PROBLEM on NAME
+   replay PROBLEM --data=CSV [--order=FILE] [--rounds=N] [--curve_csv=FILE] [--keep_schedule
+          [--learn_each_round]]
+       acts as an ad server over a labelled CSV (last column `label`): for each row,
+       Choose with its features, reward 1 if the arm equals the label; prints the
+       progressive loss as it goes.
+)";
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "decisiond address");
 ABSL_FLAG(int64_t, deadline_ms, 5000, "deadline of each RPC attempt");
@@ -238,12 +243,25 @@ absl::StatusOr<std::vector<std::vector<double>>> ReadMatrix(const std::string& p
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   std::vector<std::vector<double>> rows;
-  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipWhitespace())) {
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
     absl::StatusOr<std::vector<double>> row = ParseNumbers(line);
-    if (!row.ok()) return row.status();
+    if (!row.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": line ", line_number, ": ", row.status().message()));
+    }
     rows.push_back(*std::move(row));
   }
   return rows;
+}
+
+// A CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a quote or a
+// line break (an event id may).
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "\"\""}}), "\"");
 }
 
 std::string JsonString(const std::string& s) {
@@ -389,8 +407,17 @@ absl::StatusOr<v1::ExpertModel> ModelFromFlags() {
     auto rows = ReadMatrix(f);
     if (!rows.ok()) return rows.status();
     auto* l = model.mutable_linear_softmax();
-    for (const auto& row : *rows) {
+    size_t width = 0;
+    for (size_t i = 0; i < rows->size(); ++i) {
+      const std::vector<double>& row = (*rows)[i];
       if (row.empty()) continue;
+      // Rows are flattened: one of another length would shift every later arm's weights.
+      if (width == 0) width = row.size();
+      if (row.size() != width) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f, ": row ", i + 1, " has ", row.size(), " numbers, the first row ", width,
+            "; every arm's row is its bias and one weight per feature"));
+      }
       l->add_bias(row[0]);
       l->mutable_weights()->Add(row.begin() + 1, row.end());
     }
@@ -698,7 +725,7 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
           out << x.dsjson() << "\n";
         } else if (format == "csv") {
           const std::string row = absl::StrCat(
-              x.sequence(), ",", x.event_id(), ",", x.arm(), ",", x.expert_id(), ",",
+              x.sequence(), ",", CsvField(x.event_id()), ",", x.arm(), ",", x.expert_id(), ",",
               Number(x.propensity()), ",", Number(x.reward()), ",", x.default_reward() ? 1 : 0,
               ",", x.decided_at_ms(), ",", x.joined_at_ms(), ",",
               absl::StrJoin(x.eligible_arms(), " "));
@@ -741,6 +768,10 @@ int Export(DecisionClient& c, const std::vector<char*>& args) {
       format == "dsjson" ? v1::EXPORT_FORMAT_DSJSON : v1::EXPORT_FORMAT_UNSPECIFIED);
   if (!s.ok()) return Fail(s);
   if (header && !held.empty()) write_header();  // only redacted samples
+  // A full disk shows at the last flush, not at the last write.
+  out.flush();
+  if (!out) return Fail(absl::InternalError(absl::StrCat(
+                 "cannot write ", path.empty() ? "the standard output" : path)));
   return 0;
 }
 
@@ -802,6 +833,14 @@ int Train(DecisionClient& c, const std::vector<char*>& args) {
   while (true) {
     auto job = c.GetTrainingJob(args[0], r->job_id());
     if (!job.ok() && !absl::IsUnavailable(job.status())) return Fail(job.status());
+    if (!job.ok() && last != "unavailable") {
+      // Said once, not left silent: the wait goes on until the server is back.
+      std::fprintf(stderr, "decisionctl: job %lld: the server is unavailable (%s); still "
+                   "waiting (a job outlives a restart; interrupt to stop waiting)\n",
+                   static_cast<long long>(r->job_id()),
+                   std::string(job.status().message()).c_str());
+      last = "unavailable";
+    }
     if (job.ok()) {
       const std::string now = absl::StrCat(JobStateName(job->state()), " ",
                                            job->expert_ids_size(), " experts");
@@ -931,13 +970,7 @@ int HashToken() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "decisionctl [--server=HOST:PORT] COMMAND ...\n"
-      "commands: create-problem, list-problems, register-expert, list-experts, "
-      "retire-expert, promote, demote, evaluate, set-retention, delete-events, estimates, "
-      "choose, choose-slate, explain, activate, reward, export, train, job, jobs, replay, "
-      "audit, health, move-problem, end-move, "
-      "hash-token "
-      "(see client/decisionctl.cc)");
+      absl::StrCat("decisionctl [--server=HOST:PORT] COMMAND [ARGS] [--flags]\n\n", kCommands));
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() < 2) return Usage("missing COMMAND");
   const std::string command = positional[1];
@@ -952,7 +985,8 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(token.status());
     options.token = std::string(absl::StripAsciiWhitespace(*token));
   } else if (const char* env = std::getenv("DECISION_TOKEN"); env != nullptr) {
-    options.token = env;
+    // As from the file: a secret mounted into the variable often ends with a newline.
+    options.token = std::string(absl::StripAsciiWhitespace(env));
   }
   options.tls.enabled = absl::GetFlag(FLAGS_tls);
   options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);

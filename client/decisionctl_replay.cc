@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -97,24 +99,52 @@ absl::Status KeepSchedule(DecisionClient& c, const std::string& problem, int64_t
 
 int Replay(DecisionClient& c, const std::vector<char*>& args) {
   if (args.size() != 1) return Usage("replay needs PROBLEM");
-  auto rows = ReadFile(absl::GetFlag(FLAGS_data));
+  const std::string data = absl::GetFlag(FLAGS_data);
+  if (data.empty()) return Usage("replay needs --data=CSV (features, then the label)");
+  if (absl::GetFlag(FLAGS_learn_each_round) && !absl::GetFlag(FLAGS_keep_schedule)) {
+    return Usage("--learn_each_round needs --keep_schedule");
+  }
+  // Every row is checked against the problem before the first Choose: a bad one found
+  // part-way would leave the rounds before it rewarded, which cannot be undone.
+  absl::StatusOr<v1::Problem> problem = c.GetProblem(args[0]);
+  if (!problem.ok()) return Fail(problem.status());
+  const int arms = problem->config().num_arms();
+  const size_t num_features = static_cast<size_t>(problem->config().num_features());
+  auto rows = ReadFile(data);
   if (!rows.ok()) return Fail(rows.status());
   std::vector<std::vector<double>> features;
   std::vector<int> labels;
   bool first_line = true;
-  for (absl::string_view line : absl::StrSplit(*rows, '\n', absl::SkipWhitespace())) {
-    if (first_line) {  // header
-      first_line = false;
-      continue;
-    }
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*rows, '\n')) {
+    ++line_number;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    const auto bad = [&](absl::string_view why) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat(data, ": line ", line_number, ": ", why, ": ", line.substr(0, 80))));
+    };
     auto values = ParseNumbers(line);
-    if (!values.ok() || values->size() < 2) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("bad data line: ", line)));
+    if (first_line) {
+      first_line = false;
+      // The header (column names); a first line of numbers is a row without one.
+      if (!values.ok()) continue;
+      return bad("the first line is numbers; the CSV needs a header line");
     }
-    labels.push_back(static_cast<int>(values->back()));
+    if (!values.ok()) return bad(values.status().message());
+    if (values->size() != num_features + 1) {
+      return bad(absl::StrCat(values->size(), " columns; problem ", args[0], " has ",
+                              num_features, " features, then the label"));
+    }
+    const double label = values->back();
+    if (!(label >= 0 && label < arms && label == std::floor(label))) {
+      return bad(absl::StrCat("label ", label, " is not an arm of problem ", args[0], " (0 to ",
+                              arms - 1, ")"));
+    }
+    labels.push_back(static_cast<int>(label));
     values->pop_back();
     features.push_back(*std::move(values));
   }
+  if (labels.empty()) return Fail(absl::InvalidArgumentError(data + ": no data rows"));
   std::vector<int> order;
   if (const std::string f = absl::GetFlag(FLAGS_order); !f.empty()) {
     auto text = ReadFile(f);
@@ -129,18 +159,22 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
   } else {
     for (size_t i = 0; i < labels.size(); ++i) order.push_back(static_cast<int>(i));
   }
+  if (order.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::GetFlag(FLAGS_order) + ": no rows"));
+  }
   int64_t rounds = static_cast<int64_t>(order.size());
   if (absl::GetFlag(FLAGS_rounds) > 0) rounds = std::min(rounds, absl::GetFlag(FLAGS_rounds));
   std::ofstream curve;
-  if (const std::string f = absl::GetFlag(FLAGS_curve_csv); !f.empty()) {
-    curve.open(f);
+  const std::string curve_path = absl::GetFlag(FLAGS_curve_csv);
+  if (!curve_path.empty()) {
+    curve.open(curve_path);
     curve << "round,progressive_loss\n";
+    if (!curve) return Fail(absl::InvalidArgumentError("cannot write " + curve_path));
   }
   double total = 0.0;
   const bool tty = isatty(fileno(stderr));
   const bool keep_schedule = absl::GetFlag(FLAGS_keep_schedule);
   const bool learn_each_round = absl::GetFlag(FLAGS_learn_each_round);
-  if (learn_each_round && !keep_schedule) return Usage("--learn_each_round needs --keep_schedule");
   int64_t next_job = 1;
   // --keep_schedule: the problem's joined samples before this replay's rounds (others may
   // reward it too), and the next boundary; the replay's round t reaches it once
@@ -148,10 +182,8 @@ int Replay(DecisionClient& c, const std::vector<char*>& args) {
   int64_t samples_before = 0;
   int64_t boundary_at = 0;
   if (keep_schedule) {
-    absl::StatusOr<v1::Problem> p = c.GetProblem(args[0]);
-    if (!p.ok()) return Fail(p.status());
-    samples_before = p->samples();
-    boundary_at = p->next_batch_at();
+    samples_before = problem->samples();
+    boundary_at = problem->next_batch_at();
   }
   for (int64_t t = 1; t <= rounds; ++t) {
     const int row = order[t - 1];

@@ -41,8 +41,9 @@ fi
 # xgboost_trainer_test and regret_test spend their time in uninstrumented XGBoost or in
 # long simulations), the in-process service tests, and the integration tests with the
 # decisiond they start. Every test of these executables runs; ctest lists the tests of
-# targets not built as *_NOT_BUILT, and e2e_prometheus and e2e_haproxy need decisionctl
-# (their decisiond code runs sanitized in the tests above: placement in server_units_test).
+# targets not built as *_NOT_BUILT, and e2e_prometheus, e2e_haproxy and e2e_decisionctl
+# need decisionctl (their decisiond code runs sanitized in the tests above: placement in
+# server_units_test).
 #
 # The tests that run on one thread (the code they test starts none either) run in the ASan
 # stage only: ThreadSanitizer reports races between threads, and in them there is nothing
@@ -52,7 +53,7 @@ single_threaded=(numeric_test kernels_test expert_test estimator_test policy_tes
 threaded=(divergence_test server_units_test service_test concurrency_test fault_test
           integration_test security_test model_sandbox_test store_fault_test
           training_job_test scoring_cost_test move_test)
-not_run='_NOT_BUILT$|^e2e_prometheus$|^e2e_haproxy$'
+not_run='_NOT_BUILT$|^e2e_prometheus$|^e2e_haproxy$|^e2e_decisionctl$'
 supp="$PWD/deploy/sanitizers"
 
 # Configures $1 with DECISION_SANITIZE=$2, builds the targets $4..., and runs their tests
