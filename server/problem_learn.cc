@@ -160,6 +160,17 @@ void Problem::LearnQueued() {
     size_t next = 0;
     while (next < batch.size()) {
       absl::MutexLock lock(&mu_);
+      if (experts_.size() < static_cast<int>(width)) {
+        // A registration whose write failed dropped its expert while the batch was scored:
+        // its column goes, so that an expert registered next under the same id is scored
+        // below, not given the dropped one's values.
+        const size_t narrower = static_cast<size_t>(experts_.size());
+        for (size_t s = 0; s < batch.size(); ++s) {
+          std::copy_n(&scored[s * width], narrower, &scored[s * narrower]);
+        }
+        scored.resize(batch.size() * narrower);
+        width = narrower;
+      }
       // Experts registered while the batch was scored: their columns too, without the lock.
       while (experts_.size() > static_cast<int>(width)) {
         std::vector<std::shared_ptr<const Expert>> added = experts_.JoinModels(stand_in_);

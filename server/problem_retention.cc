@@ -209,7 +209,13 @@ absl::Status Problem::DeleteEvents(const std::vector<std::string>& event_ids,
     newest = std::max(newest, r.sequence);
     redactions.push_back(std::move(r));
   }
-  if (newest >= 0) DECISION_RETURN_IF_ERROR(StoreLogChunksThrough(newest));
+  if (newest >= 0) {
+    // A reward joined since the first wait (its event was pending then, joined when read
+    // above) may not be learned yet: its sample must be in the chunk stored below, or a
+    // restart would re-score it without its features.
+    DECISION_RETURN_IF_ERROR(WaitLearned());
+    DECISION_RETURN_IF_ERROR(StoreLogChunksThrough(newest));
+  }
   if (!redactions.empty()) {
     DECISION_RETURN_IF_ERROR(
         Timed([&] { return env_.store->DeleteEvents(index_, redactions); }));
