@@ -217,6 +217,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view text) {
   std::vector<double> out;
+  // Spaces and tabs separate as many as there are; a comma separates one value from the
+  // next, so an empty cell ("1,,2") is an error, not a shifted row.
+  for (absl::string_view cell : absl::StrSplit(text, ',')) {
+    if (absl::StripAsciiWhitespace(cell).empty() && !absl::StripAsciiWhitespace(text).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("an empty cell in `", text, "`"));
+    }
+  }
   for (absl::string_view cell :
        absl::StrSplit(text, absl::ByAnyChar(", \t"), absl::SkipWhitespace())) {
     double v;

@@ -67,6 +67,9 @@ expect 0 "p" "a token from the environment with a trailing newline is stripped"
 run choose $'p\n' --x=1,2
 expect 1 "INVALID_ARGUMENT" "a problem id with a newline is refused by the server, not abort"
 
+run choose p --x=1,,2
+expect 2 "an empty cell in \`1,,2\`" "an empty cell is refused, not skipped (it would shift the features)"
+
 step "model files"
 printf '0 1 0 5\n0 0\n0 -1 -1\n' >"$WORK/ragged.txt"
 run register-expert p --name=ragged --linear="$WORK/ragged.txt"
