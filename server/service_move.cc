@@ -463,7 +463,9 @@ absl::Status DecisionService::EndMove(const v1::EndMoveRequest& request,
       moving_.erase(request.problem_id());
       return s;
     }
-    moving_[request.problem_id()].fencing = false;
+    Moving& moving = moving_[request.problem_id()];
+    moving.fencing = false;
+    moving.fenced = true;  // a retry after an error below finishes it
   }
   if (request.abort()) {
     if (watched) store_->UnwatchProblem(p->index());
