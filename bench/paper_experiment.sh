@@ -7,7 +7,7 @@
 # SERVER_CPUS and CLIENT_CPU, taskset lists, to pin them as bench/replay_schedule.sh does).
 #
 # Usage: bench/paper_experiment.sh OUT_DIR [ORDER [DATA_CSV ARMS FEATURES]]
-#   bench/paper_experiment.sh /tmp/paper            # letter s1, about 4 minutes
+#   bench/paper_experiment.sh /tmp/paper            # letter s1, 2 to 4 minutes
 #   bench/paper_experiment.sh /tmp/paper 3          # letter s3
 #   bench/paper_experiment.sh /tmp/paper 1 bench/data/digits.csv 10 64
 # Writes OUT_DIR/{service,simulation}.NAME.sS.csv, OUT_DIR/NAME.sS.png (gnuplot) and prints
