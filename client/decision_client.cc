@@ -49,9 +49,13 @@ DecisionClient::DecisionClient(const ClientOptions& options) : options_(options)
   // gRPC waits 1 s, then 1.6 times longer each time, before it connects again to a server
   // that went away: longer than the retries' whole backoff (50 + 100 + 200 ms), so a client
   // whose server restarted in a second kept failing for seconds after it was back.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReconnectBackoffMs);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  if (options.reconnect_backoff_ms > 0) {
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.reconnect_backoff_ms);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.reconnect_backoff_ms);
+  }
+  if (options.max_reconnect_backoff_ms > 0) {
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
+  }
   if (!IsHeaderValue(options.token)) {
     status_ = absl::InvalidArgumentError(
         "the token has a byte that cannot be sent in a header (a newline, or one outside "
