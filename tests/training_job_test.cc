@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -518,6 +519,16 @@ TEST_F(TrainingJobTest, ATrainExpertsAfterARestartDoesNotJoinAnAutoTrainingJob) 
       release.WaitForNotification();
     }
     return absl::OkStatus();
+  };
+  // The trainer calls the hook, which refers to this test's locals: the service stops
+  // before they go, whatever the test's outcome.
+  absl::Cleanup stop_service = [&] {
+    abandon = true;
+    if (!release.HasBeenNotified()) release.Notify();
+    if (service_ != nullptr) {
+      EXPECT_TRUE(service_->Shutdown().ok());
+      service_.reset();
+    }
   };
   CreateProblem("p", /*wait_ms=*/1'000'000, /*drop=*/false, /*auto_train_max_active=*/8);
   PlayRounds("p", 300);
