@@ -217,20 +217,21 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 absl::StatusOr<std::vector<double>> ParseNumbers(absl::string_view text) {
   std::vector<double> out;
+  const bool blank = absl::StripAsciiWhitespace(text).empty();
   // Spaces and tabs separate as many as there are; a comma separates one value from the
   // next, so an empty cell ("1,,2") is an error, not a shifted row.
   for (absl::string_view cell : absl::StrSplit(text, ',')) {
-    if (absl::StripAsciiWhitespace(cell).empty() && !absl::StripAsciiWhitespace(text).empty()) {
+    if (absl::StripAsciiWhitespace(cell).empty() && !blank) {
       return absl::InvalidArgumentError(absl::StrCat("an empty cell in `", text, "`"));
     }
-  }
-  for (absl::string_view cell :
-       absl::StrSplit(text, absl::ByAnyChar(", \t"), absl::SkipWhitespace())) {
-    double v;
-    if (!absl::SimpleAtod(cell, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("`", cell, "` is not a number"));
+    for (absl::string_view value :
+         absl::StrSplit(cell, absl::ByAnyChar(" \t"), absl::SkipWhitespace())) {
+      double v;
+      if (!absl::SimpleAtod(value, &v)) {
+        return absl::InvalidArgumentError(absl::StrCat("`", value, "` is not a number"));
+      }
+      out.push_back(v);
     }
-    out.push_back(v);
   }
   return out;
 }

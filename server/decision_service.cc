@@ -830,12 +830,10 @@ absl::Status DecisionService::TrainExpertsNow(const v1::TrainExpertsRequest& req
     return absl::FailedPreconditionError(absl::StrCat(
         "problem ", p->id(), " has no sample with a positive reward to train on"));
   }
-  if (const int experts = p->Summary().experts(); experts >= options_.max_experts_per_problem) {
+  if (absl::Status cap = p->ExpertCap(); !cap.ok()) {
     // Its first expert would be refused once trained: refused now, before the CPU is spent.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "problem ", p->id(), " has ", experts,
-        " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
-        options_.max_experts_per_problem, "): no trained expert could be registered"));
+    return absl::Status(cap.code(),
+                        absl::StrCat(cap.message(), ": no trained expert could be registered"));
   }
   DECISION_ASSIGN_OR_RETURN(
       const Trainer::Enqueued queued,

@@ -691,8 +691,7 @@ grpc::ServerUnaryReactor* GrpcDecisionService::EndMove(grpc::CallbackServerConte
         absl::Status placed_on_target =
             placement_ != nullptr
                 ? placement_->PlacedOn(r.problem_id(), r.to_replica())
-                : NotLeftBehind(r.problem_id(), r.to_replica(),
-                                "this replica has no placement map (--placement_map)");
+                : NoPlacementMap(r.problem_id(), r.to_replica());
         service_->EndMove(r, &call->response, std::move(placed_on_target), std::move(done));
       });
 }

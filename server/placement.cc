@@ -87,12 +87,16 @@ absl::Status NotLeftBehind(absl::string_view problem_id, absl::string_view repli
       "places on the replica it moved to)"));
 }
 
+absl::Status NoPlacementMap(absl::string_view problem_id, absl::string_view replica) {
+  return NotLeftBehind(problem_id, replica, "this replica has no placement map (--placement_map)");
+}
+
 absl::Status Placement::PlacedOn(absl::string_view problem_id,
                                  absl::string_view replica) const {
   const auto refused = [&](absl::string_view why) {
     return NotLeftBehind(problem_id, replica, why);
   };
-  if (path_.empty()) return refused("this replica has no placement map (--placement_map)");
+  if (path_.empty()) return NoPlacementMap(problem_id, replica);
   if (replica == replica_id_) return refused("that is this replica");
   std::shared_ptr<const absl::flat_hash_map<std::string, std::string>> map;
   {

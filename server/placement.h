@@ -41,6 +41,8 @@ absl::StatusOr<absl::flat_hash_map<std::string, std::string>> ParsePlacementMap(
 // a copy left behind for it, saying `why`.
 absl::Status NotLeftBehind(absl::string_view problem_id, absl::string_view replica,
                            absl::string_view why);
+// That refusal where this replica has no placement map.
+absl::Status NoPlacementMap(absl::string_view problem_id, absl::string_view replica);
 
 class Placement {
  public:

@@ -318,6 +318,9 @@ class Problem {
     // Shadow mode (RegisterExpertRequest.shadow): estimated, never selected.
     bool shadow = false;
   };
+  // RESOURCE_EXHAUSTED naming --max_experts_per_problem if the problem is full (its experts,
+  // retired and failed ones included, at the cap): what RegisterExpert would refuse.
+  absl::Status ExpertCap() const ABSL_LOCKS_EXCLUDED(mu_);
   // Builds the model, tries it on recent contexts, measures its scoring cost
   // (scoring_cost.h) and adds it BACKFILLING. RESOURCE_EXHAUSTED if the problem is full, or
   // if the experts that count against the budget (ExpertPool::CountsAgainstBudget) and the
@@ -637,6 +640,7 @@ class Problem {
   }
   absl::Status UnlearnedSlotError(const std::string& event_id,
                                   const storage::v1::EventRecord& event) const;
+  absl::Status ExpertCapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK if a Choose of slate slot `slate_slot` (-1: a plain Choose, always OK) may be
   // answered with `decided`, the decision already made under its event id: it must be that
   // slot of a slate. ALREADY_EXISTS otherwise.

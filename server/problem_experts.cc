@@ -185,6 +185,19 @@ absl::Status Problem::PutExpertRecord(int expert_id, const ExpertRecord& record)
   return absl::OkStatus();
 }
 
+absl::Status Problem::ExpertCapLocked() const {
+  if (experts_.size() < env_.max_experts) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "problem ", id(), " has ", experts_.size(),
+      " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
+      env_.max_experts, ")"));
+}
+
+absl::Status Problem::ExpertCap() const {
+  absl::MutexLock lock(&mu_);
+  return ExpertCapLocked();
+}
+
 absl::Status Problem::RetireToFitBudget(double cost_us) {
   const double budget = record_.scoring_budget_us();
   std::vector<std::pair<int, ExpertRecord>> retire;
@@ -288,12 +301,7 @@ absl::StatusOr<v1::Expert> Problem::RegisterExpert(const std::string& name,
     // from now on is in its tail; it is not durable (not backfilled, not in a log chunk)
     // until the write succeeds.
     absl::MutexLock lock(&mu_);
-    if (experts_.size() >= env_.max_experts) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "problem ", id(), " has ", experts_.size(),
-          " experts (retired and failed ones count), the cap (--max_experts_per_problem=",
-          env_.max_experts, ")"));
-    }
+    DECISION_RETURN_IF_ERROR(ExpertCapLocked());
     if (const int64_t bytes =
             MemoryBound(record_, experts_.size() + 1, RetiredInEstimatorLocked());
         bytes > env_.max_memory_bytes) {
